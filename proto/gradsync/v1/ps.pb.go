@@ -22,12 +22,15 @@ const (
 )
 
 type SyncJoin struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
-	Rank          int32                  `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
-	WorldSize     int32                  `protobuf:"varint,4,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
-	NumParams     int64                  `protobuf:"varint,5,opt,name=num_params,json=numParams,proto3" json:"num_params,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	JobId      string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Generation uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	Rank       int32                  `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	WorldSize  int32                  `protobuf:"varint,4,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	NumParams  int64                  `protobuf:"varint,5,opt,name=num_params,json=numParams,proto3" json:"num_params,omitempty"`
+	// Optimiser steps the job will take (every rank computes the same from
+	// its data and spec); the learning-rate schedule runs over them.
+	TotalSteps    int64 `protobuf:"varint,6,opt,name=total_steps,json=totalSteps,proto3" json:"total_steps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -93,6 +96,13 @@ func (x *SyncJoin) GetWorldSize() int32 {
 func (x *SyncJoin) GetNumParams() int64 {
 	if x != nil {
 		return x.NumParams
+	}
+	return 0
+}
+
+func (x *SyncJoin) GetTotalSteps() int64 {
+	if x != nil {
+		return x.TotalSteps
 	}
 	return 0
 }
@@ -315,7 +325,7 @@ var File_gradsync_v1_ps_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_ps_proto_rawDesc = "" +
 	"\n" +
-	"\x14gradsync/v1/ps.proto\x12\vgradsync.v1\x1a\x18gradsync/v1/tensor.proto\"\x93\x01\n" +
+	"\x14gradsync/v1/ps.proto\x12\vgradsync.v1\x1a\x18gradsync/v1/tensor.proto\"\xb4\x01\n" +
 	"\bSyncJoin\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1e\n" +
 	"\n" +
@@ -325,7 +335,9 @@ const file_gradsync_v1_ps_proto_rawDesc = "" +
 	"\n" +
 	"world_size\x18\x04 \x01(\x05R\tworldSize\x12\x1d\n" +
 	"\n" +
-	"num_params\x18\x05 \x01(\x03R\tnumParams\"y\n" +
+	"num_params\x18\x05 \x01(\x03R\tnumParams\x12\x1f\n" +
+	"\vtotal_steps\x18\x06 \x01(\x03R\n" +
+	"totalSteps\"y\n" +
 	"\vSyncRequest\x12+\n" +
 	"\x04join\x18\x01 \x01(\v2\x15.gradsync.v1.SyncJoinH\x00R\x04join\x126\n" +
 	"\bgradient\x18\x02 \x01(\v2\x18.gradsync.v1.TensorFrameH\x00R\bgradientB\x05\n" +

@@ -43,7 +43,7 @@ type JobSpec struct {
 	// Elastic bounds (ring mode); 0 means equal to workers.
 	MinWorkers int32 `protobuf:"varint,6,opt,name=min_workers,json=minWorkers,proto3" json:"min_workers,omitempty"`
 	MaxWorkers int32 `protobuf:"varint,7,opt,name=max_workers,json=maxWorkers,proto3" json:"max_workers,omitempty"`
-	// Examples per worker per step. Default 64.
+	// Examples per worker per step. Default 32.
 	BatchSize int32 `protobuf:"varint,8,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
 	// Passes over the training set. Default 1.
 	Epochs int32 `protobuf:"varint,9,opt,name=epochs,proto3" json:"epochs,omitempty"`
@@ -473,9 +473,12 @@ func (x *OptimizerSpec) GetEps() float64 {
 // ScheduleSpec changes the learning rate over steps.
 type ScheduleSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// constant (default) | step | cosine | warmup-linear.
-	Name          string  `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	StepSize      int64   `protobuf:"varint,2,opt,name=step_size,json=stepSize,proto3" json:"step_size,omitempty"`
+	// cosine (default: from lr down to 0 over the job's steps) | constant |
+	// step (multiply by gamma every step_size steps) | warmup-linear (linear
+	// warm-up over warmup_steps, then linear decay to 0).
+	Name     string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	StepSize int64  `protobuf:"varint,2,opt,name=step_size,json=stepSize,proto3" json:"step_size,omitempty"`
+	// Default 0.1.
 	Gamma         float64 `protobuf:"fixed64,3,opt,name=gamma,proto3" json:"gamma,omitempty"`
 	WarmupSteps   int64   `protobuf:"varint,4,opt,name=warmup_steps,json=warmupSteps,proto3" json:"warmup_steps,omitempty"`
 	unknownFields protoimpl.UnknownFields

@@ -1,0 +1,130 @@
+package aggregator
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Optimizer applies one update to flat parameters given the averaged
+// gradient (internal/optim's SGD is one).
+type Optimizer interface {
+	Step(params, grads []float32)
+}
+
+// ErrNonFinite is returned by SyncShard.Add when a step's averaged gradient
+// holds NaN or Inf and the shard's policy is to fail.
+var ErrNonFinite = errors.New("aggregator: gradient holds NaN or Inf")
+
+// StaleError is a contribution for a step the shard has already passed.
+type StaleError struct{ Got, Want int64 }
+
+func (e *StaleError) Error() string {
+	return fmt.Sprintf("aggregator: gradient for step %d, but the shard is at step %d", e.Got, e.Want)
+}
+
+// SyncShard is the synchronous parameter-server core for one job: it owns the
+// parameters, sums one gradient per rank for the current step, and when every
+// rank's gradient is in, averages them and applies the optimiser. It is a
+// pure state machine: no goroutines, no I/O, no locking (the caller
+// serialises calls).
+type SyncShard struct {
+	params   []float32
+	sum      []float32
+	world    int
+	step     int64
+	got      []int  // elements received from each rank this step
+	complete []bool // ranks whose gradient for this step is in
+	done     int    // number of true entries in complete
+	opt      Optimizer
+	skipBad  bool
+	skipped  int64
+}
+
+// NewSyncShard takes ownership of params. world is the number of ranks that
+// contribute each step. With skipNonFinite a step whose average holds NaN or
+// Inf is dropped (counted by Skipped); otherwise Add returns ErrNonFinite.
+func NewSyncShard(params []float32, world int, opt Optimizer, skipNonFinite bool) *SyncShard {
+	if world < 1 {
+		panic("aggregator: SyncShard world must be at least 1")
+	}
+	return &SyncShard{
+		params: params, sum: make([]float32, len(params)), world: world,
+		got: make([]int, world), complete: make([]bool, world), opt: opt, skipBad: skipNonFinite,
+	}
+}
+
+// Params are the current parameters; callers must not write them.
+func (s *SyncShard) Params() []float32 { return s.params }
+
+// Step is the step whose gradients the shard is collecting.
+func (s *SyncShard) Step() int64 { return s.step }
+
+// Complete reports, per rank, whether its gradient for the current step is
+// in. The slice is the shard's own: read it, don't keep it.
+func (s *SyncShard) Complete() []bool { return s.complete }
+
+// Skipped counts steps dropped for non-finite gradients.
+func (s *SyncShard) Skipped() int64 { return s.skipped }
+
+// Add accumulates the piece data = grad[off:off+len(data)] of rank's gradient
+// for step. Pieces of one rank must arrive in order and cover the whole
+// gradient exactly. decode writes the piece into dst (adding it: dst[i] +=
+// value) and reports a malformed piece. When the last rank's last piece
+// arrives, the shard averages, applies the optimiser, advances Step and
+// returns applied = true.
+func (s *SyncShard) Add(rank int, step int64, off, n int, decodeAdd func(dst []float32) error) (applied bool, err error) {
+	switch {
+	case rank < 0 || rank >= s.world:
+		return false, fmt.Errorf("aggregator: rank %d out of range [0,%d)", rank, s.world)
+	case step < s.step:
+		return false, &StaleError{Got: step, Want: s.step}
+	case step > s.step:
+		return false, fmt.Errorf("aggregator: gradient for step %d arrived while the shard is at step %d", step, s.step)
+	case s.complete[rank]:
+		return false, fmt.Errorf("aggregator: rank %d sent its gradient for step %d twice", rank, step)
+	case off != s.got[rank]:
+		return false, fmt.Errorf("aggregator: rank %d piece at offset %d, want %d (pieces must arrive in order)", rank, off, s.got[rank])
+	case n < 0 || off+n > len(s.params):
+		return false, fmt.Errorf("aggregator: rank %d piece [%d,%d) outside %d parameters", rank, off, off+n, len(s.params))
+	}
+	if err := decodeAdd(s.sum[off : off+n]); err != nil {
+		return false, err
+	}
+	s.got[rank] += n
+	if s.got[rank] < len(s.params) {
+		return false, nil
+	}
+	s.complete[rank] = true
+	s.done++
+	if s.done < s.world {
+		return false, nil
+	}
+	return true, s.apply()
+}
+
+func (s *SyncShard) apply() error {
+	inv := 1 / float32(s.world)
+	finite := true
+	for i, v := range s.sum {
+		v *= inv
+		s.sum[i] = v
+		if v-v != 0 {
+			finite = false
+		}
+	}
+	var err error
+	switch {
+	case finite:
+		s.opt.Step(s.params, s.sum)
+	case s.skipBad:
+		s.skipped++
+	default:
+		err = fmt.Errorf("%w at step %d", ErrNonFinite, s.step)
+	}
+	clear(s.sum)
+	clear(s.got)
+	clear(s.complete)
+	s.done = 0
+	s.step++
+	return err
+}

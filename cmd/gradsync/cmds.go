@@ -1,0 +1,364 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gradsync/gradsync/internal/runlog"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+	"github.com/gradsync/gradsync/server"
+	"github.com/gradsync/gradsync/worker"
+)
+
+func newLocalCmd(g *globals) *cobra.Command {
+	var sf specFlags
+	var stateDir, runsDir string
+	c := &cobra.Command{
+		Use:   "local",
+		Short: "Train with a coordinator and N workers in this process, over real gRPC on loopback",
+		Example: `  gradsync local --workers 2 --model mlp --dataset mnist --epochs 1
+  gradsync local -f job.yaml --json`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			spec, err := sf.build(c)
+			if err != nil {
+				return err
+			}
+			log, err := g.logger(c.ErrOrStderr(), slog.LevelWarn)
+			if err != nil {
+				return err
+			}
+			n := int(spec.Workers)
+			if n == 0 {
+				n = 1
+			}
+			if stateDir == "" {
+				if stateDir, err = os.MkdirTemp("", "gradsync-local-"); err != nil {
+					return err
+				}
+				defer os.RemoveAll(stateDir)
+			}
+			srv, err := server.New(server.Config{DataDir: stateDir, RunsDir: runsDir, Logger: log})
+			if err != nil {
+				return err
+			}
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return err
+			}
+			ctx, stop := context.WithCancel(c.Context())
+			var wg sync.WaitGroup
+			defer func() {
+				stop()
+				wg.Wait()
+			}()
+			wg.Add(1)
+			go func() { // owned by this command: the coordinator
+				defer wg.Done()
+				if err := srv.Serve(ctx, lis); err != nil {
+					log.Error("server stopped", "err", err)
+				}
+			}()
+			addr := lis.Addr().String()
+			for i := range n {
+				w, err := worker.New(worker.Config{Server: addr, ID: fmt.Sprintf("local-%d", i), Logger: log})
+				if err != nil {
+					return err
+				}
+				wg.Add(1)
+				go func() { // owned by this command: worker i
+					defer wg.Done()
+					if err := w.Run(ctx); err != nil {
+						log.Error("worker stopped", "err", err)
+					}
+				}()
+			}
+			p := &printer{out: c.OutOrStdout(), json: g.json}
+			if !g.json {
+				fmt.Fprintf(c.OutOrStdout(), "gradsync local: coordinator on %s, %d worker(s)\n", addr, n)
+			}
+			return submitAndWatch(c.Context(), addr, spec, p, true)
+		},
+	}
+	sf.register(c)
+	c.Flags().StringVar(&stateDir, "state-dir", "", "where the job store goes (default: a temporary folder, removed at exit)")
+	c.Flags().StringVar(&runsDir, "runs-dir", "runs", "where run directories (runs/<job-id>) are written")
+	return c
+}
+
+// submitAndWatch submits spec to the server at addr; with wait it follows the
+// job to its end, prints the summary, and turns a job that did not succeed
+// into exit status 1. Interrupting (Ctrl-C) cancels the job.
+func submitAndWatch(ctx context.Context, addr string, spec *pb.JobSpec, p *printer, wait bool) error {
+	conn, err := dial(addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	jc := pb.NewJobServiceClient(conn)
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	resp, err := jc.SubmitJob(sctx, &pb.SubmitJobRequest{Spec: spec})
+	cancel()
+	if err != nil {
+		return err
+	}
+	id := resp.Job.Id
+	if !wait {
+		p.job(resp.Job)
+		return nil
+	}
+	final, err := watch(ctx, jc, id, p)
+	if ctx.Err() != nil {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, _ = jc.CancelJob(cctx, &pb.CancelJobRequest{JobId: id, Reason: "interrupted"})
+		cancel()
+		return fmt.Errorf("interrupted; job %s cancelled", id)
+	}
+	if err != nil {
+		return fmt.Errorf("watching job %s: %w", id, err)
+	}
+	p.summary(final)
+	if final.State != pb.JobState_JOB_STATE_SUCCEEDED {
+		return exitError{code: 1}
+	}
+	return nil
+}
+
+func newServerCmd(g *globals) *cobra.Command {
+	var cfg server.Config
+	var addr string
+	c := &cobra.Command{
+		Use:   "server",
+		Short: "Run the coordinator (jobs API, worker registry, parameter server)",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			log, err := g.logger(c.ErrOrStderr(), slog.LevelInfo)
+			if err != nil {
+				return err
+			}
+			cfg.Logger = log
+			srv, err := server.New(cfg)
+			if err != nil {
+				return err
+			}
+			lis, err := net.Listen("tcp", addr)
+			if err != nil {
+				return err
+			}
+			log.Info("gradsync server listening", "addr", lis.Addr().String(), "data_dir", cfg.DataDir, "runs_dir", cfg.RunsDir,
+				"heartbeat_timeout", cfg.HeartbeatTimeout)
+			if g.json {
+				p := &printer{out: c.OutOrStdout(), json: true}
+				p.jsonLine(map[string]any{"event": "listening", "addr": lis.Addr().String()})
+			}
+			return srv.Serve(c.Context(), lis)
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&addr, "addr", ":7070", "address to listen on")
+	f.StringVar(&cfg.DataDir, "data-dir", "gradsync-data", "where the job store is kept")
+	f.StringVar(&cfg.RunsDir, "runs-dir", "runs", "where run directories (runs/<job-id>) are written")
+	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", time.Second, "how often workers send heartbeats")
+	f.DurationVar(&cfg.HeartbeatTimeout, "heartbeat-timeout", 5*time.Second, "silence after which a worker is lost and its job fails")
+	return c
+}
+
+func newWorkerCmd(g *globals) *cobra.Command {
+	var cfg worker.Config
+	c := &cobra.Command{
+		Use:   "worker",
+		Short: "Run a worker that trains what the coordinator assigns",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			log, err := g.logger(c.ErrOrStderr(), slog.LevelInfo)
+			if err != nil {
+				return err
+			}
+			cfg.Logger = log
+			cfg.Server = g.server
+			w, err := worker.New(cfg)
+			if err != nil {
+				return err
+			}
+			return w.Run(c.Context())
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&cfg.ListenAddr, "addr", "127.0.0.1:0", "address of this worker's peer endpoint")
+	f.StringVar(&cfg.AdvertiseAddr, "advertise", "", "address peers use to reach this worker (default: the listen address)")
+	f.StringVar(&cfg.ID, "id", "", "stable worker id (default: assigned by the coordinator)")
+	f.StringVar(&cfg.Name, "name", "", "human-readable name (default host/address)")
+	return c
+}
+
+func newSubmitCmd(g *globals) *cobra.Command {
+	var sf specFlags
+	var wait bool
+	c := &cobra.Command{
+		Use:   "submit [job.yaml]",
+		Short: "Submit a job (from a YAML/JSON file and/or flags)",
+		Example: `  gradsync submit job.yaml --watch
+  gradsync submit --model mlp --workers 2 --epochs 1 --watch --json`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				if sf.file != "" {
+					return fmt.Errorf("give the job file either as an argument or with -f, not both")
+				}
+				sf.file = args[0]
+			}
+			spec, err := sf.build(c)
+			if err != nil {
+				return err
+			}
+			return submitAndWatch(c.Context(), g.server, spec, &printer{out: c.OutOrStdout(), json: g.json}, wait)
+		},
+	}
+	sf.register(c)
+	c.Flags().BoolVarP(&wait, "watch", "w", false, "follow the job until it ends and print its summary")
+	return c
+}
+
+func clientCall(ctx context.Context, g *globals, fn func(context.Context, pb.JobServiceClient, pb.ClusterServiceClient) error) error {
+	conn, err := dial(g.server)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return fn(ctx, pb.NewJobServiceClient(conn), pb.NewClusterServiceClient(conn))
+}
+
+func newJobsCmd(g *globals) *cobra.Command {
+	var state string
+	var limit int32
+	c := &cobra.Command{
+		Use:   "jobs",
+		Short: "List jobs, newest first",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			var st pb.JobState
+			if state != "" {
+				v, ok := pb.JobState_value["JOB_STATE_"+state]
+				if !ok {
+					return fmt.Errorf("--state %q: want PENDING, RUNNING, SUCCEEDED, FAILED or CANCELLED", state)
+				}
+				st = pb.JobState(v)
+			}
+			return clientCall(c.Context(), g, func(ctx context.Context, jc pb.JobServiceClient, _ pb.ClusterServiceClient) error {
+				resp, err := jc.ListJobs(ctx, &pb.ListJobsRequest{State: st, PageSize: limit})
+				if err != nil {
+					return err
+				}
+				p := &printer{out: c.OutOrStdout(), json: g.json}
+				if !g.json {
+					fmt.Fprintf(c.OutOrStdout(), "%-28s %-10s %-8s %-14s %-5s %2s  %-8s %-19s  %s\n", "ID", "STATE", "MODEL", "DATASET", "MODE", "W", "ACC", "CREATED", "MESSAGE")
+				}
+				for _, j := range resp.Jobs {
+					p.job(j)
+				}
+				return nil
+			})
+		},
+	}
+	c.Flags().StringVar(&state, "state", "", "only jobs in this state (PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED)")
+	c.Flags().Int32Var(&limit, "limit", 100, "at most this many jobs (1..1000)")
+	return c
+}
+
+func newWatchCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "watch JOB",
+		Short: "Follow a job's progress until it ends",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			conn, err := dial(g.server)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			p := &printer{out: c.OutOrStdout(), json: g.json}
+			final, err := watch(c.Context(), pb.NewJobServiceClient(conn), args[0], p)
+			if err != nil {
+				return err
+			}
+			p.summary(final)
+			if final.State != pb.JobState_JOB_STATE_SUCCEEDED {
+				return exitError{code: 1}
+			}
+			return nil
+		},
+	}
+}
+
+func newCancelCmd(g *globals) *cobra.Command {
+	var reason string
+	c := &cobra.Command{
+		Use:   "cancel JOB",
+		Short: "Cancel a pending or running job",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			return clientCall(c.Context(), g, func(ctx context.Context, jc pb.JobServiceClient, _ pb.ClusterServiceClient) error {
+				resp, err := jc.CancelJob(ctx, &pb.CancelJobRequest{JobId: args[0], Reason: reason})
+				if err != nil {
+					return err
+				}
+				p := &printer{out: c.OutOrStdout(), json: g.json}
+				if g.json {
+					p.job(resp.Job)
+				} else {
+					fmt.Fprintf(c.OutOrStdout(), "job %s %s\n", resp.Job.Id, runlog.StateName(resp.Job.State))
+				}
+				return nil
+			})
+		},
+	}
+	c.Flags().StringVar(&reason, "reason", "", "why (kept in the job's message)")
+	return c
+}
+
+func newWorkersCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "workers",
+		Short: "List the workers the coordinator knows",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return clientCall(c.Context(), g, func(ctx context.Context, _ pb.JobServiceClient, cc pb.ClusterServiceClient) error {
+				resp, err := cc.ListWorkers(ctx, &pb.ListWorkersRequest{})
+				if err != nil {
+					return err
+				}
+				p := &printer{out: c.OutOrStdout(), json: g.json}
+				out := c.OutOrStdout()
+				if !g.json {
+					fmt.Fprintf(out, "%-14s %-6s %-22s %4s %4s %-9s %-28s %s\n", "ID", "STATE", "ADDRESS", "CPUS", "GPUS", "GEMM", "JOB", "LAST HEARTBEAT")
+				}
+				for _, w := range resp.Workers {
+					if g.json {
+						p.jsonLine(map[string]any{"id": w.Id, "name": w.Name, "state": trimState(w.State), "address": w.Address,
+							"cpu_cores": w.GetResources().GetCpuCores(), "gpus": len(w.GetResources().GetGpus()),
+							"gemm_backend": w.GetResources().GetGemmBackend(), "job_id": w.JobId, "last_heartbeat": w.GetLastHeartbeat().AsTime()})
+						continue
+					}
+					fmt.Fprintf(out, "%-14s %-6s %-22s %4d %4d %-9s %-28s %s\n", w.Id, trimState(w.State), w.Address,
+						w.GetResources().GetCpuCores(), len(w.GetResources().GetGpus()), w.GetResources().GetGemmBackend(), w.JobId,
+						w.GetLastHeartbeat().AsTime().Local().Format("15:04:05"))
+				}
+				return nil
+			})
+		},
+	}
+}
+
+func trimState(s pb.WorkerState) string {
+	n := s.String()
+	return n[len("WORKER_STATE_"):]
+}

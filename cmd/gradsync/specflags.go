@@ -1,0 +1,121 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gradsync/gradsync/jobspec"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// specFlags are the job-spec flags shared by local and submit. A flag given
+// on the command line overrides the same field of the job file.
+type specFlags struct {
+	file      string
+	name      string
+	model     string
+	dataset   string
+	dataDir   string
+	mode      string
+	workers   int32
+	batchSize int32
+	epochs    int32
+	maxSteps  int64
+	lr        float64
+	momentum  float64
+	seed      int64
+	logEvery  int32
+	timeout   float64
+}
+
+func (f *specFlags) register(c *cobra.Command) {
+	fl := c.Flags()
+	fl.StringVarP(&f.file, "file", "f", "", "job spec file (YAML or JSON); flags override its fields")
+	fl.StringVar(&f.name, "name", "", "job name (default model-dataset)")
+	fl.StringVar(&f.model, "model", "", "architecture: "+fmt.Sprint(jobspec.Architectures)+" (default mlp)")
+	fl.StringVar(&f.dataset, "dataset", "", "dataset: mnist, fashion-mnist or synthetic (default mnist)")
+	fl.StringVar(&f.dataDir, "data-dir", "", "folder holding the four IDX files (default: built-in locations)")
+	fl.StringVar(&f.mode, "mode", "", "how workers agree on updates: ps, ring or fedavg (default ps)")
+	fl.Int32Var(&f.workers, "workers", 0, "number of workers (default 1)")
+	fl.Int32Var(&f.batchSize, "batch-size", 0, "examples per worker per step (default 64)")
+	fl.Int32Var(&f.epochs, "epochs", 0, "passes over the training set (default 1)")
+	fl.Int64Var(&f.maxSteps, "max-steps", 0, "stop after this many steps (default: no limit)")
+	fl.Float64Var(&f.lr, "lr", 0, "learning rate (default 0.05)")
+	fl.Float64Var(&f.momentum, "momentum", 0, "SGD momentum (default 0.9)")
+	fl.Int64Var(&f.seed, "seed", 0, "random seed (default 1)")
+	fl.Int32Var(&f.logEvery, "log-every", 0, "report progress every N steps (default 20)")
+	fl.Float64Var(&f.timeout, "step-timeout", 0, "seconds a step may take before the job fails (default 60)")
+}
+
+// build reads the job file (if any) and applies the flags that were set.
+func (f *specFlags) build(c *cobra.Command) (*pb.JobSpec, error) {
+	spec := &pb.JobSpec{}
+	if f.file != "" {
+		b, err := os.ReadFile(f.file)
+		if err != nil {
+			return nil, err
+		}
+		if spec, err = jobspec.Parse(b); err != nil {
+			return nil, fmt.Errorf("%s: %w", f.file, err)
+		}
+	}
+	ch := c.Flags().Changed
+	ds := func() *pb.DatasetSpec {
+		if spec.Dataset == nil {
+			spec.Dataset = &pb.DatasetSpec{}
+		}
+		return spec.Dataset
+	}
+	opt := func() *pb.OptimizerSpec {
+		if spec.Optimizer == nil {
+			spec.Optimizer = &pb.OptimizerSpec{}
+		}
+		return spec.Optimizer
+	}
+	if ch("name") {
+		spec.Name = f.name
+	}
+	if ch("model") {
+		spec.Model = f.model
+	}
+	if ch("dataset") {
+		ds().Name = f.dataset
+	}
+	if ch("data-dir") {
+		ds().DataDir = f.dataDir
+	}
+	if ch("mode") {
+		spec.Mode = f.mode
+	}
+	if ch("workers") {
+		spec.Workers = f.workers
+	}
+	if ch("batch-size") {
+		spec.BatchSize = f.batchSize
+	}
+	if ch("epochs") {
+		spec.Epochs = f.epochs
+	}
+	if ch("max-steps") {
+		spec.MaxSteps = f.maxSteps
+	}
+	if ch("lr") {
+		opt().Lr = f.lr
+	}
+	if ch("momentum") {
+		opt().Momentum = proto.Float64(f.momentum)
+	}
+	if ch("seed") {
+		spec.Seed = proto.Int64(f.seed)
+	}
+	if ch("log-every") {
+		spec.LogEverySteps = f.logEvery
+	}
+	if ch("step-timeout") {
+		spec.StepTimeoutSeconds = f.timeout
+	}
+	return spec, nil
+}

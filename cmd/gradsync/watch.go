@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/gradsync/gradsync/internal/runlog"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// printer writes job events for humans (text) or machines (one JSON object
+// per line).
+type printer struct {
+	out  io.Writer
+	json bool
+	// lastProgress throttles human progress lines.
+	lastProgress time.Time
+}
+
+func (p *printer) jsonLine(v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		b = []byte(fmt.Sprintf(`{"error":%q}`, err.Error()))
+	}
+	fmt.Fprintf(p.out, "%s\n", b)
+}
+
+// event prints one job event.
+func (p *printer) event(ev *pb.WatchJobResponse) {
+	j := ev.GetJob()
+	switch ev.Kind {
+	case pb.EventKind_EVENT_KIND_STATE:
+		if p.json {
+			p.jsonLine(map[string]any{"event": "state", "job_id": j.GetId(), "state": runlog.StateName(j.GetState()), "message": ev.Message, "time": ev.GetTime().AsTime()})
+			return
+		}
+		fmt.Fprintf(p.out, "job %s %s", j.GetId(), runlog.StateName(j.GetState()))
+		if ev.Message != "" {
+			fmt.Fprintf(p.out, ": %s", ev.Message)
+		}
+		fmt.Fprintln(p.out)
+	case pb.EventKind_EVENT_KIND_PROGRESS:
+		pr := j.GetProgress()
+		if pr == nil {
+			return
+		}
+		if p.json {
+			p.jsonLine(map[string]any{"event": "progress", "job_id": j.GetId(), "epoch": pr.Epoch, "epochs": j.GetSpec().GetEpochs(),
+				"step": pr.Step, "total_steps": pr.TotalSteps, "loss": pr.Loss, "images_per_second": pr.ImagesPerSecond,
+				"eta_seconds": pr.EtaSeconds, "elapsed_seconds": pr.ElapsedSeconds, "learning_rate": pr.LearningRate})
+			return
+		}
+		now := time.Now()
+		if now.Sub(p.lastProgress) < time.Second && pr.Step != pr.TotalSteps {
+			return
+		}
+		p.lastProgress = now
+		pct := 0.0
+		if pr.TotalSteps > 0 {
+			pct = 100 * float64(pr.Step) / float64(pr.TotalSteps)
+		}
+		fmt.Fprintf(p.out, "[%6.1fs] epoch %d/%d  step %d/%d (%4.1f%%)  loss %.4f  %s img/s  eta %s\n",
+			pr.ElapsedSeconds, pr.Epoch, j.GetSpec().GetEpochs(), pr.Step, pr.TotalSteps, pct, pr.Loss,
+			thousands(pr.ImagesPerSecond), (time.Duration(pr.EtaSeconds) * time.Second).String())
+	case pb.EventKind_EVENT_KIND_EVAL:
+		if p.json {
+			p.jsonLine(map[string]any{"event": "eval", "job_id": j.GetId(), "epoch": ev.Epoch, "test_accuracy": ev.TestAccuracy, "test_loss": ev.TestLoss})
+			return
+		}
+		fmt.Fprintf(p.out, "epoch %d: test accuracy %.2f%%  test loss %.4f\n", ev.Epoch, 100*ev.TestAccuracy, ev.TestLoss)
+	case pb.EventKind_EVENT_KIND_LOG:
+		if p.json {
+			p.jsonLine(map[string]any{"event": "log", "job_id": j.GetId(), "message": ev.Message})
+			return
+		}
+		fmt.Fprintln(p.out, ev.Message)
+	}
+}
+
+// summary prints a finished job's summary: the last JSON line, or a block of
+// text.
+func (p *printer) summary(j *pb.Job) {
+	s := runlog.SummaryOf(j)
+	if p.json {
+		p.jsonLine(s)
+		return
+	}
+	fmt.Fprintf(p.out, "\njob %s %s", s.JobID, s.State)
+	if s.Message != "" {
+		fmt.Fprintf(p.out, ": %s", s.Message)
+	}
+	fmt.Fprintln(p.out)
+	fmt.Fprintf(p.out, "  model %s  dataset %s  mode %s  workers %d  epochs %d  steps %d\n", s.Model, s.Dataset, s.Mode, s.Workers, s.Epochs, s.Steps)
+	if s.State == "SUCCEEDED" {
+		fmt.Fprintf(p.out, "  test accuracy %.2f%%  test loss %.4f\n", 100*s.TestAccuracy, s.TestLoss)
+	}
+	fmt.Fprintf(p.out, "  wall %.1fs  throughput %s img/s", s.WallSeconds, thousands(s.ImagesPerSecond))
+	if s.GemmBackend != "" {
+		fmt.Fprintf(p.out, "  gemm %s", s.GemmBackend)
+	}
+	fmt.Fprintf(p.out, "\n  run directory %s (metrics.jsonl, summary.json)\n", s.RunDir)
+}
+
+// job prints one job for `jobs` and `submit`.
+func (p *printer) job(j *pb.Job) {
+	if p.json {
+		b, _ := protojson.MarshalOptions{UseProtoNames: true}.Marshal(j)
+		fmt.Fprintf(p.out, "%s\n", b)
+		return
+	}
+	acc := "-"
+	if j.GetState() == pb.JobState_JOB_STATE_SUCCEEDED {
+		acc = fmt.Sprintf("%.2f%%", 100*j.GetResult().GetTestAccuracy())
+	}
+	msg := j.GetMessage()
+	if len(msg) > 70 {
+		msg = msg[:67] + "..."
+	}
+	fmt.Fprintf(p.out, "%-28s %-10s %-8s %-14s %-5s %2d  %-8s %s  %s\n", j.GetId(), runlog.StateName(j.GetState()),
+		j.GetSpec().GetModel(), j.GetSpec().GetDataset().GetName(), j.GetSpec().GetMode(), j.GetSpec().GetWorkers(), acc,
+		j.GetCreatedAt().AsTime().Local().Format("2006-01-02 15:04:05"), msg)
+}
+
+// watch follows a job until it ends and returns its final state.
+func watch(ctx context.Context, c pb.JobServiceClient, id string, p *printer) (*pb.Job, error) {
+	stream, err := c.WatchJob(ctx, &pb.WatchJobRequest{JobId: id})
+	if err != nil {
+		return nil, err
+	}
+	var last *pb.Job
+	for {
+		ev, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return last, err
+		}
+		last = ev.GetJob()
+		p.event(ev)
+	}
+	if last == nil {
+		return nil, fmt.Errorf("job %s: the watch stream ended without events", id)
+	}
+	return last, nil
+}
+
+// thousands formats n with thousands separators: 12,345.
+func thousands(f float64) string {
+	s := fmt.Sprintf("%.0f", f)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}

@@ -1,0 +1,153 @@
+// Package runlog writes a job's run directory — runs/<job-id>/spec.json,
+// metrics.jsonl (one JSON object per logged step, evaluation or state
+// change) and summary.json — and defines the summary object that the CLI
+// prints as its last --json line, so both always agree.
+package runlog
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// Summary is the outcome of a job, as written to summary.json and printed
+// last by `gradsync local --json` and `gradsync submit --watch --json`.
+type Summary struct {
+	JobID           string  `json:"job_id"`
+	Name            string  `json:"name"`
+	State           string  `json:"state"`
+	Message         string  `json:"message,omitempty"`
+	Model           string  `json:"model"`
+	Dataset         string  `json:"dataset"`
+	Mode            string  `json:"mode"`
+	Workers         int32   `json:"workers"`
+	Epochs          int32   `json:"epochs"`
+	Steps           int64   `json:"steps"`
+	TestAccuracy    float64 `json:"test_accuracy"`
+	TestLoss        float64 `json:"test_loss"`
+	TrainLoss       float64 `json:"train_loss"`
+	WallSeconds     float64 `json:"wall_seconds"`
+	ImagesPerSecond float64 `json:"images_per_second"`
+	GemmBackend     string  `json:"gemm_backend,omitempty"`
+	RunDir          string  `json:"run_dir"`
+}
+
+// StateName is the short name of a job state ("SUCCEEDED").
+func StateName(s pb.JobState) string {
+	return strings.TrimPrefix(s.String(), "JOB_STATE_")
+}
+
+// SummaryOf builds the summary of a job.
+func SummaryOf(j *pb.Job) Summary {
+	s := Summary{
+		JobID: j.GetId(), Name: j.GetSpec().GetName(), State: StateName(j.GetState()), Message: j.GetMessage(),
+		Model: j.GetSpec().GetModel(), Dataset: j.GetSpec().GetDataset().GetName(), Mode: j.GetSpec().GetMode(),
+		Workers: j.GetSpec().GetWorkers(), RunDir: j.GetRunDir(),
+	}
+	if r := j.GetResult(); r != nil {
+		s.Epochs, s.Steps = r.Epochs, r.Steps
+		s.TestAccuracy, s.TestLoss, s.TrainLoss = r.TestAccuracy, r.TestLoss, r.TrainLoss
+		s.WallSeconds, s.ImagesPerSecond, s.GemmBackend = r.WallSeconds, r.ImagesPerSecond, r.GemmBackend
+	}
+	if s.WallSeconds == 0 && j.GetStartedAt() != nil && j.GetFinishedAt() != nil {
+		s.WallSeconds = j.GetFinishedAt().AsTime().Sub(j.GetStartedAt().AsTime()).Seconds()
+	}
+	return s
+}
+
+// Writer appends to one run directory. It is safe for concurrent use.
+type Writer struct {
+	dir string
+	mu  sync.Mutex // guards f
+	f   *os.File
+}
+
+// Create makes dir (runs/<job-id>) and writes spec.json.
+func Create(dir string, spec *pb.JobSpec) (*Writer, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("runlog: %w", err)
+	}
+	b, err := protojson.MarshalOptions{Multiline: true, UseProtoNames: true, EmitUnpopulated: false}.Marshal(spec)
+	if err != nil {
+		return nil, fmt.Errorf("runlog: spec: %w", err)
+	}
+	if err := writeFileAtomic(filepath.Join(dir, "spec.json"), append(b, '\n')); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "metrics.jsonl"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("runlog: %w", err)
+	}
+	return &Writer{dir: dir, f: f}, nil
+}
+
+// Dir is the run directory.
+func (w *Writer) Dir() string { return w.dir }
+
+// Log appends one JSON object as a line of metrics.jsonl.
+func (w *Writer) Log(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("runlog: %w", err)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.f == nil {
+		return fmt.Errorf("runlog: %s is closed", w.dir)
+	}
+	_, err = w.f.Write(append(b, '\n'))
+	return err
+}
+
+// Finish writes summary.json and closes metrics.jsonl.
+func (w *Writer) Finish(s Summary) error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return fmt.Errorf("runlog: %w", err)
+	}
+	werr := writeFileAtomic(filepath.Join(w.dir, "summary.json"), append(b, '\n'))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.f != nil {
+		if err := w.f.Close(); werr == nil {
+			werr = err
+		}
+		w.f = nil
+	}
+	return werr
+}
+
+// writeFileAtomic writes through a temporary file and a rename, so readers
+// never see half a file.
+func writeFileAtomic(path string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("runlog: %w", err)
+	}
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return fmt.Errorf("runlog: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return fmt.Errorf("runlog: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("runlog: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("runlog: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,16 @@
+// Package tensor holds the numeric kernels the models are built on: a
+// row-major float32 GEMM with interchangeable backends (OpenBLAS loaded at
+// run time through purego, or pure-Go gonum), and im2col/col2im for NCHW
+// convolutions.
+//
+// All slices are plain row-major []float32 owned by the caller; kernels
+// write only into their dst (first) argument and never keep references.
+// Shape bugs panic with a "tensor: " prefixed message.
+//
+// The GEMM backend is chosen once at init from the GRADSYNC_BLAS
+// environment variable ("auto", "openblas" or "gonum"; default "auto",
+// which picks OpenBLAS when libopenblas.so.0 loads and gonum otherwise) and
+// can be changed with SetBackend. OpenBLAS runs one thread per call unless
+// SetThreads says otherwise: each worker process (or goroutine) is
+// expected to own one core.
+package tensor

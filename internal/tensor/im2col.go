@@ -1,0 +1,145 @@
+package tensor
+
+import "fmt"
+
+// ConvGeom describes a 2-D convolution window over one (C,H,W) image:
+// kernel KH×KW, strides and zero padding per side. Strides must be ≥ 1 and
+// padding ≥ 0.
+type ConvGeom struct {
+	C, H, W          int // input channels, height, width
+	KH, KW           int // kernel height, width
+	StrideH, StrideW int
+	PadH, PadW       int
+}
+
+// OutH is the output height: (H + 2·PadH − KH)/StrideH + 1.
+func (g ConvGeom) OutH() int { return (g.H+2*g.PadH-g.KH)/g.StrideH + 1 }
+
+// OutW is the output width: (W + 2·PadW − KW)/StrideW + 1.
+func (g ConvGeom) OutW() int { return (g.W+2*g.PadW-g.KW)/g.StrideW + 1 }
+
+// ColRows is the number of rows of the column matrix: C·KH·KW.
+func (g ConvGeom) ColRows() int { return g.C * g.KH * g.KW }
+
+// ColCols is the number of columns of the column matrix: OutH·OutW.
+func (g ConvGeom) ColCols() int { return g.OutH() * g.OutW() }
+
+func (g ConvGeom) check(op string) {
+	if g.C < 1 || g.H < 1 || g.W < 1 || g.KH < 1 || g.KW < 1 || g.StrideH < 1 || g.StrideW < 1 || g.PadH < 0 || g.PadW < 0 {
+		panic(fmt.Sprintf("tensor: %s: invalid geometry %+v", op, g))
+	}
+	if g.H+2*g.PadH < g.KH || g.W+2*g.PadW < g.KW {
+		panic(fmt.Sprintf("tensor: %s: kernel %d×%d larger than padded input in %+v", op, g.KH, g.KW, g))
+	}
+}
+
+// Im2col writes the column matrix of one image: src is (C,H,W) row-major
+// and dst is (C·KH·KW, OutH·OutW) row-major, where row (c,ki,kj) holds
+// src[c, oh·StrideH − PadH + ki, ow·StrideW − PadW + kj] for every output
+// position (oh,ow), and 0 where that falls in the padding. A convolution is
+// then weight (F, C·KH·KW) · dst. Every element of dst is written.
+func Im2col(dst, src []float32, g ConvGeom) {
+	g.check("Im2col")
+	outH, outW := g.OutH(), g.OutW()
+	if len(src) != g.C*g.H*g.W {
+		panic(fmt.Sprintf("tensor: Im2col: len(src)=%d, want C·H·W=%d", len(src), g.C*g.H*g.W))
+	}
+	if len(dst) != g.ColRows()*outH*outW {
+		panic(fmt.Sprintf("tensor: Im2col: len(dst)=%d, want %d×%d", len(dst), g.ColRows(), outH*outW))
+	}
+	d := 0
+	for c := range g.C {
+		img := src[c*g.H*g.W : (c+1)*g.H*g.W]
+		for ki := range g.KH {
+			for kj := range g.KW {
+				lo, hi := g.validCols(kj, outW)
+				for oh := range outH {
+					row := dst[d : d+outW]
+					d += outW
+					ih := oh*g.StrideH - g.PadH + ki
+					if ih < 0 || ih >= g.H || lo >= hi {
+						clear(row)
+						continue
+					}
+					in := img[ih*g.W : (ih+1)*g.W]
+					clear(row[:lo])
+					clear(row[hi:])
+					iw := lo*g.StrideW - g.PadW + kj
+					if g.StrideW == 1 {
+						copy(row[lo:hi], in[iw:iw+hi-lo])
+						continue
+					}
+					for ow := lo; ow < hi; ow++ {
+						row[ow] = in[iw]
+						iw += g.StrideW
+					}
+				}
+			}
+		}
+	}
+}
+
+// validCols returns the range [lo, hi) of output columns ow whose input
+// column ow·StrideW − PadW + kj lies inside the image (lo ≥ hi when none).
+func (g ConvGeom) validCols(kj, outW int) (lo, hi int) {
+	// smallest ow with ow·s ≥ PadW − kj, and smallest ow with ow·s > W−1+PadW−kj
+	lo = max(0, ceilDiv(g.PadW-kj, g.StrideW))
+	hi = min(outW, max(0, (g.W-1+g.PadW-kj)/g.StrideW+1))
+	if g.W-1+g.PadW-kj < 0 {
+		hi = 0
+	}
+	return lo, hi
+}
+
+// ceilDiv is ⌈a/b⌉ for b > 0 and any sign of a.
+func ceilDiv(a, b int) int {
+	if a <= 0 {
+		return -((-a) / b)
+	}
+	return (a + b - 1) / b
+}
+
+// Col2im is the adjoint of Im2col: it adds every element of the column
+// matrix src (C·KH·KW, OutH·OutW) into the image position it was read from
+// in dst (C,H,W); entries that came from padding are dropped. It
+// accumulates, so clear dst first to get the plain input gradient.
+func Col2im(dst, src []float32, g ConvGeom) {
+	g.check("Col2im")
+	outH, outW := g.OutH(), g.OutW()
+	if len(dst) != g.C*g.H*g.W {
+		panic(fmt.Sprintf("tensor: Col2im: len(dst)=%d, want C·H·W=%d", len(dst), g.C*g.H*g.W))
+	}
+	if len(src) != g.ColRows()*outH*outW {
+		panic(fmt.Sprintf("tensor: Col2im: len(src)=%d, want %d×%d", len(src), g.ColRows(), outH*outW))
+	}
+	s := 0
+	for c := range g.C {
+		img := dst[c*g.H*g.W : (c+1)*g.H*g.W]
+		for ki := range g.KH {
+			for kj := range g.KW {
+				lo, hi := g.validCols(kj, outW)
+				for oh := range outH {
+					row := src[s : s+outW]
+					s += outW
+					ih := oh*g.StrideH - g.PadH + ki
+					if ih < 0 || ih >= g.H || lo >= hi {
+						continue
+					}
+					out := img[ih*g.W : (ih+1)*g.W]
+					iw := lo*g.StrideW - g.PadW + kj
+					if g.StrideW == 1 {
+						o := out[iw : iw+hi-lo]
+						for j, v := range row[lo:hi] {
+							o[j] += v
+						}
+						continue
+					}
+					for _, v := range row[lo:hi] {
+						out[iw] += v
+						iw += g.StrideW
+					}
+				}
+			}
+		}
+	}
+}

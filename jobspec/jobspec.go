@@ -1,0 +1,398 @@
+// Package jobspec parses, defaults and validates training job specs.
+//
+// A spec arrives as YAML or JSON (a file for `gradsync submit`, a JSON body
+// through grpcurl) or is built from flags. Normalize fills every default and
+// refuses what is wrong or not implemented yet with a *FieldError naming the
+// field and what is allowed, so no option is ever silently ignored.
+package jobspec
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gradsync/gradsync/data"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// Defaults used when a field is zero.
+const (
+	DefaultModel            = "mlp"
+	DefaultDataset          = "mnist"
+	DefaultMode             = "ps"
+	DefaultBatchSize        = 32
+	DefaultEpochs           = 1
+	DefaultLR               = 0.05
+	DefaultMomentum         = 0.9
+	DefaultSeed             = 1
+	DefaultLogEvery         = 20
+	DefaultStepTimeout      = 60
+	DefaultSyntheticTrain   = 6000
+	DefaultSyntheticTest    = 1000
+	MaxWorkers              = 256
+	MaxBatchSize            = 65536
+	MaxEpochs               = 10000
+	MaxNameLen              = 200
+	defaultNonfinitePolicy  = "fail"
+	defaultOptimizer        = "sgd"
+	defaultSchedule         = "cosine"
+	defaultCompression      = "none"
+	defaultPartition        = "iid"
+	defaultPSConsistency    = "sync"
+	defaultAugment          = "none"
+	maxStepTimeoutSeconds   = 24 * 3600
+	maxLogEvery             = 1 << 20
+	maxSyntheticExamples    = 1 << 20
+	maxLearningRate         = 1e3
+	maxGradAccumSteps       = 1024
+	maxPSShards             = 64
+	maxDataDirLen           = 4096
+	notImplementedSuffix    = "is not implemented yet"
+	allowedListSeparator    = ", "
+	implementedModesMessage = "ps"
+)
+
+// Architectures every gradsync release knows by name. Those the models
+// package does not build yet are refused as not implemented yet.
+var Architectures = []string{"cnn", "lenet5", "logreg", "mlp", "resnet8", "vit-tiny"}
+
+// Modes are the job modes the contract defines.
+var Modes = []string{"fedavg", "ps", "ring"}
+
+// FieldError is a spec error: which field, and what is wrong or allowed.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+func errf(field, format string, a ...any) *FieldError {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, a...)}
+}
+
+func notImplemented(field string, value any) *FieldError {
+	return errf(field, "%v %s", value, notImplementedSuffix)
+}
+
+// Parse reads a JobSpec from YAML or JSON (JSON is YAML). Field names may be
+// the proto names (batch_size) or their JSON forms (batchSize). Unknown
+// fields are an error.
+func Parse(b []byte) (*pb.JobSpec, error) {
+	js, err := yaml.YAMLToJSON(b)
+	if err != nil {
+		return nil, fmt.Errorf("job spec is not valid YAML or JSON: %w", err)
+	}
+	spec := &pb.JobSpec{}
+	if strings.TrimSpace(string(js)) == "null" {
+		return spec, nil
+	}
+	if err := (protojson.UnmarshalOptions{}).Unmarshal(js, spec); err != nil {
+		return nil, fmt.Errorf("job spec: %w", err)
+	}
+	return spec, nil
+}
+
+// Normalize returns a copy of spec with every default filled in, or the first
+// *FieldError found. models lists the architectures that can be built (the
+// models package's names); nil means Architectures.
+func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
+	if in == nil {
+		in = &pb.JobSpec{}
+	}
+	s := proto.Clone(in).(*pb.JobSpec)
+	if models == nil {
+		models = Architectures
+	}
+	if len(s.Name) > MaxNameLen {
+		return nil, errf("name", "is %d bytes long; at most %d allowed", len(s.Name), MaxNameLen)
+	}
+	// Model.
+	if s.Model == "" {
+		s.Model = DefaultModel
+	}
+	if !slices.Contains(Architectures, s.Model) {
+		return nil, errf("model", "unknown model %q; allowed: %s", s.Model, strings.Join(models, allowedListSeparator))
+	}
+	if !slices.Contains(models, s.Model) {
+		return nil, errf("model", "%q %s; available now: %s", s.Model, notImplementedSuffix, strings.Join(models, allowedListSeparator))
+	}
+	// Dataset.
+	if s.Dataset == nil {
+		s.Dataset = &pb.DatasetSpec{}
+	}
+	d := s.Dataset
+	if d.Name == "" {
+		d.Name = DefaultDataset
+	}
+	if !slices.Contains(data.Names(), d.Name) {
+		return nil, errf("dataset.name", "unknown dataset %q; allowed: %s", d.Name, strings.Join(data.Names(), allowedListSeparator))
+	}
+	if len(d.DataDir) > maxDataDirLen {
+		return nil, errf("dataset.data_dir", "is %d bytes long; at most %d allowed", len(d.DataDir), maxDataDirLen)
+	}
+	if d.SyntheticTrain < 0 || d.SyntheticTrain > maxSyntheticExamples {
+		return nil, errf("dataset.synthetic_train", "%d out of range; allowed 1..%d (0: default %d)", d.SyntheticTrain, maxSyntheticExamples, DefaultSyntheticTrain)
+	}
+	if d.SyntheticTest < 0 || d.SyntheticTest > maxSyntheticExamples {
+		return nil, errf("dataset.synthetic_test", "%d out of range; allowed 1..%d (0: default %d)", d.SyntheticTest, maxSyntheticExamples, DefaultSyntheticTest)
+	}
+	if d.Name == "synthetic" {
+		if d.SyntheticTrain == 0 {
+			d.SyntheticTrain = DefaultSyntheticTrain
+		}
+		if d.SyntheticTest == 0 {
+			d.SyntheticTest = DefaultSyntheticTest
+		}
+	}
+	if d.Augment == "" {
+		d.Augment = defaultAugment
+	}
+	switch d.Augment {
+	case defaultAugment:
+	case "crop", "crop-flip":
+		return nil, notImplemented("dataset.augment", d.Augment)
+	default:
+		return nil, errf("dataset.augment", "unknown augmentation %q; allowed: none, crop, crop-flip", d.Augment)
+	}
+	// Mode.
+	if s.Mode == "" {
+		s.Mode = DefaultMode
+	}
+	if !slices.Contains(Modes, s.Mode) {
+		return nil, errf("mode", "unknown mode %q; allowed: %s", s.Mode, strings.Join(Modes, allowedListSeparator))
+	}
+	if s.Mode != "ps" {
+		return nil, errf("mode", "%q %s; available now: %s", s.Mode, notImplementedSuffix, implementedModesMessage)
+	}
+	// Workers.
+	if s.Workers == 0 {
+		s.Workers = 1
+	}
+	if s.Workers < 1 || s.Workers > MaxWorkers {
+		return nil, errf("workers", "%d out of range; allowed 1..%d", s.Workers, MaxWorkers)
+	}
+	if s.MinWorkers < 0 || s.MaxWorkers < 0 {
+		return nil, errf("min_workers", "must not be negative")
+	}
+	if s.MinWorkers == 0 {
+		s.MinWorkers = s.Workers
+	}
+	if s.MaxWorkers == 0 {
+		s.MaxWorkers = s.Workers
+	}
+	if s.MinWorkers != s.Workers || s.MaxWorkers != s.Workers {
+		return nil, errf("min_workers", "elastic jobs (min_workers %d, max_workers %d differing from workers %d) are %s", s.MinWorkers, s.MaxWorkers, s.Workers, notImplementedSuffix)
+	}
+	// Batches and epochs.
+	if s.BatchSize == 0 {
+		s.BatchSize = DefaultBatchSize
+	}
+	if s.BatchSize < 1 || s.BatchSize > MaxBatchSize {
+		return nil, errf("batch_size", "%d out of range; allowed 1..%d", s.BatchSize, MaxBatchSize)
+	}
+	if s.Epochs == 0 {
+		s.Epochs = DefaultEpochs
+	}
+	if s.Epochs < 1 || s.Epochs > MaxEpochs {
+		return nil, errf("epochs", "%d out of range; allowed 1..%d", s.Epochs, MaxEpochs)
+	}
+	if s.MaxSteps < 0 {
+		return nil, errf("max_steps", "%d is negative; allowed 0 (no limit) or more", s.MaxSteps)
+	}
+	if err := normalizeOptimizer(s); err != nil {
+		return nil, err
+	}
+	if s.LrSchedule == nil {
+		s.LrSchedule = &pb.ScheduleSpec{}
+	}
+	if s.LrSchedule.Name == "" {
+		s.LrSchedule.Name = defaultSchedule
+	}
+	switch ls := s.LrSchedule; ls.Name {
+	case "constant", "cosine":
+		if ls.StepSize != 0 || ls.Gamma != 0 || ls.WarmupSteps != 0 {
+			return nil, errf("lr_schedule", "step_size, gamma and warmup_steps do not apply to schedule %q", ls.Name)
+		}
+	case "step":
+		if ls.StepSize < 1 {
+			return nil, errf("lr_schedule.step_size", "%d: schedule step needs step_size >= 1", ls.StepSize)
+		}
+		if ls.Gamma == 0 {
+			ls.Gamma = 0.1
+		}
+		if !(ls.Gamma > 0 && ls.Gamma <= 1) {
+			return nil, errf("lr_schedule.gamma", "%v out of range; allowed (0, 1]", ls.Gamma)
+		}
+		if ls.WarmupSteps != 0 {
+			return nil, errf("lr_schedule.warmup_steps", "does not apply to schedule step")
+		}
+	case "warmup-linear":
+		if ls.WarmupSteps < 0 {
+			return nil, errf("lr_schedule.warmup_steps", "%d is negative", ls.WarmupSteps)
+		}
+		if ls.StepSize != 0 || ls.Gamma != 0 {
+			return nil, errf("lr_schedule", "step_size and gamma do not apply to schedule warmup-linear")
+		}
+	default:
+		return nil, errf("lr_schedule.name", "unknown schedule %q; allowed: cosine, constant, step, warmup-linear", ls.Name)
+	}
+	if s.Seed == nil {
+		s.Seed = proto.Int64(DefaultSeed)
+	}
+	if s.Compression == nil {
+		s.Compression = &pb.CompressionSpec{}
+	}
+	if s.Compression.Type == "" {
+		s.Compression.Type = defaultCompression
+	}
+	switch s.Compression.Type {
+	case defaultCompression:
+		c := s.Compression
+		if c.Rank != 0 || c.StartIter != 0 || c.MinCompressionRate != 0 || c.ErrorFeedback != nil || c.WarmStart != nil || c.Ratio != 0 {
+			return nil, errf("compression", "rank, start_iter, min_compression_rate, error_feedback, warm_start and ratio need a compression type")
+		}
+	case "powersgd", "topk", "int8", "fp16", "bf16":
+		return nil, notImplemented("compression.type", s.Compression.Type)
+	default:
+		return nil, errf("compression.type", "unknown compression %q; allowed: none, powersgd, topk, int8, fp16, bf16", s.Compression.Type)
+	}
+	if c := s.Checkpoint; c != nil && (c.EveryEpochs != 0 || c.EverySteps != 0 || c.EverySeconds != 0 || c.Keep != 0) {
+		return nil, errf("checkpoint", "checkpointing %s", notImplementedSuffix)
+	}
+	if s.Federated != nil && proto.Size(s.Federated) > 0 {
+		return nil, errf("federated", "federated settings need mode fedavg, which %s", notImplementedSuffix)
+	}
+	if s.Partition == nil {
+		s.Partition = &pb.PartitionSpec{}
+	}
+	if s.Partition.Type == "" {
+		s.Partition.Type = defaultPartition
+	}
+	switch s.Partition.Type {
+	case defaultPartition:
+		if s.Partition.Alpha != 0 || s.Partition.ShardsPerClient != 0 {
+			return nil, errf("partition", "alpha and shards_per_client need partition type dirichlet or shards")
+		}
+	case "dirichlet", "shards", "label":
+		return nil, errf("partition.type", "%q partitioning is for fedavg mode, which %s", s.Partition.Type, notImplementedSuffix)
+	default:
+		return nil, errf("partition.type", "unknown partitioning %q; allowed: iid, dirichlet, shards, label", s.Partition.Type)
+	}
+	if s.BucketCapMb != 0 {
+		if s.BucketCapMb < 0 || math.IsNaN(s.BucketCapMb) {
+			return nil, errf("bucket_cap_mb", "%v must be positive", s.BucketCapMb)
+		}
+		return nil, errf("bucket_cap_mb", "gradient buckets are for ring mode, which %s", notImplementedSuffix)
+	}
+	if s.ParameterServer == nil {
+		s.ParameterServer = &pb.ParameterServerSpec{}
+	}
+	ps := s.ParameterServer
+	if ps.Shards == 0 {
+		ps.Shards = 1
+	}
+	if ps.Shards < 1 || ps.Shards > maxPSShards {
+		return nil, errf("parameter_server.shards", "%d out of range; allowed 1..%d", ps.Shards, maxPSShards)
+	}
+	if ps.Shards != 1 {
+		return nil, errf("parameter_server.shards", "%d shards: more than one shard %s", ps.Shards, notImplementedSuffix)
+	}
+	if ps.Consistency == "" {
+		ps.Consistency = defaultPSConsistency
+	}
+	switch ps.Consistency {
+	case defaultPSConsistency:
+		if ps.Staleness != 0 {
+			return nil, errf("parameter_server.staleness", "needs consistency bounded")
+		}
+	case "async", "bounded":
+		return nil, notImplemented("parameter_server.consistency", ps.Consistency)
+	default:
+		return nil, errf("parameter_server.consistency", "unknown consistency %q; allowed: sync, async, bounded", ps.Consistency)
+	}
+	if s.GradClipNorm != 0 {
+		if s.GradClipNorm < 0 || math.IsNaN(s.GradClipNorm) || math.IsInf(s.GradClipNorm, 0) {
+			return nil, errf("grad_clip_norm", "%v must be a positive number (0: off)", s.GradClipNorm)
+		}
+		return nil, notImplemented("grad_clip_norm", s.GradClipNorm)
+	}
+	if s.GradAccumSteps == 0 {
+		s.GradAccumSteps = 1
+	}
+	if s.GradAccumSteps < 1 || s.GradAccumSteps > maxGradAccumSteps {
+		return nil, errf("grad_accum_steps", "%d out of range; allowed 1..%d", s.GradAccumSteps, maxGradAccumSteps)
+	}
+	if s.GradAccumSteps != 1 {
+		return nil, notImplemented("grad_accum_steps", s.GradAccumSteps)
+	}
+	if s.LogEverySteps == 0 {
+		s.LogEverySteps = DefaultLogEvery
+	}
+	if s.LogEverySteps < 1 || s.LogEverySteps > maxLogEvery {
+		return nil, errf("log_every_steps", "%d out of range; allowed 1..%d", s.LogEverySteps, maxLogEvery)
+	}
+	if s.EvalEveryEpoch == nil {
+		s.EvalEveryEpoch = proto.Bool(true)
+	}
+	if s.StepTimeoutSeconds == 0 {
+		s.StepTimeoutSeconds = DefaultStepTimeout
+	}
+	if !(s.StepTimeoutSeconds > 0 && s.StepTimeoutSeconds <= maxStepTimeoutSeconds) {
+		return nil, errf("step_timeout_seconds", "%v out of range; allowed (0, %d]", s.StepTimeoutSeconds, maxStepTimeoutSeconds)
+	}
+	if s.NonfinitePolicy == "" {
+		s.NonfinitePolicy = defaultNonfinitePolicy
+	}
+	if s.NonfinitePolicy != "fail" && s.NonfinitePolicy != "skip" {
+		return nil, errf("nonfinite_policy", "unknown policy %q; allowed: fail, skip", s.NonfinitePolicy)
+	}
+	if s.Name == "" {
+		s.Name = s.Model + "-" + d.Name
+	}
+	return s, nil
+}
+
+func normalizeOptimizer(s *pb.JobSpec) error {
+	if s.Optimizer == nil {
+		s.Optimizer = &pb.OptimizerSpec{}
+	}
+	o := s.Optimizer
+	if o.Name == "" {
+		o.Name = defaultOptimizer
+	}
+	switch o.Name {
+	case defaultOptimizer:
+	case "adam", "adamw":
+		return notImplemented("optimizer.name", o.Name)
+	default:
+		return errf("optimizer.name", "unknown optimizer %q; allowed: sgd, adam, adamw", o.Name)
+	}
+	if o.Lr == 0 {
+		o.Lr = DefaultLR
+	}
+	if !(o.Lr > 0 && o.Lr <= maxLearningRate) {
+		return errf("optimizer.lr", "%v out of range; the learning rate must be in (0, %v]", o.Lr, maxLearningRate)
+	}
+	if o.Momentum == nil {
+		o.Momentum = proto.Float64(DefaultMomentum)
+	}
+	if m := o.GetMomentum(); !(m >= 0 && m < 1) {
+		return errf("optimizer.momentum", "%v out of range; allowed [0, 1)", m)
+	}
+	if o.Nesterov && o.GetMomentum() == 0 {
+		return errf("optimizer.nesterov", "Nesterov momentum needs momentum > 0")
+	}
+	if !(o.WeightDecay >= 0 && o.WeightDecay < 1) {
+		return errf("optimizer.weight_decay", "%v out of range; allowed [0, 1)", o.WeightDecay)
+	}
+	if o.Beta1 != 0 || o.Beta2 != 0 || o.Eps != 0 {
+		return errf("optimizer", "beta1, beta2 and eps are Adam settings; optimizer %q does not use them", o.Name)
+	}
+	return nil
+}

@@ -1,0 +1,380 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/gradsync/gradsync/internal/runlog"
+	"github.com/gradsync/gradsync/jobspec"
+	"github.com/gradsync/gradsync/models"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// maxEvents bounds the events kept per job for watchers that join late.
+const maxEvents = 4096
+
+// jobEntry is the server's record of one job. All fields are guarded by
+// Server.mu.
+type jobEntry struct {
+	job *pb.Job
+	// events[i] is event number base+i; notify is closed (and replaced)
+	// whenever an event is appended.
+	events []*pb.WatchJobResponse
+	base   int
+	notify chan struct{}
+	// While RUNNING:
+	ps        *psJob
+	run       *runlog.Writer
+	ranksDone []bool
+	rankIPS   []float64
+	results   []*pb.JobResult
+	lastEval  *pb.TaskEval
+	started   time.Time
+}
+
+func newJobEntry(j *pb.Job) *jobEntry {
+	return &jobEntry{job: j, notify: make(chan struct{})}
+}
+
+func (e *jobEntry) final() bool { return isFinal(e.job.State) }
+
+func isFinal(s pb.JobState) bool {
+	return s == pb.JobState_JOB_STATE_SUCCEEDED || s == pb.JobState_JOB_STATE_FAILED || s == pb.JobState_JOB_STATE_CANCELLED
+}
+
+// abort stops the job's parameter server (if any) so every stream waiting on
+// it returns.
+func (e *jobEntry) abort(err error) {
+	if e.ps != nil {
+		e.ps.abort(err)
+	}
+}
+
+func tsNow(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
+
+// sortJobs orders jobs newest first (ties by id, for a stable listing).
+func sortJobs(js []*pb.Job) {
+	sort.Slice(js, func(a, b int) bool {
+		ta, tb := js[a].GetCreatedAt().AsTime(), js[b].GetCreatedAt().AsTime()
+		if !ta.Equal(tb) {
+			return ta.After(tb)
+		}
+		return js[a].Id > js[b].Id
+	})
+}
+
+func newJobID(now time.Time) string {
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return "job-" + now.UTC().Format("20060102-150405") + "-" + hex.EncodeToString(b[:])
+}
+
+// emitLocked appends an event to a job and wakes its watchers.
+func (s *Server) emitLocked(e *jobEntry, kind pb.EventKind, msg string, fill func(*pb.WatchJobResponse)) {
+	ev := &pb.WatchJobResponse{Kind: kind, Time: tsNow(s.cfg.Now()), Job: proto.Clone(e.job).(*pb.Job), Message: msg}
+	if fill != nil {
+		fill(ev)
+	}
+	e.events = append(e.events, ev)
+	if len(e.events) > maxEvents {
+		drop := len(e.events) - maxEvents
+		e.events = append(e.events[:0:0], e.events[drop:]...)
+		e.base += drop
+	}
+	close(e.notify)
+	e.notify = make(chan struct{})
+}
+
+// setStateLocked moves a job to a new state, stores it, and announces it.
+// The store write comes first: what watchers see is durable.
+func (s *Server) setStateLocked(e *jobEntry, st pb.JobState, msg string) {
+	j := e.job
+	j.State = st
+	j.Message = msg
+	now := s.cfg.Now()
+	switch st {
+	case pb.JobState_JOB_STATE_RUNNING:
+		j.StartedAt = tsNow(now)
+	case pb.JobState_JOB_STATE_SUCCEEDED, pb.JobState_JOB_STATE_FAILED, pb.JobState_JOB_STATE_CANCELLED:
+		j.FinishedAt = tsNow(now)
+		if j.Result == nil {
+			j.Result = &pb.JobResult{}
+		}
+		if j.StartedAt != nil {
+			j.Result.WallSeconds = now.Sub(j.StartedAt.AsTime()).Seconds()
+		}
+	}
+	if err := s.store.putJob(j); err != nil {
+		s.log.Error("job store write failed", "job", j.Id, "err", err)
+	}
+	if e.run != nil {
+		_ = e.run.Log(map[string]any{"kind": "state", "time": now.UTC().Format(time.RFC3339Nano), "state": runlog.StateName(st), "message": msg})
+		if isFinal(st) {
+			if err := e.run.Finish(runlog.SummaryOf(j)); err != nil {
+				s.log.Error("writing summary failed", "job", j.Id, "err", err)
+			}
+			e.run = nil
+		}
+	}
+	s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, msg, nil)
+	if st == pb.JobState_JOB_STATE_FAILED {
+		s.log.Warn("job state", "job", j.Id, "state", runlog.StateName(st), "message", msg)
+	} else {
+		s.log.Info("job state", "job", j.Id, "state", runlog.StateName(st), "message", msg)
+	}
+}
+
+// endJobLocked finishes a running or pending job: state, abort of its
+// parameter server, cancellation sent to its workers, workers freed, then
+// the next jobs scheduled.
+func (s *Server) endJobLocked(e *jobEntry, st pb.JobState, msg string) {
+	if e.final() {
+		return
+	}
+	wasRunning := e.job.State == pb.JobState_JOB_STATE_RUNNING
+	s.setStateLocked(e, st, msg)
+	e.abort(errors.New(msg))
+	if wasRunning {
+		for _, id := range e.job.WorkerIds {
+			w := s.workers[id]
+			if w == nil || w.info.JobId != e.job.Id {
+				continue
+			}
+			w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: e.job.Id, Reason: msg}}})
+			w.info.JobId = ""
+			if w.info.State == pb.WorkerState_WORKER_STATE_BUSY {
+				w.info.State = pb.WorkerState_WORKER_STATE_IDLE
+			}
+		}
+	}
+	for i, id := range s.queue {
+		if id == e.job.Id {
+			s.queue = append(s.queue[:i], s.queue[i+1:]...)
+			break
+		}
+	}
+	s.scheduleLocked()
+}
+
+// SubmitJob validates the spec, stores the job as PENDING and schedules.
+func (s *Server) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*pb.SubmitJobResponse, error) {
+	spec, err := jobspec.Normalize(req.GetSpec(), models.Names())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "invalid job spec: %v", err)
+	}
+	now := s.cfg.Now()
+	j := &pb.Job{Id: newJobID(now), Spec: spec, State: pb.JobState_JOB_STATE_PENDING, CreatedAt: tsNow(now)}
+	j.RunDir = s.runDir(j.Id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, status.Error(codes.Unavailable, "server is shutting down")
+	}
+	if err := s.store.putJob(j); err != nil {
+		return nil, status.Errorf(codes.Internal, "storing job: %v", err)
+	}
+	e := newJobEntry(j)
+	s.jobs[j.Id] = e
+	s.queue = append(s.queue, j.Id)
+	s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, "submitted", nil)
+	s.log.Info("job submitted", "job", j.Id, "model", spec.Model, "dataset", spec.Dataset.Name, "mode", spec.Mode, "workers", spec.Workers)
+	s.scheduleLocked()
+	return &pb.SubmitJobResponse{Job: proto.Clone(e.job).(*pb.Job)}, nil
+}
+
+func (s *Server) jobLocked(id string) (*jobEntry, error) {
+	e := s.jobs[id]
+	if e == nil {
+		return nil, status.Errorf(codes.NotFound, "job %q not found", id)
+	}
+	return e, nil
+}
+
+// GetJob returns one job.
+func (s *Server) GetJob(ctx context.Context, req *pb.GetJobRequest) (*pb.GetJobResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := s.jobLocked(req.JobId)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.GetJobResponse{Job: proto.Clone(e.job).(*pb.Job)}, nil
+}
+
+// ListJobs returns jobs newest first.
+func (s *Server) ListJobs(ctx context.Context, req *pb.ListJobsRequest) (*pb.ListJobsResponse, error) {
+	limit := int(req.PageSize)
+	if limit == 0 {
+		limit = 100
+	}
+	s.mu.Lock()
+	var out []*pb.Job
+	for _, e := range s.jobs {
+		if req.State == pb.JobState_JOB_STATE_UNSPECIFIED || e.job.State == req.State {
+			out = append(out, proto.Clone(e.job).(*pb.Job))
+		}
+	}
+	s.mu.Unlock()
+	sortJobs(out)
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return &pb.ListJobsResponse{Jobs: out}, nil
+}
+
+// CancelJob cancels a pending or running job.
+func (s *Server) CancelJob(ctx context.Context, req *pb.CancelJobRequest) (*pb.CancelJobResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := s.jobLocked(req.JobId)
+	if err != nil {
+		return nil, err
+	}
+	if e.final() {
+		return nil, status.Errorf(codes.FailedPrecondition, "job %s already ended (%s)", req.JobId, runlog.StateName(e.job.State))
+	}
+	reason := "cancelled by user"
+	if req.Reason != "" {
+		reason += ": " + req.Reason
+	}
+	s.endJobLocked(e, pb.JobState_JOB_STATE_CANCELLED, reason)
+	return &pb.CancelJobResponse{Job: proto.Clone(e.job).(*pb.Job)}, nil
+}
+
+// WatchJob streams a job's events from its first kept one until the job
+// ends. Nothing is dropped for a slow watcher: it reads the job's event log
+// at its own pace.
+func (s *Server) WatchJob(req *pb.WatchJobRequest, stream pb.JobService_WatchJobServer) error {
+	ctx := stream.Context()
+	s.mu.Lock()
+	e, err := s.jobLocked(req.JobId)
+	next := 0
+	if err == nil {
+		next = e.base
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	for {
+		s.mu.Lock()
+		if next < e.base {
+			next = e.base
+		}
+		batch := append([]*pb.WatchJobResponse(nil), e.events[next-e.base:]...)
+		next += len(batch)
+		final := e.final()
+		notify := e.notify
+		closed := s.closed
+		s.mu.Unlock()
+		for _, ev := range batch {
+			if err := stream.Send(ev); err != nil {
+				return err
+			}
+		}
+		if final {
+			return nil
+		}
+		if closed {
+			return status.Error(codes.Unavailable, "server is shutting down")
+		}
+		select {
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-notify:
+		}
+	}
+}
+
+// ListWorkers returns every worker the coordinator has seen since it started.
+func (s *Server) ListWorkers(ctx context.Context, req *pb.ListWorkersRequest) (*pb.ListWorkersResponse, error) {
+	s.mu.Lock()
+	out := make([]*pb.Worker, 0, len(s.workers))
+	for _, w := range s.workers {
+		out = append(out, proto.Clone(w.info).(*pb.Worker))
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(a, b int) bool { return out[a].Id < out[b].Id })
+	return &pb.ListWorkersResponse{Workers: out}, nil
+}
+
+// scheduleLocked starts every queued job the FIFO gang scheduler places.
+func (s *Server) scheduleLocked() {
+	if s.closed {
+		return
+	}
+	var q []pendingJob
+	for _, id := range s.queue {
+		q = append(q, pendingJob{id: id, workers: int(s.jobs[id].job.Spec.Workers)})
+	}
+	var idle []*workerEntry
+	for _, w := range s.workers {
+		if w.info.State == pb.WorkerState_WORKER_STATE_IDLE {
+			idle = append(idle, w)
+		}
+	}
+	sort.Slice(idle, func(a, b int) bool {
+		if !idle[a].connected.Equal(idle[b].connected) {
+			return idle[a].connected.Before(idle[b].connected)
+		}
+		return idle[a].info.Id < idle[b].info.Id
+	})
+	ids := make([]string, len(idle))
+	for i, w := range idle {
+		ids[i] = w.info.Id
+	}
+	for _, p := range schedule(q, ids) {
+		s.queue = s.queue[1:]
+		s.startJobLocked(s.jobs[p.jobID], p.workers)
+	}
+}
+
+// startJobLocked builds the job's initial parameters and parameter server,
+// opens its run directory, and sends every worker its assignment.
+func (s *Server) startJobLocked(e *jobEntry, workerIDs []string) {
+	j := e.job
+	spec := j.Spec
+	net, err := models.New(spec.Model, models.Options{Seed: spec.GetSeed(), Classes: 10})
+	if err != nil {
+		s.setStateLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("building model: %v", err))
+		return
+	}
+	run, err := runlog.Create(j.RunDir, spec)
+	if err != nil {
+		s.setStateLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("creating run directory: %v", err))
+		return
+	}
+	e.run = run
+	j.WorkerIds = workerIDs
+	j.Generation = 1
+	world := len(workerIDs)
+	e.ranksDone = make([]bool, world)
+	e.rankIPS = make([]float64, world)
+	e.results = make([]*pb.JobResult, world)
+	e.started = s.cfg.Now()
+	e.ps = newPSJob(j.Id, j.Generation, world, net.Params(), spec)
+	peers := make([]string, world)
+	for r, id := range workerIDs {
+		peers[r] = s.workers[id].info.Address
+	}
+	s.setStateLocked(e, pb.JobState_JOB_STATE_RUNNING, fmt.Sprintf("running on %d worker(s)", world))
+	for r, id := range workerIDs {
+		w := s.workers[id]
+		w.info.State = pb.WorkerState_WORKER_STATE_BUSY
+		w.info.JobId = j.Id
+		w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Assignment{Assignment: &pb.Assignment{
+			JobId: j.Id, Generation: j.Generation, Rank: int32(r), WorldSize: int32(world),
+			Spec: spec, Peers: peers, NumParams: int64(net.NumParams()),
+		}}})
+	}
+}

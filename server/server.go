@@ -1,0 +1,255 @@
+// Package server is the gradsync coordinator: the public JobService and
+// ClusterService, the worker-facing Coordinator stream, and aggregator shard
+// 0 (the ParameterServer). Thin gRPC handlers sit over a core guarded by one
+// mutex: the job table with its durable store, the worker registry with
+// heartbeats, and the FIFO gang scheduler (a pure function).
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/gradsync/gradsync/internal/rpc"
+
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// Config configures a server. The zero value is usable: every field has a
+// documented default.
+type Config struct {
+	// DataDir holds the job store (gradsync.db). Default "gradsync-data".
+	DataDir string
+	// RunsDir is where runs/<job-id>/ directories go. Default "runs".
+	RunsDir string
+	// HeartbeatInterval is how often workers must send a heartbeat.
+	// Default 1s.
+	HeartbeatInterval time.Duration
+	// HeartbeatTimeout is how long a silent worker is kept before it is
+	// declared lost and its job fails. Default 5s.
+	HeartbeatTimeout time.Duration
+	// Logger receives structured logs. Default slog.Default().
+	Logger *slog.Logger
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+	// ServerOptions are extra gRPC server options (TLS, say).
+	ServerOptions []grpc.ServerOption
+}
+
+// Validate fills defaults and checks the config.
+func (c *Config) Validate() error {
+	if c.DataDir == "" {
+		c.DataDir = "gradsync-data"
+	}
+	if c.RunsDir == "" {
+		c.RunsDir = "runs"
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = time.Second
+	}
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = 5 * time.Second
+	}
+	if c.HeartbeatInterval < 0 || c.HeartbeatTimeout < 2*c.HeartbeatInterval {
+		return fmt.Errorf("server: heartbeat timeout %v must be at least twice the interval %v", c.HeartbeatTimeout, c.HeartbeatInterval)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// Server is a coordinator. Create it with New, run it with Serve, stop it by
+// cancelling Serve's context.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	store  *store
+	grpc   *grpc.Server
+	health *health.Server
+
+	mu sync.Mutex // guards everything below
+	// jobs by id; queue holds pending job ids in submission order.
+	jobs    map[string]*jobEntry
+	queue   []string
+	workers map[string]*workerEntry
+	// closed is set once Serve has returned; no new work is started.
+	closed bool
+
+	// streams counts goroutines that outlive a handler by the moment it
+	// takes gRPC to end the stream; Serve waits for them.
+	streams sync.WaitGroup
+
+	pb.UnimplementedJobServiceServer
+	pb.UnimplementedClusterServiceServer
+	pb.UnimplementedCoordinatorServer
+	pb.UnimplementedParameterServerServer
+}
+
+// New opens the store and loads every job it holds. Jobs that were PENDING
+// are queued again; jobs that were RUNNING when the previous server stopped
+// are marked FAILED (resuming them needs checkpoints, a later feature).
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	st, err := openStore(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg: cfg, log: cfg.Logger, store: st,
+		jobs: map[string]*jobEntry{}, workers: map[string]*workerEntry{},
+	}
+	stored, err := st.jobs()
+	if err != nil {
+		st.close()
+		return nil, err
+	}
+	sortJobs(stored)
+	for i := len(stored) - 1; i >= 0; i-- { // oldest first, so the queue keeps submission order
+		j := stored[i]
+		e := newJobEntry(j)
+		s.jobs[j.Id] = e
+		switch j.State {
+		case pb.JobState_JOB_STATE_PENDING:
+			s.queue = append(s.queue, j.Id)
+		case pb.JobState_JOB_STATE_RUNNING:
+			j.State = pb.JobState_JOB_STATE_FAILED
+			j.Message = "the server stopped while the job was running (resuming needs checkpoints, not implemented yet)"
+			j.FinishedAt = tsNow(cfg.Now())
+			if err := st.putJob(j); err != nil {
+				st.close()
+				return nil, err
+			}
+		}
+	}
+	s.grpc = grpc.NewServer(s.serverOptions()...)
+	s.health = health.NewServer()
+	pb.RegisterJobServiceServer(s.grpc, s)
+	pb.RegisterClusterServiceServer(s.grpc, s)
+	pb.RegisterCoordinatorServer(s.grpc, s)
+	pb.RegisterParameterServerServer(s.grpc, s)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	for _, name := range []string{"", pb.JobService_ServiceDesc.ServiceName, pb.ClusterService_ServiceDesc.ServiceName,
+		pb.Coordinator_ServiceDesc.ServiceName, pb.ParameterServer_ServiceDesc.ServiceName} {
+		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
+	return s, nil
+}
+
+func (s *Server) serverOptions() []grpc.ServerOption {
+	return append(rpc.ServerOptions(s.log), s.cfg.ServerOptions...)
+}
+
+// Serve serves on lis until ctx is cancelled, then stops gracefully: running
+// jobs are failed (their workers are told), streams are closed, the store is
+// flushed and closed.
+func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // owned by Serve: the heartbeat monitor
+		defer wg.Done()
+		s.monitor(ctx)
+	}()
+	errc := make(chan error, 1)
+	wg.Add(1)
+	go func() { // owned by Serve: the gRPC accept loop
+		defer wg.Done()
+		errc <- s.grpc.Serve(lis)
+	}()
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		cancel()
+	}
+	s.shutdown()
+	wg.Wait()
+	s.streams.Wait()
+	if cerr := s.store.close(); err == nil {
+		err = cerr
+	}
+	if errors.Is(err, grpc.ErrServerStopped) {
+		err = nil
+	}
+	return err
+}
+
+// shutdown stops accepting work, fails running jobs, and stops the gRPC
+// server (giving streams a moment to drain).
+func (s *Server) shutdown() {
+	s.health.Shutdown()
+	s.mu.Lock()
+	s.closed = true
+	for _, e := range s.jobs {
+		if e.job.State == pb.JobState_JOB_STATE_RUNNING {
+			// Keep RUNNING in the store: the next server start marks it
+			// FAILED (or, once checkpoints exist, resumes it).
+			e.abort(errors.New("server shutting down"))
+		}
+	}
+	for _, w := range s.workers {
+		w.close()
+	}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { // owned by shutdown: graceful stop, bounded below
+		s.grpc.GracefulStop()
+		close(done)
+	}()
+	t := time.NewTimer(2 * time.Second)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		s.grpc.Stop()
+		<-done
+	}
+}
+
+// monitor declares silent workers lost.
+func (s *Server) monitor(ctx context.Context) {
+	t := time.NewTicker(s.cfg.HeartbeatInterval / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := s.cfg.Now()
+		s.mu.Lock()
+		for _, w := range s.workers {
+			if w.info.State != pb.WorkerState_WORKER_STATE_LOST && now.Sub(w.lastSeen) > s.cfg.HeartbeatTimeout {
+				s.loseWorkerLocked(w, fmt.Sprintf("no heartbeat for %.1fs (timeout %v)", now.Sub(w.lastSeen).Seconds(), s.cfg.HeartbeatTimeout))
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// runDir is where a job's files go.
+func (s *Server) runDir(id string) string {
+	d := filepath.Join(s.cfg.RunsDir, id)
+	if abs, err := filepath.Abs(d); err == nil {
+		return abs
+	}
+	return d
+}

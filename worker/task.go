@@ -1,0 +1,281 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/gradsync/gradsync/data"
+	"github.com/gradsync/gradsync/internal/tensor"
+	"github.com/gradsync/gradsync/internal/wire"
+	"github.com/gradsync/gradsync/jobspec"
+	"github.com/gradsync/gradsync/models"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// evalBatch is the batch size used for evaluation (forward only).
+const evalBatch = 500
+
+// runTask trains rank a.Rank of a job in ps mode: each step it computes the
+// gradient of its batch, pushes it to the parameter server and receives the
+// averaged update's parameters. Rank 0 evaluates on the test split after
+// every epoch and at the end.
+func runTask(ctx context.Context, a *pb.Assignment, conn *grpc.ClientConn, rep *reporter, log *slog.Logger) (*pb.JobResult, error) {
+	spec := a.Spec
+	if spec == nil {
+		return nil, errors.New("assignment without a spec")
+	}
+	seed := spec.GetSeed()
+	ds := spec.GetDataset()
+	loadStart := time.Now()
+	train, test, err := data.Load(ctx, data.LoadOptions{Name: ds.GetName(), Dir: ds.GetDataDir(),
+		SyntheticTrain: int(ds.GetSyntheticTrain()), SyntheticTest: int(ds.GetSyntheticTest()), Seed: seed})
+	if err != nil {
+		return nil, err
+	}
+	log.Debug("data loaded", "dataset", train.Name, "train", train.Len(), "test", test.Len(), "seconds", time.Since(loadStart).Seconds())
+	net, err := models.New(spec.Model, models.Options{Channels: train.C, Height: train.H, Width: train.W, Classes: train.Classes, Seed: seed})
+	if err != nil {
+		return nil, err
+	}
+	if int64(net.NumParams()) != a.NumParams {
+		return nil, fmt.Errorf("model %s has %d parameters here but %d on the coordinator", spec.Model, net.NumParams(), a.NumParams)
+	}
+	rank, world := int(a.Rank), int(a.WorldSize)
+	sampler, err := data.NewSampler(train.Len(), rank, world, seed, true, false)
+	if err != nil {
+		return nil, err
+	}
+	bs := int(spec.BatchSize)
+	stepsPerEpoch := sampler.NumBatches(bs)
+	totalSteps := int64(stepsPerEpoch) * int64(spec.Epochs)
+	if spec.MaxSteps > 0 && spec.MaxSteps < totalSteps {
+		totalSteps = spec.MaxSteps
+	}
+
+	ps, err := joinPS(ctx, conn, a, net.Params(), totalSteps)
+	if err != nil {
+		return nil, err
+	}
+	defer ps.close()
+
+	inSize, classes := net.InputSize(), train.Classes
+	x := make([]float32, bs*inSize)
+	y := make([]uint8, bs)
+	dl := make([]float32, bs*classes)
+	idx := make([]int, sampler.Len())
+	res := &pb.JobResult{GemmBackend: tensor.Backend()}
+	start := time.Now()
+	var step int64
+	var lossSum float64
+	var lossN, imagesSince int
+	lastReport := start
+	evaluated := false
+	logEvery := int64(spec.LogEverySteps)
+	for epoch := 0; epoch < int(spec.Epochs) && step < totalSteps; epoch++ {
+		idx = sampler.EpochInto(idx, epoch)
+		var epochLoss float64
+		var epochN int
+		for b := 0; b < stepsPerEpoch && step < totalSteps; b++ {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			batch := idx[b*bs : min((b+1)*bs, len(idx))]
+			n := len(batch)
+			train.Batch(batch, x[:n*inSize], y[:n])
+			net.ZeroGrad()
+			logits := net.Forward(x[:n*inSize], n, true)
+			loss := models.SoftmaxCrossEntropy(logits, y[:n], classes, dl[:n*classes])
+			net.Backward(dl[:n*classes])
+			if err := ps.step(ctx, net.Grads(), net.Params()); err != nil {
+				return nil, fmt.Errorf("step %d: %w", step, err)
+			}
+			step++
+			lossSum += float64(loss)
+			lossN++
+			epochLoss += float64(loss)
+			epochN++
+			imagesSince += n
+			evaluated = false
+			if step%logEvery == 0 || step == totalSteps {
+				now := time.Now()
+				elapsed := now.Sub(start).Seconds()
+				p := &pb.Progress{
+					Epoch: int32(epoch + 1), Step: step, TotalSteps: totalSteps, Loss: lossSum / float64(lossN),
+					ImagesPerSecond: float64(imagesSince) / now.Sub(lastReport).Seconds(),
+					LearningRate:    jobspec.LearningRate(spec, step-1, totalSteps), ElapsedSeconds: elapsed,
+					EtaSeconds: elapsed / float64(step) * float64(totalSteps-step),
+				}
+				rep.trySend(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Progress{Progress: &pb.TaskProgress{
+					JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, Progress: p}}})
+				lossSum, lossN, imagesSince, lastReport = 0, 0, 0, now
+			}
+		}
+		res.Epochs = int32(epoch + 1)
+		res.TrainLoss = epochLoss / float64(max(epochN, 1))
+		if rank == 0 && spec.GetEvalEveryEpoch() && epochN == stepsPerEpoch {
+			if err := evaluate(ctx, net, test, res); err != nil {
+				return nil, err
+			}
+			evaluated = true
+			rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Eval{Eval: &pb.TaskEval{JobId: a.JobId, Rank: a.Rank,
+				Epoch: res.Epochs, Step: step, TestAccuracy: res.TestAccuracy, TestLoss: res.TestLoss, TrainLoss: res.TrainLoss}}})
+		}
+	}
+	res.Steps = step
+	wall := time.Since(start).Seconds()
+	res.ImagesPerSecond = float64(step) * float64(bs) / wall
+	if rank == 0 && !evaluated {
+		if err := evaluate(ctx, net, test, res); err != nil {
+			return nil, err
+		}
+		rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Eval{Eval: &pb.TaskEval{JobId: a.JobId, Rank: a.Rank,
+			Epoch: res.Epochs, Step: step, TestAccuracy: res.TestAccuracy, TestLoss: res.TestLoss, TrainLoss: res.TrainLoss}}})
+	}
+	return res, nil
+}
+
+// evaluate computes accuracy and mean loss on the whole test split.
+func evaluate(ctx context.Context, net *models.Network, test *data.Dataset, res *pb.JobResult) error {
+	inSize, classes := net.InputSize(), test.Classes
+	x := make([]float32, evalBatch*inSize)
+	y := make([]uint8, evalBatch)
+	idx := make([]int, evalBatch)
+	pred := make([]int, evalBatch)
+	var correct int
+	var lossSum float64
+	for lo := 0; lo < test.Len(); lo += evalBatch {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n := min(evalBatch, test.Len()-lo)
+		for i := range n {
+			idx[i] = lo + i
+		}
+		test.Batch(idx[:n], x[:n*inSize], y[:n])
+		logits := net.Forward(x[:n*inSize], n, false)
+		lossSum += float64(models.SoftmaxCrossEntropy(logits, y[:n], classes, nil)) * float64(n)
+		models.Argmax(logits, classes, pred[:n])
+		for i := range n {
+			if pred[i] == int(y[i]) {
+				correct++
+			}
+		}
+	}
+	res.TestAccuracy = float64(correct) / float64(test.Len())
+	res.TestLoss = lossSum / float64(test.Len())
+	return nil
+}
+
+// psClient is this rank's push/pull stream to the job's parameter server.
+type psClient struct {
+	a        *pb.Assignment
+	stream   pb.ParameterServer_SyncClient
+	cancel   context.CancelFunc
+	timeout  time.Duration
+	timedOut atomic.Bool
+	applied  int64 // updates applied to the parameters we hold
+	sp       wire.Splitter
+}
+
+// joinPS opens the Sync stream, joins, and receives the initial parameters
+// into params.
+func joinPS(ctx context.Context, conn *grpc.ClientConn, a *pb.Assignment, params []float32, totalSteps int64) (*psClient, error) {
+	if len(a.PsAddresses) > 0 {
+		return nil, errors.New("external parameter-server shards are not implemented yet")
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	c := &psClient{a: a, cancel: cancel, timeout: time.Duration(a.Spec.GetStepTimeoutSeconds() * float64(time.Second))}
+	t := time.AfterFunc(c.timeout, func() { c.timedOut.Store(true); cancel() })
+	defer t.Stop()
+	stream, err := pb.NewParameterServerClient(conn).Sync(sctx)
+	if err != nil {
+		cancel()
+		return nil, c.explain(err)
+	}
+	c.stream = stream
+	if err := stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Join{Join: &pb.SyncJoin{
+		JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, WorldSize: a.WorldSize, NumParams: int64(len(params)), TotalSteps: totalSteps}}}); err != nil {
+		c.close()
+		return nil, c.explain(err)
+	}
+	if err := c.recvParams(params, 0); err != nil {
+		c.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *psClient) explain(err error) error {
+	if c.timedOut.Load() {
+		return fmt.Errorf("no answer from the parameter server within the step timeout of %v: %w", c.timeout, err)
+	}
+	return fmt.Errorf("parameter server: %w", err)
+}
+
+// step pushes grads for the current step and overwrites params with the
+// parameters after the averaged update, within the step timeout.
+func (c *psClient) step(ctx context.Context, grads, params []float32) error {
+	t := time.AfterFunc(c.timeout, func() { c.timedOut.Store(true); c.cancel() })
+	defer t.Stop()
+	tag := &pb.TensorFrame{JobId: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PUSH_GRADIENT, Step: c.applied, Rank: c.a.Rank}
+	err := c.sp.Frames(tag, grads, func(f *pb.TensorFrame) error {
+		return c.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Gradient{Gradient: f}})
+	})
+	if err != nil {
+		return c.explain(c.recvErr(err))
+	}
+	return c.recvParams(params, c.applied+1)
+}
+
+// recvErr turns a Send error into the stream's real status: gRPC reports
+// io.EOF on Send when the server ended the stream, and the reason comes
+// from Recv.
+func (c *psClient) recvErr(err error) error {
+	if _, rerr := c.stream.Recv(); rerr != nil {
+		return rerr
+	}
+	return err
+}
+
+// recvParams reads one full parameter tensor tagged with step.
+func (c *psClient) recvParams(params []float32, step int64) error {
+	want := wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Total: uint64(len(params))}
+	next := 0
+	for {
+		m, err := c.stream.Recv()
+		if err != nil {
+			return c.explain(err)
+		}
+		off, n, err := wire.Check(m.GetParameters(), want)
+		if err != nil {
+			return err
+		}
+		if off != next {
+			return fmt.Errorf("parameter frame at offset %d, want %d", off, next)
+		}
+		if err := wire.GetF32(params[off:off+n], m.GetParameters().Data); err != nil {
+			return err
+		}
+		next += n
+		if m.GetParameters().Last {
+			if next != len(params) {
+				return fmt.Errorf("parameters ended at %d of %d", next, len(params))
+			}
+			c.applied = step
+			return nil
+		}
+	}
+}
+
+func (c *psClient) close() {
+	if c.stream != nil {
+		_ = c.stream.CloseSend()
+	}
+	c.cancel()
+}

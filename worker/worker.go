@@ -1,0 +1,331 @@
+// Package worker is a gradsync worker process: it connects to the
+// coordinator (reconnecting with backoff), reports its resources, serves its
+// peer Collective endpoint, and runs the training task it is assigned for
+// its rank, reporting progress, evaluations and the result.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	"github.com/gradsync/gradsync/internal/gpu"
+	"github.com/gradsync/gradsync/internal/rpc"
+	"github.com/gradsync/gradsync/internal/tensor"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// Version is reported in the worker's hello.
+const Version = "0.1.0"
+
+// Config configures a worker. Server is required; the rest has defaults.
+type Config struct {
+	// Server is the coordinator's address (host:port).
+	Server string
+	// ListenAddr is where the peer Collective endpoint listens.
+	// Default "127.0.0.1:0" (any free port on loopback).
+	ListenAddr string
+	// Listener, if set, is used instead of listening on ListenAddr.
+	Listener net.Listener
+	// AdvertiseAddr is the address peers use to reach this worker; default
+	// the listener's address.
+	AdvertiseAddr string
+	// ID is a stable worker id (kept across reconnects); default: one the
+	// coordinator assigns.
+	ID string
+	// Name is a human-readable name; default the host name and port.
+	Name string
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+	// DialOptions are extra options for connections to the coordinator
+	// and parameter servers (TLS, a bufconn dialer in tests).
+	DialOptions []grpc.DialOption
+	// MaxBackoff caps the wait between reconnect attempts. Default 5s.
+	MaxBackoff time.Duration
+}
+
+// Validate fills defaults and checks the config.
+func (c *Config) Validate() error {
+	if c.Server == "" {
+		return errors.New("worker: the coordinator address (--server) is required")
+	}
+	if c.ListenAddr == "" {
+		c.ListenAddr = "127.0.0.1:0"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = 5 * time.Second
+	}
+	return nil
+}
+
+// Worker is one worker process's state.
+type Worker struct {
+	cfg  Config
+	log  *slog.Logger
+	addr string
+	res  *pb.Resources
+}
+
+// New checks the config and discovers the host's resources.
+func New(cfg Config) (*Worker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	gpus, err := gpu.Discover()
+	if err != nil {
+		cfg.Logger.Warn("GPU discovery incomplete", "err", err)
+	}
+	return &Worker{cfg: cfg, log: cfg.Logger, res: &pb.Resources{
+		CpuCores: int32(runtime.NumCPU()), Gpus: gpus, GemmBackend: tensor.Backend(),
+	}}, nil
+}
+
+func (w *Worker) dialOptions() []grpc.DialOption {
+	opts := append(rpc.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return append(opts, w.cfg.DialOptions...)
+}
+
+// Run serves until ctx is cancelled: the peer endpoint, and the coordinator
+// session, reconnected with exponential backoff whenever it breaks.
+func (w *Worker) Run(ctx context.Context) error {
+	lis := w.cfg.Listener
+	if lis == nil {
+		var err error
+		if lis, err = net.Listen("tcp", w.cfg.ListenAddr); err != nil {
+			return fmt.Errorf("worker: listen on %s: %w", w.cfg.ListenAddr, err)
+		}
+	}
+	w.addr = w.cfg.AdvertiseAddr
+	if w.addr == "" {
+		w.addr = lis.Addr().String()
+	}
+	if w.cfg.Name == "" {
+		h, _ := os.Hostname()
+		w.cfg.Name = fmt.Sprintf("%s/%s", h, w.addr)
+	}
+	gs := grpc.NewServer(rpc.ServerOptions(w.log)...)
+	pb.RegisterCollectiveServer(gs, collective{})
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	reflection.Register(gs)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // owned by Run: the peer endpoint
+		defer wg.Done()
+		if err := gs.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			w.log.Error("peer endpoint stopped", "err", err)
+		}
+	}()
+	defer func() {
+		gs.Stop()
+		wg.Wait()
+	}()
+
+	conn, err := grpc.NewClient(w.cfg.Server, w.dialOptions()...)
+	if err != nil {
+		return fmt.Errorf("worker: coordinator address %q: %w", w.cfg.Server, err)
+	}
+	defer conn.Close()
+	w.log.Info("worker started", "server", w.cfg.Server, "peer_address", w.addr, "cpu_cores", w.res.CpuCores,
+		"gpus", len(w.res.Gpus), "gemm", w.res.GemmBackend)
+	backoff := 100 * time.Millisecond
+	for {
+		start := time.Now()
+		err := w.session(ctx, conn)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Since(start) > 10*time.Second {
+			backoff = 100 * time.Millisecond
+		}
+		w.log.Warn("coordinator session ended; reconnecting", "err", err, "in", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		backoff = min(2*backoff, w.cfg.MaxBackoff)
+	}
+}
+
+// task is the one training task a worker runs at a time.
+type task struct {
+	jobID  string
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// session is one Connect stream: hello, welcome, then heartbeats and task
+// reports up, assignments and cancellations down. Every goroutine it starts
+// ends before it returns.
+func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := pb.NewCoordinatorClient(conn).Connect(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Hello{Hello: &pb.Hello{
+		WorkerId: w.cfg.ID, Name: w.cfg.Name, Address: w.addr, Resources: w.res, Version: Version}}}); err != nil {
+		return err
+	}
+	// No welcome within 10s: give up on this stream.
+	welcomeTimer := time.AfterFunc(10*time.Second, cancel)
+	first, err := stream.Recv()
+	welcomeTimer.Stop()
+	if err != nil {
+		return err
+	}
+	welcome := first.GetWelcome()
+	if welcome == nil {
+		return errors.New("worker: coordinator did not answer with a welcome")
+	}
+	if w.cfg.ID == "" {
+		w.cfg.ID = welcome.WorkerId // keep it across reconnects
+	}
+	interval := time.Duration(welcome.HeartbeatIntervalSeconds * float64(time.Second))
+	if interval <= 0 {
+		interval = time.Second
+	}
+	w.log.Info("connected to coordinator", "worker", welcome.WorkerId, "heartbeat", interval)
+
+	out := make(chan *pb.ConnectRequest, 256)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // owned by session: the only sender on the stream
+		defer wg.Done()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			var m *pb.ConnectRequest
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				m = &pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: &pb.Heartbeat{}}}
+			case m = <-out:
+			}
+			if err := stream.Send(m); err != nil {
+				cancel()
+				return
+			}
+		}
+	}()
+	rep := &reporter{ctx: ctx, out: out}
+	var cur *task
+	stopTask := func() {
+		if cur != nil {
+			cur.cancel()
+			<-cur.done
+			cur = nil
+		}
+	}
+	defer func() {
+		cancel()
+		stopTask()
+		wg.Wait()
+	}()
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		switch m := m.Msg.(type) {
+		case *pb.ConnectResponse_Assignment:
+			stopTask()
+			a := m.Assignment
+			tctx, tcancel := context.WithCancel(ctx)
+			cur = &task{jobID: a.JobId, cancel: tcancel, done: make(chan struct{})}
+			wg.Add(1)
+			go func(t *task) { // owned by session via cur/stopTask and wg
+				defer wg.Done()
+				defer close(t.done)
+				w.log.Info("task assigned", "job", a.JobId, "rank", a.Rank, "world", a.WorldSize, "model", a.Spec.GetModel())
+				res, err := safeRunTask(tctx, a, conn, rep, w.log)
+				done := &pb.TaskDone{JobId: a.JobId, Rank: a.Rank, Result: res}
+				if err != nil {
+					if tctx.Err() != nil {
+						w.log.Info("task stopped", "job", a.JobId, "rank", a.Rank, "err", err)
+						return // cancelled: the coordinator already knows
+					}
+					done.Error = err.Error()
+					w.log.Warn("task failed", "job", a.JobId, "rank", a.Rank, "err", err)
+				} else {
+					w.log.Info("task done", "job", a.JobId, "rank", a.Rank, "test_accuracy", res.GetTestAccuracy())
+				}
+				rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Done{Done: done}})
+			}(cur)
+		case *pb.ConnectResponse_Cancel:
+			if cur != nil && cur.jobID == m.Cancel.JobId {
+				w.log.Info("task cancelled by coordinator", "job", m.Cancel.JobId, "reason", m.Cancel.Reason)
+				stopTask()
+			}
+		case *pb.ConnectResponse_Welcome:
+			return errors.New("worker: unexpected second welcome")
+		}
+	}
+}
+
+// safeRunTask runs a task and turns a panic (a bug) into the task's error,
+// so one bad job cannot take the worker down.
+func safeRunTask(ctx context.Context, a *pb.Assignment, conn *grpc.ClientConn, rep *reporter, log *slog.Logger) (res *pb.JobResult, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			log.Error("task panicked", "job", a.GetJobId(), "panic", p, "stack", string(debug.Stack()))
+			res, err = nil, fmt.Errorf("internal error in the worker: %v", p)
+		}
+	}()
+	return runTask(ctx, a, conn, rep, log)
+}
+
+// reporter sends a task's reports up the session's stream.
+type reporter struct {
+	ctx context.Context
+	out chan<- *pb.ConnectRequest
+}
+
+// send queues a message, waiting for room unless the session has ended.
+func (r *reporter) send(m *pb.ConnectRequest) {
+	select {
+	case r.out <- m:
+	case <-r.ctx.Done():
+	}
+}
+
+// trySend queues a message if there is room (progress can be dropped).
+func (r *reporter) trySend(m *pb.ConnectRequest) {
+	select {
+	case r.out <- m:
+	default:
+	}
+}
+
+// collective is the peer endpoint. Ring mode (which uses it) is a later
+// feature; until then frames are refused clearly.
+type collective struct {
+	pb.UnimplementedCollectiveServer
+}
+
+func (collective) SendFrames(pb.Collective_SendFramesServer) error {
+	return status.Error(codes.Unimplemented, "ring mode is not implemented yet: this worker accepts no collective frames")
+}
