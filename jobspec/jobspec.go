@@ -171,36 +171,36 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 		return nil, errf("mode", "%q %s; available now: %s", s.Mode, notImplementedSuffix, implementedModesMessage)
 	}
 	// Workers.
-	if s.Workers == 0 {
-		s.Workers = 1
+	if s.Workers == nil {
+		s.Workers = proto.Int32(1)
 	}
-	if s.Workers < 1 || s.Workers > MaxWorkers {
-		return nil, errf("workers", "%d out of range; allowed 1..%d", s.Workers, MaxWorkers)
+	if w := s.GetWorkers(); w < 1 || w > MaxWorkers {
+		return nil, errf("workers", "%d out of range; allowed 1..%d", w, MaxWorkers)
 	}
 	if s.MinWorkers < 0 || s.MaxWorkers < 0 {
 		return nil, errf("min_workers", "must not be negative")
 	}
 	if s.MinWorkers == 0 {
-		s.MinWorkers = s.Workers
+		s.MinWorkers = s.GetWorkers()
 	}
 	if s.MaxWorkers == 0 {
-		s.MaxWorkers = s.Workers
+		s.MaxWorkers = s.GetWorkers()
 	}
-	if s.MinWorkers != s.Workers || s.MaxWorkers != s.Workers {
-		return nil, errf("min_workers", "elastic jobs (min_workers %d, max_workers %d differing from workers %d) are %s", s.MinWorkers, s.MaxWorkers, s.Workers, notImplementedSuffix)
+	if s.MinWorkers != s.GetWorkers() || s.MaxWorkers != s.GetWorkers() {
+		return nil, errf("min_workers", "elastic jobs (min_workers %d, max_workers %d differing from workers %d) are %s", s.MinWorkers, s.MaxWorkers, s.GetWorkers(), notImplementedSuffix)
 	}
 	// Batches and epochs.
-	if s.BatchSize == 0 {
-		s.BatchSize = DefaultBatchSize
+	if s.BatchSize == nil {
+		s.BatchSize = proto.Int32(DefaultBatchSize)
 	}
-	if s.BatchSize < 1 || s.BatchSize > MaxBatchSize {
-		return nil, errf("batch_size", "%d out of range; allowed 1..%d", s.BatchSize, MaxBatchSize)
+	if b := s.GetBatchSize(); b < 1 || b > MaxBatchSize {
+		return nil, errf("batch_size", "%d out of range; allowed 1..%d (leave it out for the default %d)", b, MaxBatchSize, DefaultBatchSize)
 	}
-	if s.Epochs == 0 {
-		s.Epochs = DefaultEpochs
+	if s.Epochs == nil {
+		s.Epochs = proto.Int32(DefaultEpochs)
 	}
-	if s.Epochs < 1 || s.Epochs > MaxEpochs {
-		return nil, errf("epochs", "%d out of range; allowed 1..%d", s.Epochs, MaxEpochs)
+	if e := s.GetEpochs(); e < 1 || e > MaxEpochs {
+		return nil, errf("epochs", "%d out of range; allowed 1..%d", e, MaxEpochs)
 	}
 	if s.MaxSteps < 0 {
 		return nil, errf("max_steps", "%d is negative; allowed 0 (no limit) or more", s.MaxSteps)
@@ -373,11 +373,11 @@ func normalizeOptimizer(s *pb.JobSpec) error {
 	default:
 		return errf("optimizer.name", "unknown optimizer %q; allowed: sgd, adam, adamw", o.Name)
 	}
-	if o.Lr == 0 {
-		o.Lr = DefaultLR
+	if o.Lr == nil {
+		o.Lr = proto.Float64(DefaultLR)
 	}
-	if !(o.Lr > 0 && o.Lr <= maxLearningRate) {
-		return errf("optimizer.lr", "%v out of range; the learning rate must be in (0, %v]", o.Lr, maxLearningRate)
+	if lr := o.GetLr(); !(lr > 0 && lr <= maxLearningRate) {
+		return errf("optimizer.lr", "%v out of range; the learning rate must be in (0, %v]", lr, maxLearningRate)
 	}
 	if o.Momentum == nil {
 		o.Momentum = proto.Float64(DefaultMomentum)

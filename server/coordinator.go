@@ -165,7 +165,11 @@ func (s *Server) loseWorkerLocked(w *workerEntry, reason string) {
 	}
 	w.info.State = pb.WorkerState_WORKER_STATE_LOST
 	w.close()
-	s.log.Warn("worker lost", "worker", w.info.Id, "address", w.info.Address, "reason", reason)
+	if s.closed {
+		s.log.Debug("worker disconnected at shutdown", "worker", w.info.Id)
+	} else {
+		s.log.Warn("worker lost", "worker", w.info.Id, "address", w.info.Address, "reason", reason)
+	}
 	if jobID := w.info.JobId; jobID != "" {
 		w.info.JobId = ""
 		if e := s.jobs[jobID]; e != nil && !e.final() {

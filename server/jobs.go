@@ -187,7 +187,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*pb.S
 	s.jobs[j.Id] = e
 	s.queue = append(s.queue, j.Id)
 	s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, "submitted", nil)
-	s.log.Info("job submitted", "job", j.Id, "model", spec.Model, "dataset", spec.Dataset.Name, "mode", spec.Mode, "workers", spec.Workers)
+	s.log.Info("job submitted", "job", j.Id, "model", spec.Model, "dataset", spec.Dataset.Name, "mode", spec.Mode, "workers", spec.GetWorkers())
 	s.scheduleLocked()
 	return &pb.SubmitJobResponse{Job: proto.Clone(e.job).(*pb.Job)}, nil
 }
@@ -315,7 +315,7 @@ func (s *Server) scheduleLocked() {
 	}
 	var q []pendingJob
 	for _, id := range s.queue {
-		q = append(q, pendingJob{id: id, workers: int(s.jobs[id].job.Spec.Workers)})
+		q = append(q, pendingJob{id: id, workers: int(s.jobs[id].job.Spec.GetWorkers())})
 	}
 	var idle []*workerEntry
 	for _, w := range s.workers {

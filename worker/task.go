@@ -51,9 +51,9 @@ func runTask(ctx context.Context, a *pb.Assignment, conn *grpc.ClientConn, rep *
 	if err != nil {
 		return nil, err
 	}
-	bs := int(spec.BatchSize)
+	bs := int(spec.GetBatchSize())
 	stepsPerEpoch := sampler.NumBatches(bs)
-	totalSteps := int64(stepsPerEpoch) * int64(spec.Epochs)
+	totalSteps := int64(stepsPerEpoch) * int64(spec.GetEpochs())
 	if spec.MaxSteps > 0 && spec.MaxSteps < totalSteps {
 		totalSteps = spec.MaxSteps
 	}
@@ -77,7 +77,7 @@ func runTask(ctx context.Context, a *pb.Assignment, conn *grpc.ClientConn, rep *
 	lastReport := start
 	evaluated := false
 	logEvery := int64(spec.LogEverySteps)
-	for epoch := 0; epoch < int(spec.Epochs) && step < totalSteps; epoch++ {
+	for epoch := 0; epoch < int(spec.GetEpochs()) && step < totalSteps; epoch++ {
 		idx = sampler.EpochInto(idx, epoch)
 		var epochLoss float64
 		var epochN int

@@ -35,7 +35,7 @@ func newLocalCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			n := int(spec.Workers)
+			n := int(spec.GetWorkers())
 			if n == 0 {
 				n = 1
 			}

@@ -91,19 +91,19 @@ func (f *specFlags) build(c *cobra.Command) (*pb.JobSpec, error) {
 		spec.Mode = f.mode
 	}
 	if ch("workers") {
-		spec.Workers = f.workers
+		spec.Workers = proto.Int32(f.workers)
 	}
 	if ch("batch-size") {
-		spec.BatchSize = f.batchSize
+		spec.BatchSize = proto.Int32(f.batchSize)
 	}
 	if ch("epochs") {
-		spec.Epochs = f.epochs
+		spec.Epochs = proto.Int32(f.epochs)
 	}
 	if ch("max-steps") {
 		spec.MaxSteps = f.maxSteps
 	}
 	if ch("lr") {
-		opt().Lr = f.lr
+		opt().Lr = proto.Float64(f.lr)
 	}
 	if ch("momentum") {
 		opt().Momentum = proto.Float64(f.momentum)

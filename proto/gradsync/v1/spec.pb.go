@@ -38,15 +38,16 @@ type JobSpec struct {
 	// How workers agree on an update: "ps" (parameter server, default),
 	// "ring" (ring all-reduce) or "fedavg" (federated rounds).
 	Mode string `protobuf:"bytes,4,opt,name=mode,proto3" json:"mode,omitempty"`
-	// Number of workers the job runs on (gang-scheduled). Default 1.
-	Workers int32 `protobuf:"varint,5,opt,name=workers,proto3" json:"workers,omitempty"`
+	// Number of workers the job runs on (gang-scheduled). Default 1; an
+	// explicit 0 is refused.
+	Workers *int32 `protobuf:"varint,5,opt,name=workers,proto3,oneof" json:"workers,omitempty"`
 	// Elastic bounds (ring mode); 0 means equal to workers.
 	MinWorkers int32 `protobuf:"varint,6,opt,name=min_workers,json=minWorkers,proto3" json:"min_workers,omitempty"`
 	MaxWorkers int32 `protobuf:"varint,7,opt,name=max_workers,json=maxWorkers,proto3" json:"max_workers,omitempty"`
-	// Examples per worker per step. Default 32.
-	BatchSize int32 `protobuf:"varint,8,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
-	// Passes over the training set. Default 1.
-	Epochs int32 `protobuf:"varint,9,opt,name=epochs,proto3" json:"epochs,omitempty"`
+	// Examples per worker per step. Default 32; an explicit 0 is refused.
+	BatchSize *int32 `protobuf:"varint,8,opt,name=batch_size,json=batchSize,proto3,oneof" json:"batch_size,omitempty"`
+	// Passes over the training set. Default 1; an explicit 0 is refused.
+	Epochs *int32 `protobuf:"varint,9,opt,name=epochs,proto3,oneof" json:"epochs,omitempty"`
 	// Stop after this many optimiser steps (0: no limit). Useful for tests
 	// and benchmarks.
 	MaxSteps   int64          `protobuf:"varint,10,opt,name=max_steps,json=maxSteps,proto3" json:"max_steps,omitempty"`
@@ -137,8 +138,8 @@ func (x *JobSpec) GetMode() string {
 }
 
 func (x *JobSpec) GetWorkers() int32 {
-	if x != nil {
-		return x.Workers
+	if x != nil && x.Workers != nil {
+		return *x.Workers
 	}
 	return 0
 }
@@ -158,15 +159,15 @@ func (x *JobSpec) GetMaxWorkers() int32 {
 }
 
 func (x *JobSpec) GetBatchSize() int32 {
-	if x != nil {
-		return x.BatchSize
+	if x != nil && x.BatchSize != nil {
+		return *x.BatchSize
 	}
 	return 0
 }
 
 func (x *JobSpec) GetEpochs() int32 {
-	if x != nil {
-		return x.Epochs
+	if x != nil && x.Epochs != nil {
+		return *x.Epochs
 	}
 	return 0
 }
@@ -370,8 +371,8 @@ type OptimizerSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// sgd (default) | adam | adamw.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// Learning rate. Default 0.05.
-	Lr float64 `protobuf:"fixed64,2,opt,name=lr,proto3" json:"lr,omitempty"`
+	// Learning rate. Default 0.05; must be positive.
+	Lr *float64 `protobuf:"fixed64,2,opt,name=lr,proto3,oneof" json:"lr,omitempty"`
 	// SGD momentum. Default 0.9.
 	Momentum    *float64 `protobuf:"fixed64,3,opt,name=momentum,proto3,oneof" json:"momentum,omitempty"`
 	Nesterov    bool     `protobuf:"varint,4,opt,name=nesterov,proto3" json:"nesterov,omitempty"`
@@ -422,8 +423,8 @@ func (x *OptimizerSpec) GetName() string {
 }
 
 func (x *OptimizerSpec) GetLr() float64 {
-	if x != nil {
-		return x.Lr
+	if x != nil && x.Lr != nil {
+		return *x.Lr
 	}
 	return 0
 }
@@ -979,26 +980,26 @@ var File_gradsync_v1_spec_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\n" +
-	"\x16gradsync/v1/spec.proto\x12\vgradsync.v1\"\xbe\b\n" +
+	"\x16gradsync/v1/spec.proto\x12\vgradsync.v1\"\xf3\b\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x122\n" +
 	"\adataset\x18\x03 \x01(\v2\x18.gradsync.v1.DatasetSpecR\adataset\x12\x12\n" +
-	"\x04mode\x18\x04 \x01(\tR\x04mode\x12\x18\n" +
-	"\aworkers\x18\x05 \x01(\x05R\aworkers\x12\x1f\n" +
+	"\x04mode\x18\x04 \x01(\tR\x04mode\x12\x1d\n" +
+	"\aworkers\x18\x05 \x01(\x05H\x00R\aworkers\x88\x01\x01\x12\x1f\n" +
 	"\vmin_workers\x18\x06 \x01(\x05R\n" +
 	"minWorkers\x12\x1f\n" +
 	"\vmax_workers\x18\a \x01(\x05R\n" +
-	"maxWorkers\x12\x1d\n" +
+	"maxWorkers\x12\"\n" +
 	"\n" +
-	"batch_size\x18\b \x01(\x05R\tbatchSize\x12\x16\n" +
-	"\x06epochs\x18\t \x01(\x05R\x06epochs\x12\x1b\n" +
+	"batch_size\x18\b \x01(\x05H\x01R\tbatchSize\x88\x01\x01\x12\x1b\n" +
+	"\x06epochs\x18\t \x01(\x05H\x02R\x06epochs\x88\x01\x01\x12\x1b\n" +
 	"\tmax_steps\x18\n" +
 	" \x01(\x03R\bmaxSteps\x128\n" +
 	"\toptimizer\x18\v \x01(\v2\x1a.gradsync.v1.OptimizerSpecR\toptimizer\x12:\n" +
 	"\vlr_schedule\x18\f \x01(\v2\x19.gradsync.v1.ScheduleSpecR\n" +
 	"lrSchedule\x12\x17\n" +
-	"\x04seed\x18\r \x01(\x03H\x00R\x04seed\x88\x01\x01\x12>\n" +
+	"\x04seed\x18\r \x01(\x03H\x03R\x04seed\x88\x01\x01\x12>\n" +
 	"\vcompression\x18\x0e \x01(\v2\x1c.gradsync.v1.CompressionSpecR\vcompression\x12;\n" +
 	"\n" +
 	"checkpoint\x18\x0f \x01(\v2\x1b.gradsync.v1.CheckpointSpecR\n" +
@@ -1010,9 +1011,13 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\x0egrad_clip_norm\x18\x14 \x01(\x01R\fgradClipNorm\x12(\n" +
 	"\x10grad_accum_steps\x18\x15 \x01(\x05R\x0egradAccumSteps\x12&\n" +
 	"\x0flog_every_steps\x18\x16 \x01(\x05R\rlogEverySteps\x12-\n" +
-	"\x10eval_every_epoch\x18\x17 \x01(\bH\x01R\x0eevalEveryEpoch\x88\x01\x01\x120\n" +
+	"\x10eval_every_epoch\x18\x17 \x01(\bH\x04R\x0eevalEveryEpoch\x88\x01\x01\x120\n" +
 	"\x14step_timeout_seconds\x18\x18 \x01(\x01R\x12stepTimeoutSeconds\x12)\n" +
-	"\x10nonfinite_policy\x18\x19 \x01(\tR\x0fnonfinitePolicyB\a\n" +
+	"\x10nonfinite_policy\x18\x19 \x01(\tR\x0fnonfinitePolicyB\n" +
+	"\n" +
+	"\b_workersB\r\n" +
+	"\v_batch_sizeB\t\n" +
+	"\a_epochsB\a\n" +
 	"\x05_seedB\x13\n" +
 	"\x11_eval_every_epoch\"\xa6\x01\n" +
 	"\vDatasetSpec\x12\x12\n" +
@@ -1020,16 +1025,17 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\bdata_dir\x18\x02 \x01(\tR\adataDir\x12'\n" +
 	"\x0fsynthetic_train\x18\x03 \x01(\x05R\x0esyntheticTrain\x12%\n" +
 	"\x0esynthetic_test\x18\x04 \x01(\x05R\rsyntheticTest\x12\x18\n" +
-	"\aaugment\x18\x05 \x01(\tR\aaugment\"\xde\x01\n" +
+	"\aaugment\x18\x05 \x01(\tR\aaugment\"\xea\x01\n" +
 	"\rOptimizerSpec\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
-	"\x02lr\x18\x02 \x01(\x01R\x02lr\x12\x1f\n" +
-	"\bmomentum\x18\x03 \x01(\x01H\x00R\bmomentum\x88\x01\x01\x12\x1a\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x13\n" +
+	"\x02lr\x18\x02 \x01(\x01H\x00R\x02lr\x88\x01\x01\x12\x1f\n" +
+	"\bmomentum\x18\x03 \x01(\x01H\x01R\bmomentum\x88\x01\x01\x12\x1a\n" +
 	"\bnesterov\x18\x04 \x01(\bR\bnesterov\x12!\n" +
 	"\fweight_decay\x18\x05 \x01(\x01R\vweightDecay\x12\x14\n" +
 	"\x05beta1\x18\x06 \x01(\x01R\x05beta1\x12\x14\n" +
 	"\x05beta2\x18\a \x01(\x01R\x05beta2\x12\x10\n" +
-	"\x03eps\x18\b \x01(\x01R\x03epsB\v\n" +
+	"\x03eps\x18\b \x01(\x01R\x03epsB\x05\n" +
+	"\x03_lrB\v\n" +
 	"\t_momentum\"x\n" +
 	"\fScheduleSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
