@@ -8,6 +8,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -29,7 +30,7 @@ func openStore(dir string) (*store, error) {
 	path := filepath.Join(dir, "gradsync.db")
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, berrors.ErrTimeout) {
 			return nil, fmt.Errorf("server: %s is locked by another gradsync server (use another --data-dir)", path)
 		}
 		return nil, fmt.Errorf("server: open job store %s: %w", path, err)
