@@ -58,11 +58,11 @@ func runTask(ctx context.Context, a *pb.Assignment, conn *grpc.ClientConn, rep *
 		totalSteps = spec.MaxSteps
 	}
 
-	ps, err := joinPS(ctx, conn, a, net.Params(), totalSteps)
+	sync, err := startSync(ctx, a, conn, net, totalSteps)
 	if err != nil {
 		return nil, err
 	}
-	defer ps.close()
+	defer sync.close()
 
 	inSize, classes := net.InputSize(), train.Classes
 	x := make([]float32, bs*inSize)
@@ -92,7 +92,7 @@ func runTask(ctx context.Context, a *pb.Assignment, conn *grpc.ClientConn, rep *
 			logits := net.Forward(x[:n*inSize], n, true)
 			loss := models.SoftmaxCrossEntropy(logits, y[:n], classes, dl[:n*classes])
 			net.Backward(dl[:n*classes])
-			if err := ps.step(ctx, net.Grads(), net.Params()); err != nil {
+			if err := sync.step(ctx, net.Grads(), net.Params()); err != nil {
 				return nil, fmt.Errorf("step %d: %w", step, err)
 			}
 			step++
@@ -170,6 +170,27 @@ func evaluate(ctx context.Context, net *models.Network, test *data.Dataset, res 
 	res.TestAccuracy = float64(correct) / float64(test.Len())
 	res.TestLoss = lossSum / float64(test.Len())
 	return nil
+}
+
+// synchronizer turns this rank's gradient of each step into the job's next
+// parameters: through the parameter server (ps mode) or by all-reducing
+// with the other ranks and stepping a local optimiser (ring mode).
+type synchronizer interface {
+	// step reduces grads (this rank's gradient of the current step) and
+	// leaves the next parameters in params.
+	step(ctx context.Context, grads, params []float32) error
+	close()
+}
+
+// startSync joins the job's synchroniser and brings the model's parameters
+// to the job's initial ones.
+func startSync(ctx context.Context, a *pb.Assignment, conn *grpc.ClientConn, net *models.Network, totalSteps int64) (synchronizer, error) {
+	switch mode := a.Spec.GetMode(); mode {
+	case "ps":
+		return joinPS(ctx, conn, a, net.Params(), totalSteps)
+	default:
+		return nil, fmt.Errorf("mode %q is not supported by this worker", mode)
+	}
 }
 
 // psClient is this rank's push/pull stream to the job's parameter server.

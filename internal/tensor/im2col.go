@@ -47,36 +47,79 @@ func Im2col(dst, src []float32, g ConvGeom) {
 	if len(dst) != g.ColRows()*outH*outW {
 		panic(fmt.Sprintf("tensor: Im2col: len(dst)=%d, want %d×%d", len(dst), g.ColRows(), outH*outW))
 	}
+	cols := g.colRanges()
+	block := outH * outW // one (c,ki,kj) row of the column matrix
 	d := 0
 	for c := range g.C {
 		img := src[c*g.H*g.W : (c+1)*g.H*g.W]
 		for ki := range g.KH {
+			ohLo, ohHi := g.validRows(ki, outH)
 			for kj := range g.KW {
-				lo, hi := g.validCols(kj, outW)
-				for oh := range outH {
-					row := dst[d : d+outW]
-					d += outW
-					ih := oh*g.StrideH - g.PadH + ki
-					if ih < 0 || ih >= g.H || lo >= hi {
-						clear(row)
-						continue
+				lo, hi := cols.get(g, kj, outW)
+				blk := dst[d : d+block]
+				d += block
+				if ohLo >= ohHi || lo >= hi {
+					clear(blk)
+					continue
+				}
+				clear(blk[:ohLo*outW])
+				clear(blk[ohHi*outW:])
+				n := hi - lo
+				for oh := ohLo; oh < ohHi; oh++ {
+					row := blk[oh*outW : (oh+1)*outW]
+					for i := range row[:lo] {
+						row[i] = 0
 					}
-					in := img[ih*g.W : (ih+1)*g.W]
-					clear(row[:lo])
-					clear(row[hi:])
-					iw := lo*g.StrideW - g.PadW + kj
+					for i := hi; i < len(row); i++ {
+						row[i] = 0
+					}
+					ih := oh*g.StrideH - g.PadH + ki
+					iw := ih*g.W + lo*g.StrideW - g.PadW + kj
 					if g.StrideW == 1 {
-						copy(row[lo:hi], in[iw:iw+hi-lo])
+						copy(row[lo:hi], img[iw:iw+n])
 						continue
 					}
 					for ow := lo; ow < hi; ow++ {
-						row[ow] = in[iw]
+						row[ow] = img[iw]
 						iw += g.StrideW
 					}
 				}
 			}
 		}
 	}
+}
+
+// colRanges caches validCols per kernel column for kernels up to 16 wide,
+// so the divisions run KW times per call rather than C·KH·KW times.
+type colRanges struct {
+	n      int // kernel columns cached; 0 if KW is too large
+	lo, hi [16]int
+}
+
+func (g ConvGeom) colRanges() (r colRanges) {
+	if g.KW > len(r.lo) {
+		return r
+	}
+	outW := g.OutW()
+	r.n = g.KW
+	for kj := range g.KW {
+		r.lo[kj], r.hi[kj] = g.validCols(kj, outW)
+	}
+	return r
+}
+
+func (r *colRanges) get(g ConvGeom, kj, outW int) (lo, hi int) {
+	if kj < r.n {
+		return r.lo[kj], r.hi[kj]
+	}
+	return g.validCols(kj, outW)
+}
+
+// validRows is validCols for the rows: the output rows oh in [lo, hi)
+// whose input row oh·StrideH − PadH + ki lies inside the image.
+func (g ConvGeom) validRows(ki, outH int) (lo, hi int) {
+	t := ConvGeom{W: g.H, StrideW: g.StrideH, PadW: g.PadH}
+	return t.validCols(ki, outH)
 }
 
 // validCols returns the range [lo, hi) of output columns ow whose input
@@ -112,30 +155,34 @@ func Col2im(dst, src []float32, g ConvGeom) {
 	if len(src) != g.ColRows()*outH*outW {
 		panic(fmt.Sprintf("tensor: Col2im: len(src)=%d, want %d×%d", len(src), g.ColRows(), outH*outW))
 	}
+	cols := g.colRanges()
+	block := outH * outW
 	s := 0
 	for c := range g.C {
 		img := dst[c*g.H*g.W : (c+1)*g.H*g.W]
 		for ki := range g.KH {
+			ohLo, ohHi := g.validRows(ki, outH)
 			for kj := range g.KW {
-				lo, hi := g.validCols(kj, outW)
-				for oh := range outH {
-					row := src[s : s+outW]
-					s += outW
+				lo, hi := cols.get(g, kj, outW)
+				blk := src[s : s+block]
+				s += block
+				if ohLo >= ohHi || lo >= hi {
+					continue
+				}
+				n := hi - lo
+				for oh := ohLo; oh < ohHi; oh++ {
+					row := blk[oh*outW+lo : oh*outW+hi]
 					ih := oh*g.StrideH - g.PadH + ki
-					if ih < 0 || ih >= g.H || lo >= hi {
-						continue
-					}
-					out := img[ih*g.W : (ih+1)*g.W]
-					iw := lo*g.StrideW - g.PadW + kj
+					iw := ih*g.W + lo*g.StrideW - g.PadW + kj
 					if g.StrideW == 1 {
-						o := out[iw : iw+hi-lo]
-						for j, v := range row[lo:hi] {
-							o[j] += v
+						out := img[iw : iw+n]
+						for j, v := range row {
+							out[j] += v
 						}
 						continue
 					}
-					for _, v := range row[lo:hi] {
-						out[iw] += v
+					for _, v := range row {
+						img[iw] += v
 						iw += g.StrideW
 					}
 				}

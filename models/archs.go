@@ -1,0 +1,205 @@
+package models
+
+import (
+	"math/rand/v2"
+	"strconv"
+
+	"github.com/gradsync/gradsync/internal/tensor"
+)
+
+func init() {
+	archs["lenet5"] = lenet5
+	archs["cnn"] = kerasCNN
+	archs["resnet8"] = resnet8
+	archs["vit-tiny"] = vitTiny
+}
+
+// conv declares a Conv2D's prefix.weight (Out, C, KH, KW) and, with bias,
+// prefix.bias (Out), and queues its default initialisation.
+func (b *builder) conv(prefix string, g tensor.ConvGeom, out int, bias bool) *Conv2D {
+	l := NewConv2D(g, out, bias)
+	b.param(prefix+".weight", &l.W, &l.DW, out, g.C, g.KH, g.KW)
+	if bias {
+		b.param(prefix+".bias", &l.B, &l.DB, out)
+	}
+	b.onInit(l.Init)
+	return l
+}
+
+// fc declares a Linear as linear does and queues its initialisation.
+func (b *builder) fc(prefix string, in, out int) *Linear {
+	l := b.linear(prefix, in, out)
+	b.onInit(l.Init)
+	return l
+}
+
+// batchNorm declares prefix.weight, prefix.bias and the buffers
+// prefix.running_mean, prefix.running_var.
+func (b *builder) batchNorm(prefix string, c int) *BatchNorm2d {
+	l := NewBatchNorm2d(c)
+	b.param(prefix+".weight", &l.Weight, &l.DWeight, c)
+	b.param(prefix+".bias", &l.Bias, &l.DBias, c)
+	b.buffer(prefix+".running_mean", &l.RunningMean, c)
+	b.buffer(prefix+".running_var", &l.RunningVar, c)
+	b.onInit(func(*rand.Rand) { l.Init() })
+	return l
+}
+
+// layerNorm declares prefix.weight and prefix.bias.
+func (b *builder) layerNorm(prefix string, d int) *LayerNorm {
+	l := NewLayerNorm(d)
+	b.param(prefix+".weight", &l.Weight, &l.DWeight, d)
+	b.param(prefix+".bias", &l.Bias, &l.DBias, d)
+	b.onInit(func(*rand.Rand) { l.Init() })
+	return l
+}
+
+// dropout returns a Dropout whose mask stream is derived from the network
+// seed and the layer's position among the network's dropouts.
+func (b *builder) dropout(p float32) *Dropout {
+	seed := b.seed*0x9e3779b97f4a7c15 + uint64(len(b.dropouts)+1)*0xbf58476d1ce4e5b9
+	l := NewDropout(p, seed)
+	b.dropouts = append(b.dropouts, l)
+	return l
+}
+
+// geom is the geometry of a k×k convolution over (c, h, w) with equal
+// strides and paddings on both axes.
+func geom(c, h, w, k, stride, pad int) tensor.ConvGeom {
+	return tensor.ConvGeom{C: c, H: h, W: w, KH: k, KW: k, StrideH: stride, StrideW: stride, PadH: pad, PadW: pad}
+}
+
+// lenet5 is common.py's "lenet" exactly, with its nn.Sequential indices as
+// parameter names:
+//
+//	0 Conv2d(C, 6, 5, padding=2), 1 ReLU, 2 MaxPool2d(2),
+//	3 Conv2d(6, 16, 5), 4 ReLU, 5 MaxPool2d(2), 6 Flatten,
+//	7 Linear(16·5·5, 120), 8 ReLU, 9 Linear(120, 84), 10 ReLU, 11 Linear(84, classes)
+//
+// (61,706 parameters on 1×28×28 with 10 classes). Each ReLU before a
+// pool is fused into the pool (relu∘maxpool = maxpool∘relu).
+func lenet5(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
+	c1 := b.conv("0", geom(opt.Channels, opt.Height, opt.Width, 5, 1, 2), 6, true)
+	c1.SkipInputGrad = true
+	g1 := c1.Geom
+	p1 := NewMaxPool2D(PoolGeom{C: 6, H: g1.OutH(), W: g1.OutW(), K: 2, Stride: 2})
+	c2 := b.conv("3", geom(6, p1.Geom.OutH(), p1.Geom.OutW(), 5, 1, 0), 16, true)
+	p2 := NewMaxPool2D(PoolGeom{C: 16, H: c2.Geom.OutH(), W: c2.Geom.OutW(), K: 2, Stride: 2})
+	p1.ReLU, p2.ReLU = true, true
+	f1 := b.fc("7", p2.Geom.OutSize(), 120)
+	f2 := b.fc("9", 120, 84)
+	f3 := b.fc("11", 84, opt.Classes)
+	return []Layer{c1, p1, c2, p2, &Flatten{}, f1, &ReLU{}, f2, &ReLU{}, f3}, b.initAll
+}
+
+// kerasCNN is the Keras MNIST example net (common.py's "kerascnn" with the
+// Keras dropouts restored), named by its nn.Sequential indices:
+//
+//	0 Conv2d(C, 32, 3), 1 ReLU, 2 Conv2d(32, 64, 3), 3 ReLU, 4 MaxPool2d(2),
+//	5 Dropout(0.25), 6 Flatten, 7 Linear(64·12·12, 128), 8 ReLU,
+//	9 Dropout(0.5), 10 Linear(128, classes)
+//
+// (1,199,882 parameters on 1×28×28 with 10 classes). The first ReLU is
+// fused into its convolution, the second into the pool.
+func kerasCNN(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
+	c1 := b.conv("0", geom(opt.Channels, opt.Height, opt.Width, 3, 1, 0), 32, true)
+	c1.SkipInputGrad = true
+	c2 := b.conv("2", geom(32, c1.Geom.OutH(), c1.Geom.OutW(), 3, 1, 0), 64, true)
+	p := NewMaxPool2D(PoolGeom{C: 64, H: c2.Geom.OutH(), W: c2.Geom.OutW(), K: 2, Stride: 2})
+	c1.ReLU, p.ReLU = true, true
+	d1 := b.dropout(0.25)
+	f1 := b.fc("7", p.Geom.OutSize(), 128)
+	d2 := b.dropout(0.5)
+	f2 := b.fc("10", 128, opt.Classes)
+	return []Layer{c1, c2, p, d1, &Flatten{}, f1, &ReLU{}, d2, f2}, b.initAll
+}
+
+// resnet8 is a small residual network for 28×28 inputs, laid out and named
+// as torchvision's ResNet with one BasicBlock per stage:
+//
+//	conv1 3×3 C→16 (no bias), bn1, ReLU,
+//	layer1.0: BasicBlock 16→16 stride 1,
+//	layer2.0: BasicBlock 16→32 stride 2 (downsample.0 1×1 conv, downsample.1 bn),
+//	layer3.0: BasicBlock 32→64 stride 2 (likewise),
+//	global average pool, fc 64→classes.
+//
+// A BasicBlock is ReLU(bn2(conv2(ReLU(bn1(conv1(x))))) + shortcut(x)), its
+// convolutions 3×3 with padding 1 and no bias. 28×28 becomes 28, 14, 7.
+func resnet8(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
+	stem := b.conv("conv1", geom(opt.Channels, opt.Height, opt.Width, 3, 1, 1), 16, false)
+	stem.SkipInputGrad = true
+	layers := []Layer{stem, b.batchNorm("bn1", 16), &ReLU{}}
+	c, h, w := 16, stem.Geom.OutH(), stem.Geom.OutW()
+	for i, st := range []struct{ out, stride int }{{16, 1}, {32, 2}, {64, 2}} {
+		prefix := "layer" + strconv.Itoa(i+1) + ".0"
+		block, oh, ow := b.basicBlock(prefix, c, h, w, st.out, st.stride)
+		layers = append(layers, block, &ReLU{})
+		c, h, w = st.out, oh, ow
+	}
+	layers = append(layers, &GlobalAvgPool{C: c}, b.fc("fc", c, opt.Classes))
+	return layers, b.initAll
+}
+
+// basicBlock declares a torchvision BasicBlock (without its final ReLU)
+// over (in, h, w) inputs and returns it with its output size.
+func (b *builder) basicBlock(prefix string, in, h, w, out, stride int) (*Residual, int, int) {
+	c1 := b.conv(prefix+".conv1", geom(in, h, w, 3, stride, 1), out, false)
+	bn1 := b.batchNorm(prefix+".bn1", out)
+	oh, ow := c1.Geom.OutH(), c1.Geom.OutW()
+	c2 := b.conv(prefix+".conv2", geom(out, oh, ow, 3, 1, 1), out, false)
+	bn2 := b.batchNorm(prefix+".bn2", out)
+	r := &Residual{Body: []Layer{c1, bn1, &ReLU{}, c2, bn2}}
+	if stride != 1 || in != out {
+		ds := b.conv(prefix+".downsample.0", geom(in, h, w, 1, stride, 0), out, false)
+		r.Shortcut = []Layer{ds, b.batchNorm(prefix+".downsample.1", out)}
+	}
+	return r, oh, ow
+}
+
+// ViT-tiny hyper-parameters.
+const (
+	vitPatch = 7
+	vitDim   = 64
+	vitHeads = 4
+	vitDepth = 2
+	vitMLP   = 128
+)
+
+// vitTiny is a small pre-norm vision transformer: 7×7 patches embedded to
+// 64 values plus a class token and learned position embeddings, two
+// blocks of x += attn(norm1(x)); x += mlp(norm2(x)) with 4 heads and a
+// GELU MLP of width 128, a final LayerNorm on the class token and a
+// linear head. Parameter names follow scripts/torch_fixtures.py's ViT:
+//
+//	patch_embed.proj.{weight,bias}, cls_token (1,1,D), pos_embed (1,1+P,D),
+//	blocks.i.norm1, blocks.i.attn.{in_proj_weight,in_proj_bias,out_proj.weight,out_proj.bias},
+//	blocks.i.norm2, blocks.i.mlp.fc1, blocks.i.mlp.fc2, norm, head.
+func vitTiny(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
+	d := vitDim
+	pe := NewPatchEmbed(opt.Channels, opt.Height, opt.Width, vitPatch, d)
+	t := 1 + pe.NumPatches()
+	b.param("patch_embed.proj.weight", &pe.Proj.W, &pe.Proj.DW, d, opt.Channels, vitPatch, vitPatch)
+	b.param("patch_embed.proj.bias", &pe.Proj.B, &pe.Proj.DB, d)
+	b.param("cls_token", &pe.Cls, &pe.DCls, 1, 1, d)
+	b.param("pos_embed", &pe.Pos, &pe.DPos, 1, t, d)
+	b.onInit(pe.Init)
+	layers := []Layer{pe}
+	for i := range vitDepth {
+		prefix := "blocks." + strconv.Itoa(i)
+		n1 := b.layerNorm(prefix+".norm1", d)
+		at := NewSelfAttention(d, vitHeads, t)
+		b.param(prefix+".attn.in_proj_weight", &at.In.W, &at.In.DW, 3*d, d)
+		b.param(prefix+".attn.in_proj_bias", &at.In.B, &at.In.DB, 3*d)
+		b.param(prefix+".attn.out_proj.weight", &at.Out.W, &at.Out.DW, d, d)
+		b.param(prefix+".attn.out_proj.bias", &at.Out.B, &at.Out.DB, d)
+		b.onInit(at.Init)
+		n2 := b.layerNorm(prefix+".norm2", d)
+		fc1 := b.fc(prefix+".mlp.fc1", d, vitMLP)
+		fc2 := b.fc(prefix+".mlp.fc2", vitMLP, d)
+		layers = append(layers,
+			&Residual{Body: []Layer{n1, at}},
+			&Residual{Body: []Layer{n2, &Tokenwise{fc1, t}, &GELU{}, &Tokenwise{fc2, t}}})
+	}
+	layers = append(layers, &ClassToken{Tokens: t, D: d}, b.layerNorm("norm", d), b.fc("head", d, opt.Classes))
+	return layers, b.initAll
+}

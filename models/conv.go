@@ -1,0 +1,230 @@
+package models
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"github.com/gradsync/gradsync/internal/tensor"
+)
+
+// Conv2D is a 2-D convolution (cross-correlation, as torch.nn.Conv2d with
+// groups 1 and dilation 1) computed per sample as im2col + GEMM.
+// x is (batch, C, H, W) and y is (batch, Out, OutH, OutW), both row-major,
+// with the geometry fixed at construction. W has PyTorch's layout
+// (Out, C, KH, KW) and B is (Out), or nil for a convolution without bias.
+type Conv2D struct {
+	Geom tensor.ConvGeom
+	Out  int
+	// W, B are views into the network's flat parameter buffer; DW, DB are
+	// the matching views into its gradient buffer. B and DB are nil when
+	// the layer has no bias.
+	W, B, DW, DB []float32
+	// SkipInputGrad makes Backward skip dx (it returns nil), for the first
+	// layer of a network.
+	SkipInputGrad bool
+	// ReLU fuses a following ReLU into the layer: y = max(0, conv(x)),
+	// applied to each sample's output while it is in cache.
+	ReLU bool
+
+	x      []float32 // borrowed input of the last Forward
+	batch  int
+	y, dx  []float32 // owned, whole batch
+	col    []float32 // owned: column matrices (C·KH·KW, OutH·OutW), one per sample when kept, else one
+	kept   bool      // col holds every sample's column matrix from Forward
+	dcol   []float32 // owned scratch for Backward
+	dmask  []float32 // owned scratch: one sample's dy masked by the fused ReLU
+	direct bool      // 1×1 kernel, stride 1, no padding: the column matrix is the input itself
+}
+
+// keepColsMax is the largest batch of column matrices (in values) that
+// Forward keeps for Backward; larger ones are recomputed per sample, which
+// costs one more im2col but stays in cache.
+const keepColsMax = 8 << 20
+
+// NewConv2D returns a convolution over inputs of geometry g with out
+// output channels, with or without a bias, and no parameter storage; bind
+// its views (a Network does this) before use.
+func NewConv2D(g tensor.ConvGeom, out int, bias bool) *Conv2D {
+	if out < 1 || g.C < 1 || g.H < 1 || g.W < 1 || g.KH < 1 || g.KW < 1 || g.StrideH < 1 || g.StrideW < 1 ||
+		g.PadH < 0 || g.PadW < 0 || g.H+2*g.PadH < g.KH || g.W+2*g.PadW < g.KW {
+		panic(fmt.Sprintf("models: NewConv2D(%+v, %d): invalid geometry", g, out))
+	}
+	l := &Conv2D{Geom: g, Out: out}
+	l.direct = g.KH == 1 && g.KW == 1 && g.StrideH == 1 && g.StrideW == 1 && g.PadH == 0 && g.PadW == 0
+	if bias {
+		l.B, l.DB = []float32{}, []float32{} // non-nil: bound later
+	}
+	return l
+}
+
+// OutSize is the number of output values per sample: Out·OutH·OutW.
+func (l *Conv2D) OutSize() int { return l.Out * l.Geom.OutH() * l.Geom.OutW() }
+
+// Init fills W (and B) from U(−1/√fan_in, 1/√fan_in), fan_in = C·KH·KW,
+// PyTorch's default for nn.Conv2d, drawing the weight first.
+func (l *Conv2D) Init(r *rand.Rand) {
+	bound := 1 / math.Sqrt(float64(l.Geom.ColRows()))
+	uniform(r, l.W, bound)
+	uniform(r, l.B, bound)
+}
+
+// uniform fills dst from U(−bound, bound).
+func uniform(r *rand.Rand, dst []float32, bound float64) {
+	for i := range dst {
+		dst[i] = float32((2*r.Float64() - 1) * bound)
+	}
+}
+
+func (l *Conv2D) checkBound() {
+	k := l.Geom.ColRows()
+	if len(l.W) != l.Out*k || len(l.DW) != len(l.W) || len(l.DB) != len(l.B) || (l.B != nil && len(l.B) != l.Out) {
+		panic(fmt.Sprintf("models: Conv2D(%d→%d): parameter views not bound (len W=%d B=%d DW=%d DB=%d)",
+			l.Geom.C, l.Out, len(l.W), len(l.B), len(l.DW), len(l.DB)))
+	}
+}
+
+// Forward computes y[n] = W·im2col(x[n]) + b for every sample.
+func (l *Conv2D) Forward(x []float32, batch int, train bool) []float32 {
+	l.checkBound()
+	g := l.Geom
+	in := g.C * g.H * g.W
+	if batch < 1 || len(x) != batch*in {
+		panic(fmt.Sprintf("models: Conv2D.Forward: len(x)=%d, want batch %d × %d×%d×%d", len(x), batch, g.C, g.H, g.W))
+	}
+	l.x, l.batch = x, batch
+	k, p := g.ColRows(), g.ColCols()
+	l.y = grow(l.y, batch*l.Out*p)
+	l.kept = !l.direct && batch*k*p <= keepColsMax
+	switch {
+	case l.kept:
+		l.col = grow(l.col, batch*k*p)
+	case !l.direct:
+		l.col = grow(l.col, k*p)
+	}
+	for n := range batch {
+		xn := x[n*in : (n+1)*in]
+		yn := l.y[n*l.Out*p : (n+1)*l.Out*p]
+		col := l.sampleCol(n, k*p)
+		if col == nil {
+			col = xn
+		} else {
+			tensor.Im2col(col, xn, g)
+		}
+		beta := float32(0)
+		if l.B != nil {
+			for f, b := range l.B {
+				fill(yn[f*p:(f+1)*p], b)
+			}
+			beta = 1
+		}
+		tensor.Gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, beta, yn, p)
+		if l.ReLU {
+			for i, v := range yn {
+				yn[i] = max(v, 0)
+			}
+		}
+	}
+	return l.y
+}
+
+// sampleCol returns the column-matrix storage of sample n (kk values), or
+// nil on the direct path.
+func (l *Conv2D) sampleCol(n, kk int) []float32 {
+	switch {
+	case l.direct:
+		return nil
+	case l.kept:
+		return l.col[n*kk : (n+1)*kk]
+	default:
+		return l.col[:kk]
+	}
+}
+
+// fill sets every element of dst to v.
+func fill(dst []float32, v float32) {
+	if v == 0 {
+		clear(dst)
+		return
+	}
+	for i := range dst {
+		dst[i] = v
+	}
+}
+
+// Backward adds dW += Σ_n dy[n]·im2col(x[n])ᵀ and db += Σ dy, and returns
+// dx = col2im(Wᵀ·dy[n]) per sample, or nil when SkipInputGrad is set.
+// With ReLU set, dy is first masked where the output was 0. The column
+// matrices come from Forward when the batch's fit in keepColsMax, and are
+// recomputed per sample otherwise.
+func (l *Conv2D) Backward(dy []float32) []float32 {
+	g := l.Geom
+	k, p := g.ColRows(), g.ColCols()
+	if l.x == nil || len(dy) != l.batch*l.Out*p {
+		panic(fmt.Sprintf("models: Conv2D.Backward: len(dy)=%d, want batch %d × %d×%d×%d (after Forward)",
+			len(dy), l.batch, l.Out, g.OutH(), g.OutW()))
+	}
+	in := g.C * g.H * g.W
+	if !l.SkipInputGrad {
+		l.dx = grow(l.dx, l.batch*in)
+		if !l.direct {
+			l.dcol = grow(l.dcol, k*p)
+		}
+	}
+	if l.ReLU {
+		l.dmask = grow(l.dmask, l.Out*p)
+	}
+	for n := range l.batch {
+		xn := l.x[n*in : (n+1)*in]
+		dyn := dy[n*l.Out*p : (n+1)*l.Out*p]
+		if l.ReLU {
+			reluMask(l.dmask, dyn, l.y[n*l.Out*p:(n+1)*l.Out*p])
+			dyn = l.dmask
+		}
+		if l.DB != nil {
+			for f := range l.Out {
+				l.DB[f] += sum32(dyn[f*p : (f+1)*p])
+			}
+		}
+		col := l.sampleCol(n, k*p)
+		switch {
+		case col == nil:
+			col = xn
+		case !l.kept:
+			tensor.Im2col(col, xn, g)
+		}
+		tensor.Gemm(false, true, l.Out, k, p, 1, dyn, p, col, p, 1, l.DW, k)
+		if l.SkipInputGrad {
+			continue
+		}
+		dxn := l.dx[n*in : (n+1)*in]
+		if l.direct {
+			tensor.Gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, dxn, p)
+			continue
+		}
+		tensor.Gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, l.dcol, p)
+		clear(dxn)
+		tensor.Col2im(dxn, l.dcol, g)
+	}
+	if l.SkipInputGrad {
+		return nil
+	}
+	return l.dx
+}
+
+// sum32 returns Σ s accumulated in four float32 lanes (vectorisable, and
+// closer to PyTorch's pairwise sums than one running float32 total).
+func sum32(s []float32) float32 {
+	var a0, a1, a2, a3 float32
+	i := 0
+	for ; i+4 <= len(s); i += 4 {
+		a0 += s[i]
+		a1 += s[i+1]
+		a2 += s[i+2]
+		a3 += s[i+3]
+	}
+	for ; i < len(s); i++ {
+		a0 += s[i]
+	}
+	return (a0 + a1) + (a2 + a3)
+}

@@ -1,0 +1,437 @@
+package models
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/gradsync/gradsync/internal/tensor"
+	"github.com/gradsync/gradsync/models/modeltest"
+)
+
+// newBoundConv returns a Conv2D with its own initialised buffers.
+func newBoundConv(g tensor.ConvGeom, out int, bias bool, r *rand.Rand) *Conv2D {
+	l := NewConv2D(g, out, bias)
+	l.W, l.DW = make([]float32, out*g.ColRows()), make([]float32, out*g.ColRows())
+	if bias {
+		l.B, l.DB = make([]float32, out), make([]float32, out)
+	}
+	l.Init(r)
+	return l
+}
+
+func convParams(l *Conv2D) []modeltest.Param {
+	ps := []modeltest.Param{{Name: "weight", Value: l.W, Grad: l.DW}}
+	if l.B != nil {
+		ps = append(ps, modeltest.Param{Name: "bias", Value: l.B, Grad: l.DB})
+	}
+	return ps
+}
+
+// convCases are boundary geometries: 1×1 (the direct path), padding wider
+// than the kernel reach, strides that skip the last rows, a kernel as
+// large as the padded input.
+var convCases = []struct {
+	g    tensor.ConvGeom
+	out  int
+	bias bool
+}{
+	{geom(1, 1, 1, 1, 1, 0), 1, true},
+	{geom(3, 4, 5, 1, 1, 0), 2, false},
+	{geom(2, 5, 5, 3, 1, 1), 3, true},
+	{geom(2, 6, 7, 3, 2, 1), 2, false},
+	{geom(1, 5, 4, 5, 1, 2), 2, true},
+	{geom(2, 3, 3, 5, 1, 1), 1, true},
+	{geom(3, 7, 7, 1, 2, 0), 4, false},
+	{tensor.ConvGeom{C: 2, H: 6, W: 5, KH: 3, KW: 2, StrideH: 2, StrideW: 3, PadH: 1, PadW: 2}, 3, true},
+}
+
+func TestConv2DGradient(t *testing.T) {
+	forEachBackend(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(2, 1))
+		for i, c := range convCases {
+			l := newBoundConv(c.g, c.out, c.bias, r)
+			for _, batch := range []int{1, 2} {
+				x := randn(r, batch*c.g.C*c.g.H*c.g.W)
+				modeltest.CheckLayer(t, "conv", l, x, batch, convParams(l), modeltest.Config{Seed: uint64(i)})
+			}
+		}
+	})
+}
+
+// naiveConv2D is the definition: y[n,f,i,j] = b[f] + Σ w[f,c,ki,kj]·x[n,c,i·s−p+ki,j·s−p+kj].
+func naiveConv2D(w, b, x []float32, batch, out int, g tensor.ConvGeom) []float64 {
+	oh, ow := g.OutH(), g.OutW()
+	y := make([]float64, batch*out*oh*ow)
+	for n := range batch {
+		for f := range out {
+			for i := range oh {
+				for j := range ow {
+					var s float64
+					if b != nil {
+						s = float64(b[f])
+					}
+					for c := range g.C {
+						for ki := range g.KH {
+							for kj := range g.KW {
+								ih, iw := i*g.StrideH-g.PadH+ki, j*g.StrideW-g.PadW+kj
+								if ih >= 0 && ih < g.H && iw >= 0 && iw < g.W {
+									s += float64(w[((f*g.C+c)*g.KH+ki)*g.KW+kj]) * float64(x[((n*g.C+c)*g.H+ih)*g.W+iw])
+								}
+							}
+						}
+					}
+					y[((n*out+f)*oh+i)*ow+j] = s
+				}
+			}
+		}
+	}
+	return y
+}
+
+func TestConv2DMatchesNaive(t *testing.T) {
+	forEachBackend(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(2, 2))
+		cases := append(slices.Clone(convCases), struct {
+			g    tensor.ConvGeom
+			out  int
+			bias bool
+		}{geom(1, 28, 28, 5, 1, 2), 6, true})
+		for _, c := range cases {
+			l := newBoundConv(c.g, c.out, c.bias, r)
+			const batch = 3
+			x := randn(r, batch*c.g.C*c.g.H*c.g.W)
+			y := l.Forward(x, batch, false)
+			want := naiveConv2D(l.W, l.B, x, batch, c.out, c.g)
+			for i := range want {
+				if math.Abs(float64(y[i])-want[i]) > 1e-5*(1+math.Abs(want[i])) {
+					t.Fatalf("%+v: y[%d] = %v, want %v", c.g, i, y[i], want[i])
+				}
+			}
+		}
+	})
+}
+
+// distinct returns n values in random order spaced at least 0.05 apart,
+// so that a finite-difference step never changes which is the largest.
+func distinct(r *rand.Rand, n int) []float32 {
+	x := make([]float32, n)
+	for i, p := range r.Perm(n) {
+		x[i] = float32(p)*0.05 - float32(n)*0.025
+	}
+	return x
+}
+
+var poolCases = []PoolGeom{
+	{C: 1, H: 2, W: 2, K: 2, Stride: 2},
+	{C: 2, H: 5, W: 4, K: 2, Stride: 2}, // odd height: the last row is dropped
+	{C: 2, H: 5, W: 5, K: 3, Stride: 2},
+	{C: 1, H: 4, W: 3, K: 2, Stride: 1}, // overlapping windows
+	{C: 3, H: 3, W: 3, K: 3, Stride: 3},
+}
+
+func TestPoolGradients(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 1))
+	for i, g := range poolCases {
+		for _, batch := range []int{1, 2} {
+			x := distinct(r, batch*g.C*g.H*g.W)
+			cfg := modeltest.Config{Seed: uint64(i), Eps: 1e-3, MaxChecks: -1}
+			modeltest.CheckLayer(t, "maxpool", NewMaxPool2D(g), x, batch, nil, cfg)
+			modeltest.CheckLayer(t, "avgpool", NewAvgPool2D(g), x, batch, nil, cfg)
+			modeltest.CheckLayer(t, "gap", &GlobalAvgPool{C: g.C}, x, batch, nil, cfg)
+		}
+	}
+}
+
+// naivePool returns max or mean over every window, straight from the definition.
+func naivePool(x []float32, batch int, g PoolGeom, isMax bool) []float32 {
+	var y []float32
+	for p := range batch * g.C {
+		for i := range g.OutH() {
+			for j := range g.OutW() {
+				m, s := float32(math.Inf(-1)), float32(0)
+				for ki := range g.K {
+					for kj := range g.K {
+						v := x[(p*g.H+i*g.Stride+ki)*g.W+j*g.Stride+kj]
+						m = max(m, v)
+						s += v
+					}
+				}
+				if isMax {
+					y = append(y, m)
+				} else {
+					y = append(y, s/float32(g.K*g.K))
+				}
+			}
+		}
+	}
+	return y
+}
+
+func TestPoolMatchesNaive(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 2))
+	for _, g := range append(slices.Clone(poolCases), PoolGeom{C: 6, H: 28, W: 28, K: 2, Stride: 2}, PoolGeom{C: 2, H: 7, W: 9, K: 2, Stride: 2}) {
+		const batch = 3
+		x := randn(r, batch*g.C*g.H*g.W)
+		// ties: the first maximum gets the gradient, as in PyTorch
+		x[0], x[1] = 5, 5
+		if got, want := NewMaxPool2D(g).Forward(x, batch, true), naivePool(x, batch, g, true); !slices.Equal(got, want) {
+			t.Fatalf("maxpool %+v: %v, want %v", g, got, want)
+		}
+		mp := NewMaxPool2D(g)
+		mp.Forward(x, batch, true)
+		dy := make([]float32, batch*g.OutSize())
+		dy[0] = 1
+		if dx := mp.Backward(dy); dx[0] != 1 || dx[1] != 0 {
+			t.Fatalf("maxpool %+v: tie gradient dx[0:2] = %v, want [1 0]", g, dx[:2])
+		}
+		got, want := NewAvgPool2D(g).Forward(x, batch, true), naivePool(x, batch, g, false)
+		for i := range want {
+			if math.Abs(float64(got[i]-want[i])) > 1e-6 {
+				t.Fatalf("avgpool %+v: y[%d] = %v, want %v", g, i, got[i], want[i])
+			}
+		}
+	}
+}
+
+func TestMaxPoolNaN(t *testing.T) {
+	for _, g := range []PoolGeom{{C: 1, H: 2, W: 2, K: 2, Stride: 2}, {C: 1, H: 3, W: 3, K: 3, Stride: 1}} {
+		x := make([]float32, g.H*g.W)
+		x[1] = float32(math.NaN())
+		if y := NewMaxPool2D(g).Forward(x, 1, true); !math.IsNaN(float64(y[0])) {
+			t.Errorf("%+v: max over a NaN = %v, want NaN", g, y[0])
+		}
+	}
+}
+
+func newBoundBN(c int) *BatchNorm2d {
+	l := NewBatchNorm2d(c)
+	l.Weight, l.Bias, l.DWeight, l.DBias = make([]float32, c), make([]float32, c), make([]float32, c), make([]float32, c)
+	l.RunningMean, l.RunningVar = make([]float32, c), make([]float32, c)
+	l.Init()
+	return l
+}
+
+func TestBatchNormGradient(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 1))
+	for _, train := range []bool{true, false} {
+		for i, sz := range []struct{ batch, c, hw int }{{2, 1, 3}, {3, 2, 4}, {1, 3, 5}} {
+			l := newBoundBN(sz.c)
+			copy(l.Weight, randn(r, sz.c))
+			copy(l.Bias, randn(r, sz.c))
+			for c := range sz.c {
+				l.RunningMean[c], l.RunningVar[c] = float32(r.NormFloat64()), 0.5+r.Float32()
+			}
+			x := randn(r, sz.batch*sz.c*sz.hw)
+			layer := modeltest.Layer(l)
+			if !train {
+				layer = evalOnly{l}
+			}
+			modeltest.CheckLayer(t, "batchnorm", layer, x, sz.batch, []modeltest.Param{
+				{Name: "weight", Value: l.Weight, Grad: l.DWeight},
+				{Name: "bias", Value: l.Bias, Grad: l.DBias},
+			}, modeltest.Config{Seed: uint64(i), Eps: 1e-3})
+		}
+	}
+}
+
+// evalOnly runs a layer's Forward in evaluation mode whatever it is asked.
+type evalOnly struct{ Layer }
+
+func (e evalOnly) Forward(x []float32, batch int, _ bool) []float32 {
+	return e.Layer.Forward(x, batch, false)
+}
+
+func TestBatchNormRunningStats(t *testing.T) {
+	l := newBoundBN(2)
+	// batch 2, 2 channels, 2 values per plane
+	x := []float32{1, 3, 10, 10, 5, 7, 20, 30}
+	y := l.Forward(x, 2, true)
+	// channel 0: values 1,3,5,7: mean 4, biased var 5, unbiased 20/3
+	// channel 1: values 10,10,20,30: mean 17.5, biased var 68.75, unbiased 91.666…
+	wantMean := []float32{0.4, 1.75}
+	wantVar := []float32{0.9 + 0.1*20.0/3, 0.9 + 0.1*275.0/3}
+	for c := range 2 {
+		if math.Abs(float64(l.RunningMean[c]-wantMean[c])) > 1e-6 || math.Abs(float64(l.RunningVar[c]-wantVar[c])) > 1e-5 {
+			t.Fatalf("running stats %v %v, want %v %v", l.RunningMean, l.RunningVar, wantMean, wantVar)
+		}
+	}
+	if want := float32((1 - 4) / math.Sqrt(5+1e-5)); math.Abs(float64(y[0]-want)) > 1e-6 {
+		t.Fatalf("y[0] = %v, want %v", y[0], want)
+	}
+	// evaluation mode uses the running statistics and leaves them alone
+	before := slices.Clone(l.RunningVar)
+	y = l.Forward(x, 2, false)
+	if want := float32((1 - 0.4) / math.Sqrt(float64(wantVar[0])+1e-5)); math.Abs(float64(y[0]-want)) > 1e-6 {
+		t.Fatalf("eval y[0] = %v, want %v", y[0], want)
+	}
+	if !slices.Equal(before, l.RunningVar) {
+		t.Fatal("evaluation-mode Forward changed the running variance")
+	}
+}
+
+func TestLayerNormGELUGradient(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 1))
+	for i, sz := range []struct{ rows, d int }{{1, 1}, {2, 3}, {6, 8}} {
+		l := NewLayerNorm(sz.d)
+		l.Weight, l.Bias = randn(r, sz.d), randn(r, sz.d)
+		l.DWeight, l.DBias = make([]float32, sz.d), make([]float32, sz.d)
+		x := randn(r, sz.rows*sz.d)
+		cfg := modeltest.Config{Seed: uint64(i), Eps: 1e-3}
+		if sz.d > 1 { // with one value a row normalises to 0 whatever x is
+			modeltest.CheckLayer(t, "layernorm", l, x, 1, []modeltest.Param{
+				{Name: "weight", Value: l.Weight, Grad: l.DWeight},
+				{Name: "bias", Value: l.Bias, Grad: l.DBias},
+			}, cfg)
+		}
+		modeltest.CheckLayer(t, "gelu", &GELU{}, x, 1, nil, cfg)
+	}
+	// GELU values from torch.nn.functional.gelu
+	y := (&GELU{}).Forward([]float32{-3, -1, 0, 0.5, 2}, 1, false)
+	want := []float32{-0.0040496, -0.15865526, 0, 0.34573123, 1.9544997}
+	for i := range want {
+		if math.Abs(float64(y[i]-want[i])) > 1e-6 {
+			t.Fatalf("gelu = %v, want %v", y, want)
+		}
+	}
+}
+
+func TestDropout(t *testing.T) {
+	const n = 20000
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = 1
+	}
+	l := NewDropout(0.25, 9)
+	y := slices.Clone(l.Forward(x, 4, true))
+	zeros := 0
+	for _, v := range y {
+		switch v {
+		case 0:
+			zeros++
+		case 1 / 0.75:
+		default:
+			t.Fatalf("dropout output %v, want 0 or 1/0.75", v)
+		}
+	}
+	if f := float64(zeros) / n; math.Abs(f-0.25) > 0.015 {
+		t.Fatalf("dropped fraction %v, want about 0.25", f)
+	}
+	dy := randn(rand.New(rand.NewPCG(1, 1)), n)
+	dx := l.Backward(dy)
+	for i := range dx {
+		if dx[i] != dy[i]*y[i] {
+			t.Fatalf("dx[%d] = %v, want dy·mask = %v", i, dx[i], dy[i]*y[i])
+		}
+	}
+	// the next step draws a different mask; a fresh layer with the same seed replays them
+	y2 := l.Forward(x, 4, true)
+	if slices.Equal(y, y2) {
+		t.Fatal("two training steps drew the same mask")
+	}
+	if again := NewDropout(0.25, 9).Forward(x, 4, true); !slices.Equal(again, y) {
+		t.Fatal("same seed, first step: different mask")
+	}
+	// evaluation: identity, borrowed
+	if ye := l.Forward(x, 4, false); &ye[0] != &x[0] || &l.Backward(dy)[0] != &dy[0] {
+		t.Fatal("evaluation-mode dropout is not the identity")
+	}
+}
+
+func TestResidualGradient(t *testing.T) {
+	r := rand.New(rand.NewPCG(6, 1))
+	body := newBoundLinear(4, 4, r)
+	sc := newBoundLinear(4, 4, r)
+	params := []modeltest.Param{
+		{Name: "body.weight", Value: body.W, Grad: body.DW},
+		{Name: "shortcut.bias", Value: sc.B, Grad: sc.DB},
+	}
+	x := randn(r, 3*4)
+	modeltest.CheckLayer(t, "residual identity", &Residual{Body: []Layer{body, &GELU{}}}, x, 3, params[:1], modeltest.Config{})
+	modeltest.CheckLayer(t, "residual projection", &Residual{Body: []Layer{body}, Shortcut: []Layer{sc}}, x, 3, params, modeltest.Config{})
+}
+
+func TestAttentionGradient(t *testing.T) {
+	forEachBackend(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(7, 1))
+		for i, sz := range []struct{ d, heads, tokens, batch int }{{2, 1, 1, 1}, {4, 2, 3, 2}, {6, 3, 5, 1}} {
+			l := NewSelfAttention(sz.d, sz.heads, sz.tokens)
+			for _, lin := range []*Linear{l.In, l.Out} {
+				lin.W, lin.B = make([]float32, lin.In*lin.Out), make([]float32, lin.Out)
+				lin.DW, lin.DB = make([]float32, lin.In*lin.Out), make([]float32, lin.Out)
+			}
+			l.Init(r)
+			copy(l.In.B, randn(r, len(l.In.B)))
+			x := randn(r, sz.batch*sz.tokens*sz.d)
+			modeltest.CheckLayer(t, "attention", l, x, sz.batch, []modeltest.Param{
+				{Name: "in_proj_weight", Value: l.In.W, Grad: l.In.DW},
+				{Name: "in_proj_bias", Value: l.In.B, Grad: l.In.DB},
+				{Name: "out_proj.weight", Value: l.Out.W, Grad: l.Out.DW},
+			}, modeltest.Config{Seed: uint64(i), Eps: 1e-3})
+		}
+	})
+}
+
+func TestPatchEmbedGradient(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 1))
+	l := NewPatchEmbed(2, 5, 4, 2, 3) // 2×2 patches, a row and no column left over
+	k := 2 * 2 * 2
+	l.Proj.W, l.Proj.B, l.Proj.DW, l.Proj.DB = make([]float32, 3*k), make([]float32, 3), make([]float32, 3*k), make([]float32, 3)
+	tokens := 1 + l.NumPatches()
+	l.Cls, l.DCls, l.Pos, l.DPos = make([]float32, 3), make([]float32, 3), make([]float32, tokens*3), make([]float32, tokens*3)
+	l.Init(r)
+	x := randn(r, 2*2*5*4)
+	modeltest.CheckLayer(t, "patchembed", l, x, 2, []modeltest.Param{
+		{Name: "proj.weight", Value: l.Proj.W, Grad: l.Proj.DW},
+		{Name: "proj.bias", Value: l.Proj.B, Grad: l.Proj.DB},
+		{Name: "cls", Value: l.Cls, Grad: l.DCls},
+		{Name: "pos", Value: l.Pos, Grad: l.DPos},
+	}, modeltest.Config{})
+	// It equals a stride-2 convolution of the same weights.
+	conv := NewConv2D(geom(2, 5, 4, 2, 2, 0), 3, true)
+	conv.W, conv.B, conv.DW, conv.DB = l.Proj.W, l.Proj.B, l.Proj.DW, l.Proj.DB
+	c := conv.Forward(x, 2, false) // (2, 3, 2, 2)
+	y := l.Forward(x, 2, false)    // (2, 5, 3)
+	for n := range 2 {
+		for p := range 4 {
+			for d := range 3 {
+				got := y[(n*tokens+1+p)*3+d] - l.Pos[(1+p)*3+d]
+				if want := c[(n*3+d)*4+p]; math.Abs(float64(got-want)) > 1e-5 {
+					t.Fatalf("token (%d,%d,%d) = %v, conv %v", n, p, d, got, want)
+				}
+			}
+		}
+	}
+}
+
+func TestClassTokenGradient(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 1))
+	modeltest.CheckLayer(t, "classtoken", &ClassToken{Tokens: 3, D: 2}, randn(r, 2*3*2), 2, nil, modeltest.Config{})
+}
+
+// BenchmarkLayers measures the fast kernels at the cnn's and lenet5's
+// shapes, batch 64.
+func BenchmarkLayers(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 1))
+	const batch = 64
+	run := func(name string, l Layer, in int) {
+		x := randn(r, batch*in)
+		y := l.Forward(x, batch, true)
+		dy := randn(r, len(y))
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				l.Forward(x, batch, true)
+				l.Backward(dy)
+			}
+		})
+	}
+	g := geom(32, 26, 26, 3, 1, 0)
+	run("conv32x26x26-64", newBoundConv(g, 64, true, r), 32*26*26)
+	g = geom(1, 28, 28, 5, 1, 2)
+	run("conv1x28x28-6pad2", newBoundConv(g, 6, true, r), 28*28)
+	run("maxpool64x24x24", NewMaxPool2D(PoolGeom{C: 64, H: 24, W: 24, K: 2, Stride: 2}), 64*24*24)
+	run("relu64x24x24", &ReLU{}, 64*24*24)
+	run("dropout9216", NewDropout(0.25, 1), 9216)
+}

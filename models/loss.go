@@ -1,0 +1,74 @@
+package models
+
+import (
+	"fmt"
+	"math"
+)
+
+// SoftmaxCrossEntropy returns the mean over the batch of the cross-entropy
+// between softmax(logits) and the labels, as torch.nn.CrossEntropyLoss with
+// reduction "mean". logits is (batch, classes) row-major with batch =
+// len(labels). When dlogits (same shape) is non-nil it receives
+// d(mean loss)/d(logits) = (softmax − onehot)/batch, overwriting it.
+// Each row is shifted by its maximum and summed in float64, so large logits
+// neither overflow nor lose the small probabilities. An empty batch
+// returns 0.
+func SoftmaxCrossEntropy(logits []float32, labels []uint8, classes int, dlogits []float32) (loss float32) {
+	batch := len(labels)
+	if classes < 1 || len(logits) != batch*classes {
+		panic(fmt.Sprintf("models: SoftmaxCrossEntropy: len(logits)=%d, want %d labels × %d classes", len(logits), batch, classes))
+	}
+	if dlogits != nil && len(dlogits) != len(logits) {
+		panic(fmt.Sprintf("models: SoftmaxCrossEntropy: len(dlogits)=%d, want %d", len(dlogits), len(logits)))
+	}
+	if batch == 0 {
+		return 0
+	}
+	var total float64
+	inv := 1 / float64(batch)
+	for i, y := range labels {
+		if int(y) >= classes {
+			panic(fmt.Sprintf("models: SoftmaxCrossEntropy: label %d of sample %d out of range [0,%d)", y, i, classes))
+		}
+		row := logits[i*classes : (i+1)*classes]
+		m := row[0]
+		for _, v := range row[1:] {
+			m = max(m, v)
+		}
+		var sum float64
+		for _, v := range row {
+			sum += math.Exp(float64(v - m))
+		}
+		lse := float64(m) + math.Log(sum)
+		total += lse - float64(row[y])
+		if dlogits != nil {
+			d := dlogits[i*classes : (i+1)*classes]
+			for j, v := range row {
+				p := math.Exp(float64(v) - lse)
+				if j == int(y) {
+					p--
+				}
+				d[j] = float32(p * inv)
+			}
+		}
+	}
+	return float32(total * inv)
+}
+
+// Argmax writes into dst[i] the index of the largest of the classes logits
+// of sample i (the first one on ties); logits is (len(dst), classes).
+func Argmax(logits []float32, classes int, dst []int) {
+	if classes < 1 || len(logits) != len(dst)*classes {
+		panic(fmt.Sprintf("models: Argmax: len(logits)=%d, want len(dst) %d × %d classes", len(logits), len(dst), classes))
+	}
+	for i := range dst {
+		row := logits[i*classes : (i+1)*classes]
+		best := 0
+		for j, v := range row {
+			if v > row[best] {
+				best = j
+			}
+		}
+		dst[i] = best
+	}
+}

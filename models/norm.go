@@ -1,0 +1,253 @@
+package models
+
+import (
+	"fmt"
+	"math"
+)
+
+// BatchNorm2d is torch.nn.BatchNorm2d(C) with eps 1e-5, momentum 0.1 and
+// affine parameters. x and y are (batch, C, HW) for any plane size
+// HW = H·W.
+//
+// In training mode each channel is normalised with the batch mean and
+// biased variance over batch·HW values, and the running statistics move
+// towards them: running = (1 − Momentum)·running + Momentum·stat, with the
+// unbiased variance, as PyTorch does. In evaluation mode the running
+// statistics are used. Weight (γ) and Bias (β) are parameters;
+// RunningMean and RunningVar are buffers: views into the network's buffer
+// storage, not into its gradient buffer.
+type BatchNorm2d struct {
+	C              int
+	Eps, Momentum  float32
+	Weight, Bias   []float32 // (C) parameter views
+	DWeight, DBias []float32 // (C) gradient views
+	RunningMean    []float32 // (C) buffer view
+	RunningVar     []float32 // (C) buffer view
+
+	batch, hw int
+	train     bool
+	xhat      []float32 // owned: normalised input of the last Forward
+	invStd    []float32 // owned (C): 1/√(var+eps) used by the last Forward
+	y, dx     []float32 // owned
+}
+
+// NewBatchNorm2d returns a batch norm over c channels with PyTorch's
+// defaults; bind its views before use.
+func NewBatchNorm2d(c int) *BatchNorm2d {
+	if c < 1 {
+		panic(fmt.Sprintf("models: NewBatchNorm2d(%d): channels must be positive", c))
+	}
+	return &BatchNorm2d{C: c, Eps: 1e-5, Momentum: 0.1}
+}
+
+// Init sets γ = 1, β = 0, running mean 0 and running variance 1.
+func (l *BatchNorm2d) Init() {
+	fill(l.Weight, 1)
+	fill(l.Bias, 0)
+	fill(l.RunningMean, 0)
+	fill(l.RunningVar, 1)
+}
+
+func (l *BatchNorm2d) checkBound() {
+	for _, v := range [][]float32{l.Weight, l.Bias, l.DWeight, l.DBias, l.RunningMean, l.RunningVar} {
+		if len(v) != l.C {
+			panic(fmt.Sprintf("models: BatchNorm2d(%d): views not bound", l.C))
+		}
+	}
+}
+
+// Forward normalises x per channel.
+func (l *BatchNorm2d) Forward(x []float32, batch int, train bool) []float32 {
+	l.checkBound()
+	if batch < 1 || len(x) == 0 || len(x)%(batch*l.C) != 0 {
+		panic(fmt.Sprintf("models: BatchNorm2d.Forward: len(x)=%d is not batch %d × C %d × H·W", len(x), batch, l.C))
+	}
+	hw := len(x) / (batch * l.C)
+	l.batch, l.hw, l.train = batch, hw, train
+	l.y = grow(l.y, len(x))
+	l.xhat = grow(l.xhat, len(x))
+	l.invStd = grow(l.invStd, l.C)
+	m := batch * hw
+	for c := range l.C {
+		var mean, inv float32
+		if train {
+			// Two passes in float64: mean, then the centred sum of squares.
+			var s float64
+			for n := range batch {
+				for _, v := range x[(n*l.C+c)*hw : (n*l.C+c+1)*hw] {
+					s += float64(v)
+				}
+			}
+			mu := s / float64(m)
+			var ss float64
+			for n := range batch {
+				for _, v := range x[(n*l.C+c)*hw : (n*l.C+c+1)*hw] {
+					d := float64(v) - mu
+					ss += d * d
+				}
+			}
+			variance := ss / float64(m)
+			mean = float32(mu)
+			inv = float32(1 / math.Sqrt(variance+float64(l.Eps)))
+			unbiased := variance
+			if m > 1 {
+				unbiased = ss / float64(m-1)
+			}
+			mo := l.Momentum
+			l.RunningMean[c] = (1-mo)*l.RunningMean[c] + mo*mean
+			l.RunningVar[c] = (1-mo)*l.RunningVar[c] + mo*float32(unbiased)
+		} else {
+			mean = l.RunningMean[c]
+			inv = float32(1 / math.Sqrt(float64(l.RunningVar[c])+float64(l.Eps)))
+		}
+		l.invStd[c] = inv
+		g, b := l.Weight[c], l.Bias[c]
+		for n := range batch {
+			off := (n*l.C + c) * hw
+			xh := l.xhat[off : off+hw]
+			y := l.y[off : off+hw]
+			for i, v := range x[off : off+hw] {
+				h := (v - mean) * inv
+				xh[i] = h
+				y[i] = h*g + b
+			}
+		}
+	}
+	return l.y
+}
+
+// Backward adds dγ += Σ dy·x̂ and dβ += Σ dy per channel and returns dx. In
+// training mode dx accounts for the batch statistics' dependence on x:
+// dx = γ·invstd·(dy − mean(dy) − x̂·mean(dy·x̂)); in evaluation mode the
+// statistics are constants and dx = γ·invstd·dy.
+func (l *BatchNorm2d) Backward(dy []float32) []float32 {
+	if l.batch == 0 || len(dy) != len(l.y) {
+		panic(fmt.Sprintf("models: BatchNorm2d.Backward: len(dy)=%d, want %d (after Forward)", len(dy), len(l.y)))
+	}
+	hw, batch := l.hw, l.batch
+	l.dx = grow(l.dx, len(dy))
+	m := float64(batch * hw)
+	for c := range l.C {
+		var sdy, sdyx float64
+		for n := range batch {
+			off := (n*l.C + c) * hw
+			xh := l.xhat[off : off+hw]
+			for i, d := range dy[off : off+hw] {
+				sdy += float64(d)
+				sdyx += float64(d) * float64(xh[i])
+			}
+		}
+		l.DWeight[c] += float32(sdyx)
+		l.DBias[c] += float32(sdy)
+		k := l.Weight[c] * l.invStd[c]
+		var meanDy, meanDyx float32
+		if l.train {
+			meanDy, meanDyx = float32(sdy/m), float32(sdyx/m)
+		}
+		for n := range batch {
+			off := (n*l.C + c) * hw
+			xh := l.xhat[off : off+hw]
+			dx := l.dx[off : off+hw]
+			for i, d := range dy[off : off+hw] {
+				dx[i] = k * (d - meanDy - xh[i]*meanDyx)
+			}
+		}
+	}
+	return l.dx
+}
+
+// LayerNorm is torch.nn.LayerNorm(D) with eps 1e-5: every row of D values
+// of x (any number of rows, batch × tokens) is normalised to mean 0 and
+// variance 1, then scaled by Weight and shifted by Bias, both (D).
+type LayerNorm struct {
+	D              int
+	Eps            float32
+	Weight, Bias   []float32 // (D) parameter views
+	DWeight, DBias []float32 // (D) gradient views
+
+	rows   int
+	xhat   []float32 // owned (rows, D)
+	invStd []float32 // owned (rows)
+	y, dx  []float32 // owned
+}
+
+// NewLayerNorm returns a layer norm over the last d values; bind its views
+// before use.
+func NewLayerNorm(d int) *LayerNorm {
+	if d < 1 {
+		panic(fmt.Sprintf("models: NewLayerNorm(%d): size must be positive", d))
+	}
+	return &LayerNorm{D: d, Eps: 1e-5}
+}
+
+// Init sets the weight to 1 and the bias to 0, as PyTorch.
+func (l *LayerNorm) Init() {
+	fill(l.Weight, 1)
+	fill(l.Bias, 0)
+}
+
+// Forward normalises each row of D values.
+func (l *LayerNorm) Forward(x []float32, batch int, train bool) []float32 {
+	if len(l.Weight) != l.D || len(l.Bias) != l.D || len(l.DWeight) != l.D || len(l.DBias) != l.D {
+		panic(fmt.Sprintf("models: LayerNorm(%d): views not bound", l.D))
+	}
+	if batch < 1 || len(x)%l.D != 0 || len(x)%batch != 0 || len(x) == 0 {
+		panic(fmt.Sprintf("models: LayerNorm.Forward: len(x)=%d is not batch %d × rows × D %d", len(x), batch, l.D))
+	}
+	l.rows = len(x) / l.D
+	l.y = grow(l.y, len(x))
+	l.xhat = grow(l.xhat, len(x))
+	l.invStd = grow(l.invStd, l.rows)
+	for r := range l.rows {
+		row := x[r*l.D : (r+1)*l.D]
+		var s float64
+		for _, v := range row {
+			s += float64(v)
+		}
+		mu := s / float64(l.D)
+		var ss float64
+		for _, v := range row {
+			d := float64(v) - mu
+			ss += d * d
+		}
+		inv := float32(1 / math.Sqrt(ss/float64(l.D)+float64(l.Eps)))
+		mean := float32(mu)
+		l.invStd[r] = inv
+		xh := l.xhat[r*l.D : (r+1)*l.D]
+		y := l.y[r*l.D : (r+1)*l.D]
+		for i, v := range row {
+			h := (v - mean) * inv
+			xh[i] = h
+			y[i] = h*l.Weight[i] + l.Bias[i]
+		}
+	}
+	return l.y
+}
+
+// Backward adds dγ += Σ_rows dy·x̂ and dβ += Σ_rows dy and returns
+// dx = invstd·(g − mean(g) − x̂·mean(g·x̂)) per row, with g = γ·dy.
+func (l *LayerNorm) Backward(dy []float32) []float32 {
+	if l.rows == 0 || len(dy) != len(l.y) {
+		panic(fmt.Sprintf("models: LayerNorm.Backward: len(dy)=%d, want %d (after Forward)", len(dy), len(l.y)))
+	}
+	l.dx = grow(l.dx, len(dy))
+	for r := range l.rows {
+		d := dy[r*l.D : (r+1)*l.D]
+		xh := l.xhat[r*l.D : (r+1)*l.D]
+		var sg, sgx float32
+		for i, v := range d {
+			l.DWeight[i] += v * xh[i]
+			l.DBias[i] += v
+			g := v * l.Weight[i]
+			sg += g
+			sgx += g * xh[i]
+		}
+		inv := l.invStd[r]
+		mg, mgx := sg/float32(l.D), sgx/float32(l.D)
+		dx := l.dx[r*l.D : (r+1)*l.D]
+		for i, v := range d {
+			dx[i] = inv * (v*l.Weight[i] - mg - xh[i]*mgx)
+		}
+	}
+	return l.dx
+}

@@ -1,0 +1,177 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math"
+	"time"
+
+	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/internal/optim"
+	"github.com/gradsync/gradsync/jobspec"
+	"github.com/gradsync/gradsync/models"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// checksumEvery is how often (in steps) ranks compare a checksum of their
+// parameters, so that a silent desync becomes a clear error.
+const checksumEvery = 50
+
+// span is a bucket: grads[lo:hi], a view of the flat gradient buffer.
+type span struct{ lo, hi int }
+
+// bucketize groups parameter segments into buckets of at most capBytes, in
+// reverse layer order (the order backward finishes them), as DDP does. A
+// segment larger than the cap is a bucket of its own. Buckets are views of
+// the flat buffer: contiguous ranges, no copies.
+func bucketize(segs []models.Segment, capBytes int) []span {
+	var out []span
+	cur := span{lo: -1}
+	for i := len(segs) - 1; i >= 0; i-- {
+		s := segs[i]
+		if s.Len == 0 {
+			continue
+		}
+		if cur.lo >= 0 && 4*(cur.hi-s.Offset) > capBytes {
+			out = append(out, cur)
+			cur = span{lo: -1}
+		}
+		if cur.lo < 0 {
+			cur = span{lo: s.Offset, hi: s.Offset + s.Len}
+			continue
+		}
+		if s.Offset+s.Len != cur.lo {
+			panic(fmt.Sprintf("worker: parameter segment %s is not contiguous with the next one", s.Name))
+		}
+		cur.lo = s.Offset
+	}
+	if cur.lo >= 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// ringSync is data-parallel training over a ring: each step every rank
+// all-reduces its gradient bucket by bucket, divides by the world size, and
+// applies the same optimiser step locally, so all ranks keep bit-identical
+// parameters (checked every checksumEvery steps).
+type ringSync struct {
+	ring    aggregator.Ring
+	closeFn func()
+	world   int
+	spec    *pb.JobSpec
+	total   int64
+	sgd     *optim.SGD
+	opt     aggregator.Options
+	buckets []span
+	timeout time.Duration
+	skipBad bool
+
+	seq     int64 // collective sequence number: each collective's frame tag
+	steps   int64 // optimiser steps taken
+	skipped int64
+	sums    []float32
+}
+
+// newRingSync broadcasts rank 0's initial parameters to every rank.
+func newRingSync(ctx context.Context, ring aggregator.Ring, closeFn func(), a *pb.Assignment, net *models.Network, totalSteps int64) (*ringSync, error) {
+	spec := a.Spec
+	o := spec.GetOptimizer()
+	capBytes := int(spec.GetBucketCapMb() * (1 << 20))
+	if capBytes <= 0 {
+		capBytes = 25 << 20
+	}
+	r := &ringSync{
+		ring: ring, closeFn: closeFn, world: ring.Size(), spec: spec, total: totalSteps,
+		sgd:     &optim.SGD{LR: float32(o.GetLr()), Momentum: float32(o.GetMomentum()), WeightDecay: float32(o.GetWeightDecay()), Nesterov: o.GetNesterov()},
+		opt:     aggregator.Options{Generation: a.Generation},
+		buckets: bucketize(net.Segments(), capBytes),
+		timeout: time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second)),
+		skipBad: spec.GetNonfinitePolicy() == "skip",
+		sums:    make([]float32, 2*ring.Size()),
+	}
+	cctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	if err := aggregator.Broadcast(cctx, ring, net.Params(), 0, r.seq, r.opt); err != nil {
+		return nil, fmt.Errorf("broadcasting the initial parameters: %w", err)
+	}
+	r.seq++
+	return r, nil
+}
+
+func (r *ringSync) step(ctx context.Context, grads, params []float32) error {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	for _, b := range r.buckets {
+		if err := aggregator.AllReduce(ctx, r.ring, grads[b.lo:b.hi], r.seq, r.opt); err != nil {
+			return r.explain(ctx, err)
+		}
+		r.seq++
+	}
+	inv := 1 / float32(r.world)
+	finite := true
+	for i, g := range grads {
+		g *= inv
+		grads[i] = g
+		if g-g != 0 {
+			finite = false
+		}
+	}
+	switch {
+	case finite:
+		r.sgd.SetLR(float32(jobspec.LearningRate(r.spec, r.steps, r.total)))
+		r.sgd.Step(params, grads)
+	case r.skipBad:
+		r.skipped++
+	default:
+		return fmt.Errorf("%w at step %d (nonfinite_policy fail)", aggregator.ErrNonFinite, r.steps)
+	}
+	r.steps++
+	if r.steps%checksumEvery == 0 || r.steps == r.total {
+		return r.checkInSync(ctx, params)
+	}
+	return nil
+}
+
+// checkInSync all-gathers a CRC of every rank's parameters (as two 16-bit
+// halves, exact in float32) and fails if any rank differs.
+func (r *ringSync) checkInSync(ctx context.Context, params []float32) error {
+	h := crc32.NewIEEE()
+	var b [4]byte
+	for _, v := range params {
+		u := math.Float32bits(v)
+		b[0], b[1], b[2], b[3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+		h.Write(b[:])
+	}
+	c := h.Sum32()
+	mine := []float32{float32(c >> 16), float32(c & 0xffff)}
+	if err := aggregator.AllGather(ctx, r.ring, r.sums, mine, r.seq, r.opt); err != nil {
+		return r.explain(ctx, err)
+	}
+	r.seq++
+	for rank := 0; rank < r.world; rank++ {
+		if r.sums[2*rank] != mine[0] || r.sums[2*rank+1] != mine[1] {
+			return fmt.Errorf("parameters diverged: rank %d's checksum differs from rank %d's after step %d", rank, r.ring.Rank(), r.steps)
+		}
+	}
+	return nil
+}
+
+func (r *ringSync) explain(ctx context.Context, err error) error {
+	var pe *aggregator.PeerError
+	switch {
+	case errors.As(err, &pe):
+		return fmt.Errorf("step %d: peer rank %d: %w", r.steps, pe.Rank, err)
+	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return fmt.Errorf("step %d: all-reduce did not finish within the step timeout of %v: %w", r.steps, r.timeout, err)
+	}
+	return fmt.Errorf("step %d: %w", r.steps, err)
+}
+
+func (r *ringSync) close() {
+	if r.closeFn != nil {
+		r.closeFn()
+	}
+}
