@@ -170,7 +170,7 @@ func (s *Server) loseWorkerLocked(w *workerEntry, reason string) {
 	} else {
 		s.log.Warn("worker lost", "worker", w.info.Id, "address", w.info.Address, "reason", reason)
 	}
-	if jobID := w.info.JobId; jobID != "" {
+	if jobID := w.info.JobId; jobID != "" && !s.closed {
 		w.info.JobId = ""
 		if e := s.jobs[jobID]; e != nil && !e.final() {
 			rank := -1
@@ -233,6 +233,9 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 				r.TestAccuracy, r.TestLoss, r.Epoch = ev.TestAccuracy, ev.TestLoss, ev.Epoch
 			})
 	case *pb.ConnectRequest_Done:
+		if s.closed {
+			return // the job stays RUNNING in the store; the next start decides
+		}
 		d := m.Done
 		e := s.runningJobLocked(w, d.GetJobId(), d.GetRank())
 		if e == nil {

@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -144,6 +145,9 @@ func (s *Server) Sync(stream pb.ParameterServer_SyncServer) error {
 		var done chan struct{}
 		for {
 			m, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				return nil // the worker is done with this job
+			}
 			if err != nil {
 				return err
 			}

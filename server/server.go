@@ -136,6 +136,9 @@ func New(cfg Config) (*Server, error) {
 				return nil, err
 			}
 		}
+		// One event with the stored state, so the job can still be watched
+		// (no other goroutine exists yet: no lock needed).
+		s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, j.Message, nil)
 	}
 	s.grpc = grpc.NewServer(s.serverOptions()...)
 	s.health = health.NewServer()
@@ -207,6 +210,10 @@ func (s *Server) shutdown() {
 	}
 	for _, w := range s.workers {
 		w.close()
+	}
+	for _, e := range s.jobs {
+		close(e.notify) // wake watchers: they see closed and leave
+		e.notify = make(chan struct{})
 	}
 	s.mu.Unlock()
 	done := make(chan struct{})

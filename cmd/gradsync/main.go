@@ -68,7 +68,7 @@ over gRPC. Try:
 	pf.StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (default info; warn for local)")
 	pf.StringVar(&g.logFormat, "log-format", "text", "log format: text or json")
 	root.AddCommand(newLocalCmd(g), newServerCmd(g), newWorkerCmd(g), newSubmitCmd(g), newJobsCmd(g),
-		newWatchCmd(g), newCancelCmd(g), newWorkersCmd(g))
+		newWatchCmd(g), newCancelCmd(g), newWorkersCmd(g), newBenchCmd(g))
 	return root
 }
 

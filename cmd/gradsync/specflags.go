@@ -40,7 +40,7 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.dataDir, "data-dir", "", "folder holding the four IDX files (default: built-in locations)")
 	fl.StringVar(&f.mode, "mode", "", "how workers agree on updates: ps, ring or fedavg (default ps)")
 	fl.Int32Var(&f.workers, "workers", 0, "number of workers (default 1)")
-	fl.Int32Var(&f.batchSize, "batch-size", 0, "examples per worker per step (default 64)")
+	fl.Int32Var(&f.batchSize, "batch-size", 0, "examples per worker per step (default 32)")
 	fl.Int32Var(&f.epochs, "epochs", 0, "passes over the training set (default 1)")
 	fl.Int64Var(&f.maxSteps, "max-steps", 0, "stop after this many steps (default: no limit)")
 	fl.Float64Var(&f.lr, "lr", 0, "learning rate (default 0.05)")

@@ -1,0 +1,362 @@
+package jobspec
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+func TestNormalizeDefaults(t *testing.T) {
+	got, err := Normalize(&pb.JobSpec{}, nil)
+	if err != nil {
+		t.Fatalf("Normalize(empty): %v", err)
+	}
+	want := &pb.JobSpec{
+		Name:               "mlp-mnist",
+		Model:              "mlp",
+		Dataset:            &pb.DatasetSpec{Name: "mnist", Augment: "none"},
+		Mode:               "ps",
+		Workers:            proto.Int32(1),
+		MinWorkers:         1,
+		MaxWorkers:         1,
+		BatchSize:          proto.Int32(32),
+		Epochs:             proto.Int32(1),
+		Optimizer:          &pb.OptimizerSpec{Name: "sgd", Lr: proto.Float64(0.05), Momentum: proto.Float64(0.9)},
+		LrSchedule:         &pb.ScheduleSpec{Name: "cosine"},
+		Seed:               proto.Int64(1),
+		Compression:        &pb.CompressionSpec{Type: "none"},
+		Partition:          &pb.PartitionSpec{Type: "iid"},
+		ParameterServer:    &pb.ParameterServerSpec{Shards: 1, Consistency: "sync"},
+		GradAccumSteps:     1,
+		LogEverySteps:      20,
+		EvalEveryEpoch:     proto.Bool(true),
+		StepTimeoutSeconds: 60,
+		NonfinitePolicy:    "fail",
+	}
+	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
+		t.Errorf("Normalize(empty) (-want +got):\n%s", diff)
+	}
+	// A nil spec is the empty spec.
+	if n, err := Normalize(nil, nil); err != nil || !proto.Equal(n, got) {
+		t.Errorf("Normalize(nil) = %v, %v; want the defaults", n, err)
+	}
+}
+
+func TestNormalizeKeepsExplicitValues(t *testing.T) {
+	in := &pb.JobSpec{
+		Name: "x", Model: "logreg", Workers: proto.Int32(3), BatchSize: proto.Int32(7), Epochs: proto.Int32(2), MaxSteps: 9,
+		Dataset:        &pb.DatasetSpec{Name: "synthetic", SyntheticTrain: 100, SyntheticTest: 10},
+		Optimizer:      &pb.OptimizerSpec{Lr: proto.Float64(0.5), Momentum: proto.Float64(0)},
+		Seed:           proto.Int64(0),
+		EvalEveryEpoch: proto.Bool(false),
+		LrSchedule:     &pb.ScheduleSpec{Name: "step", StepSize: 10},
+	}
+	orig := proto.Clone(in)
+	got, err := Normalize(in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(in, orig) {
+		t.Error("Normalize modified its input")
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"name", got.Name, "x"},
+		{"model", got.Model, "logreg"},
+		{"workers", got.GetWorkers(), int32(3)},
+		{"batch_size", got.GetBatchSize(), int32(7)},
+		{"epochs", got.GetEpochs(), int32(2)},
+		{"max_steps", got.MaxSteps, int64(9)},
+		{"synthetic_train", got.Dataset.SyntheticTrain, int32(100)},
+		{"lr", got.Optimizer.GetLr(), 0.5},
+		{"momentum 0 kept", got.Optimizer.GetMomentum(), 0.0},
+		{"seed 0 kept", got.GetSeed(), int64(0)},
+		{"eval_every_epoch false kept", got.GetEvalEveryEpoch(), false},
+		{"gamma default", got.LrSchedule.Gamma, 0.1},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	// Synthetic sizes get defaults only for the synthetic set.
+	s, err := Normalize(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "synthetic"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Dataset.SyntheticTrain != DefaultSyntheticTrain || s.Dataset.SyntheticTest != DefaultSyntheticTest {
+		t.Errorf("synthetic sizes = %d/%d, want defaults %d/%d", s.Dataset.SyntheticTrain, s.Dataset.SyntheticTest, DefaultSyntheticTrain, DefaultSyntheticTest)
+	}
+}
+
+// TestNormalizeRejects checks that each bad or not-implemented option is a
+// *FieldError naming the field.
+func TestNormalizeRejects(t *testing.T) {
+	cases := []struct {
+		name  string
+		spec  *pb.JobSpec
+		field string
+		msg   string // substring of the message
+	}{
+		{"unknown model", &pb.JobSpec{Model: "gpt5"}, "model", "unknown model"},
+		{"long name", &pb.JobSpec{Name: strings.Repeat("n", MaxNameLen+1)}, "name", "at most"},
+		{"batch -1", &pb.JobSpec{BatchSize: proto.Int32(-1)}, "batch_size", "out of range"},
+		{"batch too big", &pb.JobSpec{BatchSize: proto.Int32(MaxBatchSize + 1)}, "batch_size", "out of range"},
+		{"epochs -1", &pb.JobSpec{Epochs: proto.Int32(-1)}, "epochs", "out of range"},
+		{"max_steps -1", &pb.JobSpec{MaxSteps: -1}, "max_steps", "negative"},
+		{"negative lr", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Lr: proto.Float64(-0.1)}}, "optimizer.lr", "out of range"},
+		{"NaN lr", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Lr: proto.Float64(math.NaN())}}, "optimizer.lr", "out of range"},
+		{"Inf lr", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Lr: proto.Float64(math.Inf(1))}}, "optimizer.lr", "out of range"},
+		{"momentum 1", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Momentum: proto.Float64(1)}}, "optimizer.momentum", "out of range"},
+		{"momentum NaN", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Momentum: proto.Float64(math.NaN())}}, "optimizer.momentum", "out of range"},
+		{"nesterov without momentum", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Nesterov: true, Momentum: proto.Float64(0)}}, "optimizer.nesterov", "momentum"},
+		{"weight decay negative", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{WeightDecay: -1}}, "optimizer.weight_decay", "out of range"},
+		{"adam betas on sgd", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Beta1: 0.9}}, "optimizer", "Adam"},
+		{"adam", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Name: "adam"}}, "optimizer.name", "not implemented"},
+		{"adamw", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Name: "adamw"}}, "optimizer.name", "not implemented"},
+		{"unknown optimizer", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Name: "lbfgs"}}, "optimizer.name", "unknown optimizer"},
+		{"workers -1", &pb.JobSpec{Workers: proto.Int32(-1)}, "workers", "out of range"},
+		{"workers too many", &pb.JobSpec{Workers: proto.Int32(MaxWorkers + 1)}, "workers", "out of range"},
+		{"elastic", &pb.JobSpec{Workers: proto.Int32(2), MinWorkers: 1}, "min_workers", "not implemented"},
+		{"negative min_workers", &pb.JobSpec{MinWorkers: -1}, "min_workers", "negative"},
+		{"unknown dataset", &pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagenet"}}, "dataset.name", "unknown dataset"},
+		{"negative synthetic", &pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "synthetic", SyntheticTrain: -1}}, "dataset.synthetic_train", "out of range"},
+		{"augment crop", &pb.JobSpec{Dataset: &pb.DatasetSpec{Augment: "crop"}}, "dataset.augment", "not implemented"},
+		{"unknown augment", &pb.JobSpec{Dataset: &pb.DatasetSpec{Augment: "mixup"}}, "dataset.augment", "unknown augmentation"},
+		{"ring mode", &pb.JobSpec{Mode: "ring"}, "mode", "not implemented"},
+		{"fedavg mode", &pb.JobSpec{Mode: "fedavg"}, "mode", "not implemented"},
+		{"unknown mode", &pb.JobSpec{Mode: "gossip"}, "mode", "unknown mode"},
+		{"powersgd", &pb.JobSpec{Compression: &pb.CompressionSpec{Type: "powersgd"}}, "compression.type", "not implemented"},
+		{"topk", &pb.JobSpec{Compression: &pb.CompressionSpec{Type: "topk"}}, "compression.type", "not implemented"},
+		{"int8", &pb.JobSpec{Compression: &pb.CompressionSpec{Type: "int8"}}, "compression.type", "not implemented"},
+		{"unknown compression", &pb.JobSpec{Compression: &pb.CompressionSpec{Type: "zip"}}, "compression.type", "unknown compression"},
+		{"compression knobs without type", &pb.JobSpec{Compression: &pb.CompressionSpec{Rank: 4}}, "compression", "need a compression type"},
+		{"checkpoint", &pb.JobSpec{Checkpoint: &pb.CheckpointSpec{EveryEpochs: 1}}, "checkpoint", "not implemented"},
+		{"federated", &pb.JobSpec{Federated: &pb.FederatedSpec{Rounds: 10}}, "federated", "not implemented"},
+		{"dirichlet partition", &pb.JobSpec{Partition: &pb.PartitionSpec{Type: "dirichlet"}}, "partition.type", "not implemented"},
+		{"unknown partition", &pb.JobSpec{Partition: &pb.PartitionSpec{Type: "random"}}, "partition.type", "unknown partitioning"},
+		{"alpha on iid", &pb.JobSpec{Partition: &pb.PartitionSpec{Alpha: 0.5}}, "partition", "alpha"},
+		{"bucket_cap_mb", &pb.JobSpec{BucketCapMb: 25}, "bucket_cap_mb", "not implemented"},
+		{"bucket_cap_mb negative", &pb.JobSpec{BucketCapMb: -1}, "bucket_cap_mb", "positive"},
+		{"ps shards 2", &pb.JobSpec{ParameterServer: &pb.ParameterServerSpec{Shards: 2}}, "parameter_server.shards", "not implemented"},
+		{"ps shards -1", &pb.JobSpec{ParameterServer: &pb.ParameterServerSpec{Shards: -1}}, "parameter_server.shards", "out of range"},
+		{"ps async", &pb.JobSpec{ParameterServer: &pb.ParameterServerSpec{Consistency: "async"}}, "parameter_server.consistency", "not implemented"},
+		{"ps unknown consistency", &pb.JobSpec{ParameterServer: &pb.ParameterServerSpec{Consistency: "eventual"}}, "parameter_server.consistency", "unknown consistency"},
+		{"ps staleness on sync", &pb.JobSpec{ParameterServer: &pb.ParameterServerSpec{Staleness: 2}}, "parameter_server.staleness", "bounded"},
+		{"grad_clip_norm", &pb.JobSpec{GradClipNorm: 1}, "grad_clip_norm", "not implemented"},
+		{"grad_clip_norm negative", &pb.JobSpec{GradClipNorm: -1}, "grad_clip_norm", "positive"},
+		{"grad_clip_norm NaN", &pb.JobSpec{GradClipNorm: math.NaN()}, "grad_clip_norm", "positive"},
+		{"grad_accum_steps 2", &pb.JobSpec{GradAccumSteps: 2}, "grad_accum_steps", "not implemented"},
+		{"grad_accum_steps -1", &pb.JobSpec{GradAccumSteps: -1}, "grad_accum_steps", "out of range"},
+		{"log_every -1", &pb.JobSpec{LogEverySteps: -1}, "log_every_steps", "out of range"},
+		{"step timeout negative", &pb.JobSpec{StepTimeoutSeconds: -1}, "step_timeout_seconds", "out of range"},
+		{"step timeout NaN", &pb.JobSpec{StepTimeoutSeconds: math.NaN()}, "step_timeout_seconds", "out of range"},
+		{"nonfinite policy", &pb.JobSpec{NonfinitePolicy: "ignore"}, "nonfinite_policy", "unknown policy"},
+		{"schedule unknown", &pb.JobSpec{LrSchedule: &pb.ScheduleSpec{Name: "exp"}}, "lr_schedule.name", "unknown schedule"},
+		{"schedule step without size", &pb.JobSpec{LrSchedule: &pb.ScheduleSpec{Name: "step"}}, "lr_schedule.step_size", "step_size"},
+		{"schedule step gamma 2", &pb.JobSpec{LrSchedule: &pb.ScheduleSpec{Name: "step", StepSize: 1, Gamma: 2}}, "lr_schedule.gamma", "out of range"},
+		{"cosine with step_size", &pb.JobSpec{LrSchedule: &pb.ScheduleSpec{StepSize: 3}}, "lr_schedule", "do not apply"},
+		{"warmup negative", &pb.JobSpec{LrSchedule: &pb.ScheduleSpec{Name: "warmup-linear", WarmupSteps: -1}}, "lr_schedule.warmup_steps", "negative"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := Normalize(c.spec, nil)
+			if err == nil {
+				t.Fatalf("Normalize accepted the spec: %v", got)
+			}
+			var fe *FieldError
+			if !errors.As(err, &fe) {
+				t.Fatalf("error %v (%T) is not a *FieldError", err, err)
+			}
+			if fe.Field != c.field {
+				t.Errorf("field = %q, want %q (error %v)", fe.Field, c.field, err)
+			}
+			if !strings.Contains(err.Error(), c.msg) {
+				t.Errorf("error %q does not contain %q", err, c.msg)
+			}
+			if !strings.HasPrefix(err.Error(), c.field+": ") {
+				t.Errorf("error %q does not start with the field name", err)
+			}
+		})
+	}
+}
+
+// TestNormalizeExplicitZero pins the presence contract: workers,
+// batch_size, epochs and optimizer.lr left out get their defaults, while an
+// explicit 0 is refused naming the field.
+func TestNormalizeExplicitZero(t *testing.T) {
+	got, err := Normalize(&pb.JobSpec{Optimizer: &pb.OptimizerSpec{}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.GetWorkers() != 1 || got.GetBatchSize() != DefaultBatchSize || got.GetEpochs() != DefaultEpochs || got.GetOptimizer().GetLr() != DefaultLR {
+		t.Errorf("absent fields not defaulted: workers %d batch %d epochs %d lr %v", got.GetWorkers(), got.GetBatchSize(), got.GetEpochs(), got.GetOptimizer().GetLr())
+	}
+	cases := []struct {
+		field string
+		spec  *pb.JobSpec
+	}{
+		{"workers", &pb.JobSpec{Workers: proto.Int32(0)}},
+		{"batch_size", &pb.JobSpec{BatchSize: proto.Int32(0)}},
+		{"epochs", &pb.JobSpec{Epochs: proto.Int32(0)}},
+		{"optimizer.lr", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Lr: proto.Float64(0)}}},
+	}
+	for _, c := range cases {
+		_, err := Normalize(c.spec, nil)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != c.field {
+			t.Errorf("explicit 0 %s: err = %v; want a *FieldError for %s", c.field, err, c.field)
+		}
+	}
+	// The same through Parse: JSON 0 is an explicit 0.
+	spec, err := Parse([]byte(`{"workers": 0}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Normalize(spec, nil); err == nil {
+		t.Error(`{"workers": 0} accepted`)
+	}
+}
+
+func TestNormalizeModelsAvailable(t *testing.T) {
+	// A known architecture the models package does not build yet.
+	_, err := Normalize(&pb.JobSpec{Model: "resnet8"}, []string{"logreg", "mlp"})
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Field != "model" || !strings.Contains(fe.Msg, "not implemented") || !strings.Contains(fe.Msg, "logreg, mlp") {
+		t.Errorf("resnet8 with models [logreg mlp]: err = %v; want a model FieldError saying not implemented and listing the available ones", err)
+	}
+	if _, err := Normalize(&pb.JobSpec{Model: "logreg"}, []string{"logreg", "mlp"}); err != nil {
+		t.Errorf("logreg: %v", err)
+	}
+}
+
+func TestParse(t *testing.T) {
+	want := &pb.JobSpec{
+		Model: "logreg", BatchSize: proto.Int32(64), Workers: proto.Int32(2),
+		Dataset:   &pb.DatasetSpec{Name: "synthetic", SyntheticTrain: 100},
+		Optimizer: &pb.OptimizerSpec{Lr: proto.Float64(0.1), Momentum: proto.Float64(0)},
+	}
+	inputs := map[string]string{
+		"yaml proto names": `
+model: logreg
+batch_size: 64
+workers: 2
+dataset:
+  name: synthetic
+  synthetic_train: 100
+optimizer:
+  lr: 0.1
+  momentum: 0
+`,
+		"yaml camelCase": `
+model: logreg
+batchSize: 64
+workers: 2
+dataset: {name: synthetic, syntheticTrain: 100}
+optimizer: {lr: 0.1, momentum: 0}
+`,
+		"json proto names": `{"model":"logreg","batch_size":64,"workers":2,"dataset":{"name":"synthetic","synthetic_train":100},"optimizer":{"lr":0.1,"momentum":0}}`,
+		"json camelCase":   `{"model":"logreg","batchSize":64,"workers":2,"dataset":{"name":"synthetic","syntheticTrain":100},"optimizer":{"lr":0.1,"momentum":0}}`,
+	}
+	for name, in := range inputs {
+		got, err := Parse([]byte(in))
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", name, diff)
+		}
+	}
+	for _, empty := range []string{"", "null", "{}"} {
+		got, err := Parse([]byte(empty))
+		if err != nil || !proto.Equal(got, &pb.JobSpec{}) {
+			t.Errorf("Parse(%q) = %v, %v; want an empty spec", empty, got, err)
+		}
+	}
+}
+
+func TestParseRejects(t *testing.T) {
+	cases := map[string]struct{ in, msg string }{
+		"unknown field":        {"model: mlp\nbatchsize: 3\n", "batchsize"},
+		"unknown nested field": {`{"dataset":{"nme":"mnist"}}`, "nme"},
+		"wrong type":           {"workers: two\n", "workers"},
+		"not yaml":             {"model: [unclosed\n", "YAML"},
+	}
+	for name, c := range cases {
+		_, err := Parse([]byte(c.in))
+		if err == nil {
+			t.Errorf("%s: Parse(%q) accepted it", name, c.in)
+			continue
+		}
+		if !strings.Contains(err.Error(), c.msg) {
+			t.Errorf("%s: error %q does not mention %q", name, err, c.msg)
+		}
+	}
+}
+
+func TestLearningRate(t *testing.T) {
+	const base = 0.1
+	spec := func(s *pb.ScheduleSpec) *pb.JobSpec {
+		return &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Lr: proto.Float64(base)}, LrSchedule: s}
+	}
+	cosine := spec(&pb.ScheduleSpec{Name: "cosine"})
+	step := spec(&pb.ScheduleSpec{Name: "step", StepSize: 10, Gamma: 0.5})
+	warm := spec(&pb.ScheduleSpec{Name: "warmup-linear", WarmupSteps: 4})
+	constant := spec(&pb.ScheduleSpec{Name: "constant"})
+	cases := []struct {
+		name        string
+		spec        *pb.JobSpec
+		step, total int64
+		want        float64
+	}{
+		{"cosine start", cosine, 0, 100, base},
+		{"cosine middle", cosine, 50, 100, base / 2},
+		{"cosine end", cosine, 100, 100, 0},
+		{"cosine past end clamps", cosine, 150, 100, 0},
+		{"cosine negative step clamps", cosine, -5, 100, base},
+		{"cosine total 0", cosine, 0, 0, base},
+		{"step 0", step, 0, 100, base},
+		{"step 9", step, 9, 100, base},
+		{"step 10", step, 10, 100, base * 0.5},
+		{"step 25", step, 25, 100, base * 0.25},
+		{"warmup first", warm, 0, 20, base / 4},
+		{"warmup last", warm, 3, 20, base},
+		{"decay start", warm, 4, 20, base},
+		{"decay middle", warm, 12, 20, base / 2},
+		{"decay end", warm, 20, 20, 0},
+		{"constant", constant, 77, 100, base},
+	}
+	for _, c := range cases {
+		got := LearningRate(c.spec, c.step, c.total)
+		if math.Abs(got-c.want) > 1e-12 {
+			t.Errorf("%s: LearningRate(step %d of %d) = %v, want %v", c.name, c.step, c.total, got, c.want)
+		}
+	}
+	// Cosine decreases monotonically.
+	prev := math.Inf(1)
+	for s := int64(0); s <= 100; s++ {
+		lr := LearningRate(cosine, s, 100)
+		if lr > prev {
+			t.Fatalf("cosine increased at step %d: %v > %v", s, lr, prev)
+		}
+		prev = lr
+	}
+	// A normalized default spec uses cosine from the default LR.
+	n, err := Normalize(&pb.JobSpec{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := LearningRate(n, 0, 10); got != DefaultLR {
+		t.Errorf("default spec at step 0: %v, want %v", got, DefaultLR)
+	}
+}

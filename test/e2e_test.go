@@ -1,0 +1,142 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestMNISTTwoWorkerProcesses trains the MLP on MNIST with a server and two
+// worker processes and checks the accuracy and the run directory.
+func TestMNISTTwoWorkerProcesses(t *testing.T) {
+	skipIfShort(t)
+	ctx := testCtx(t, 90*time.Second)
+	dir := t.TempDir()
+	s := startServer(ctx, t, "127.0.0.1:0", filepath.Join(dir, "data"), filepath.Join(dir, "runs"))
+	s.startWorker(ctx, t, "e2e-w0")
+	s.startWorker(ctx, t, "e2e-w1")
+
+	out, code := gradsync(ctx, t, "submit", "--server", s.addr, "--watch", "--json",
+		"--model", "mlp", "--dataset", "mnist", "--epochs", "1", "--workers", "2")
+	if code != 0 {
+		t.Fatalf("submit --watch: exit %d\n%s", code, strings.Join(out, "\n"))
+	}
+	sum := parseSummary(t, out)
+	if sum.State != "SUCCEEDED" {
+		t.Fatalf("state %s: %s", sum.State, sum.Message)
+	}
+	if sum.TestAccuracy < 0.97 {
+		t.Errorf("test accuracy %.4f, want ≥ 0.97", sum.TestAccuracy)
+	}
+	// The event lines before the summary: state changes, progress, eval.
+	events := map[string]int{}
+	for _, l := range out[:len(out)-1] {
+		var ev struct{ Event string }
+		if err := json.Unmarshal([]byte(l), &ev); err != nil {
+			t.Errorf("line %q is not JSON: %v", l, err)
+		}
+		events[ev.Event]++
+	}
+	if events["state"] < 2 || events["progress"] == 0 || events["eval"] == 0 {
+		t.Errorf("events %v: want state, progress and eval lines", events)
+	}
+	// runs/<job-id>/ under the server's --runs-dir.
+	wantDir := filepath.Join(s.runsDir, sum.JobID)
+	if sum.RunDir != wantDir {
+		t.Errorf("run_dir %q, want %q", sum.RunDir, wantDir)
+	}
+	for _, f := range []string{"metrics.jsonl", "summary.json", "spec.json"} {
+		if fi, err := os.Stat(filepath.Join(wantDir, f)); err != nil || fi.Size() == 0 {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(wantDir, "summary.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fileSum summary
+	if err := json.Unmarshal(b, &fileSum); err != nil || fileSum.State != "SUCCEEDED" || fileSum.TestAccuracy != sum.TestAccuracy {
+		t.Errorf("summary.json %s disagrees with the printed summary %+v (%v)", b, sum, err)
+	}
+}
+
+// TestKillWorkerAndRestartServer kills a worker process with SIGKILL in the
+// middle of a job, then restarts the server on the same data directory.
+func TestKillWorkerAndRestartServer(t *testing.T) {
+	skipIfShort(t)
+	ctx := testCtx(t, 90*time.Second)
+	dir := t.TempDir()
+	dataDir, runsDir := filepath.Join(dir, "data"), filepath.Join(dir, "runs")
+	s := startServer(ctx, t, "127.0.0.1:0", dataDir, runsDir)
+	s.startWorker(ctx, t, "e2e-w0")
+	w1 := s.startWorker(ctx, t, "e2e-w1")
+
+	// A quick job that succeeds.
+	out, code := gradsync(ctx, t, "submit", "--server", s.addr, "--watch", "--json",
+		"--model", "logreg", "--dataset", "synthetic", "--workers", "2", "--max-steps", "20")
+	if sum := parseSummary(t, out); code != 0 || sum.State != "SUCCEEDED" {
+		t.Fatalf("quick job: exit %d, %+v", code, sum)
+	}
+	quickID := parseSummary(t, out).JobID
+
+	// A long job on both workers; watch it, and kill -9 a worker once it
+	// is training.
+	long := s.submit(ctx, t, "--model", "mlp", "--dataset", "synthetic", "--workers", "2", "--epochs", "1000", "--log-every", "5")
+	watch := start(t, "watch", "watch", long.ID, "--json", "--server", s.addr)
+	if _, err := watch.stdout.wait(ctx, watch.exited, func(l string) bool { return strings.Contains(l, `"event":"progress"`) }); err != nil {
+		t.Fatalf("no progress from the long job: %v", err)
+	}
+	w1.signal(t, syscall.SIGKILL)
+	killed := time.Now()
+	dctx := testCtx(t, 10*time.Second)
+	if code := watch.wait(dctx, t); code != 1 {
+		t.Errorf("watch of the failed job: exit %d, want 1", code)
+	}
+	t.Logf("job ended %.1fs after the kill", time.Since(killed).Seconds())
+	sum := parseSummary(t, watch.stdout.all())
+	if sum.State != "FAILED" || !strings.Contains(sum.Message, "e2e-w1") {
+		t.Errorf("after kill -9 of e2e-w1: state %s, message %q; want FAILED naming e2e-w1", sum.State, sum.Message)
+	}
+
+	// The server keeps serving; the survivor is idle and runs a job that
+	// is still running when the server stops.
+	jobs := s.jobs(ctx, t)
+	if j := jobs[long.ID]; j.State != "JOB_STATE_FAILED" {
+		t.Errorf("jobs: long job %+v", j)
+	}
+	s.waitWorker(ctx, t, "e2e-w0", "IDLE")
+	s.waitWorker(ctx, t, "e2e-w1", "LOST")
+	atStop := s.submit(ctx, t, "--model", "logreg", "--dataset", "synthetic", "--workers", "1", "--epochs", "10000")
+	s.waitWorker(ctx, t, "e2e-w0", "BUSY")
+	pending := s.submit(ctx, t, "--model", "logreg", "--dataset", "synthetic", "--workers", "3")
+
+	s.signal(t, syscall.SIGTERM)
+	if code := s.wait(testCtx(t, 15*time.Second), t); code != 0 {
+		t.Errorf("server exit status %d after SIGTERM, want 0", code)
+	}
+
+	s2 := startServer(ctx, t, s.addr, dataDir, runsDir)
+	after := s2.jobs(ctx, t)
+	want := map[string]string{
+		quickID:    "JOB_STATE_SUCCEEDED",
+		long.ID:    "JOB_STATE_FAILED",
+		atStop.ID:  "JOB_STATE_FAILED",
+		pending.ID: "JOB_STATE_PENDING",
+	}
+	if len(after) != len(want) {
+		t.Errorf("after restart: %d jobs, want %d: %v", len(after), len(want), after)
+	}
+	for id, st := range want {
+		if j, ok := after[id]; !ok || j.State != st {
+			t.Errorf("after restart: job %s = %+v, want state %s", id, j, st)
+		}
+	}
+	if m := after[long.ID].Message; !strings.Contains(m, "e2e-w1") {
+		t.Errorf("after restart: the failed job's message %q no longer names e2e-w1", m)
+	}
+	t.Logf("job running at shutdown: %q", after[atStop.ID].Message)
+}
