@@ -142,7 +142,7 @@ func (s *Server) Connect(stream pb.Coordinator_ConnectServer) error {
 	select {
 	case err := <-recvErr:
 		if err != io.EOF {
-			reason = fmt.Sprintf("connection lost: %v", status.Convert(err).Message())
+			reason = fmt.Sprintf("its connection broke (%v)", status.Convert(err).Message())
 		}
 	default:
 		if stream.Context().Err() == nil {

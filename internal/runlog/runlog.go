@@ -56,6 +56,9 @@ func SummaryOf(j *pb.Job) Summary {
 		s.TestAccuracy, s.TestLoss, s.TrainLoss = r.TestAccuracy, r.TestLoss, r.TrainLoss
 		s.WallSeconds, s.ImagesPerSecond, s.GemmBackend = r.WallSeconds, r.ImagesPerSecond, r.GemmBackend
 	}
+	if s.Steps == 0 && j.GetProgress() != nil { // ended early: say how far it got
+		s.Epochs, s.Steps = j.GetProgress().GetEpoch(), j.GetProgress().GetStep()
+	}
 	if s.WallSeconds == 0 && j.GetStartedAt() != nil && j.GetFinishedAt() != nil {
 		s.WallSeconds = j.GetFinishedAt().AsTime().Sub(j.GetStartedAt().AsTime()).Seconds()
 	}
