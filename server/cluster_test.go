@@ -76,6 +76,9 @@ func newCluster(t *testing.T, cfg server.Config, n int) *cluster {
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger()
 	}
+	if cfg.TLS == nil {
+		cfg.Insecure = true // bufconn in one process: plaintext on purpose
+	}
 	c := &cluster{t: t, cfg: cfg}
 	c.startServer()
 	conn, err := grpc.NewClient("passthrough:///bufnet", c.dialOptions()...)
@@ -151,7 +154,7 @@ func (c *cluster) addWorker(id string) *testWorker {
 	w, err := worker.New(worker.Config{
 		Server: "passthrough:///bufnet", ID: id, Name: id, Logger: c.cfg.Logger,
 		Listener: bufconn.Listen(1 << 16), AdvertiseAddr: id + ".bufconn:1",
-		DialOptions: c.dialOptions(), MaxBackoff: 200 * time.Millisecond,
+		DialOptions: c.dialOptions(), MaxBackoff: 200 * time.Millisecond, Insecure: true,
 	})
 	if err != nil {
 		c.t.Fatal(err)

@@ -344,7 +344,10 @@ func (s *Server) scheduleLocked() {
 func (s *Server) startJobLocked(e *jobEntry, workerIDs []string) {
 	j := e.job
 	spec := j.Spec
-	net, err := models.New(spec.Model, models.Options{Seed: spec.GetSeed(), Classes: 10})
+	// Every built-in data set is 1×28×28 with 10 classes (models.Options'
+	// zero value); workers check that they build the same number of
+	// parameters, so a folder of other images fails with a clear error.
+	net, err := models.New(spec.Model, models.Options{Seed: spec.GetSeed()})
 	if err != nil {
 		s.setStateLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("building model: %v", err))
 		return
@@ -362,7 +365,9 @@ func (s *Server) startJobLocked(e *jobEntry, workerIDs []string) {
 	e.rankIPS = make([]float64, world)
 	e.results = make([]*pb.JobResult, world)
 	e.started = s.cfg.Now()
-	e.ps = newPSJob(j.Id, j.Generation, world, net.Params(), spec)
+	if spec.Mode == "ps" {
+		e.ps = newPSJob(j.Id, j.Generation, world, net.Params(), spec)
+	}
 	peers := make([]string, world)
 	for r, id := range workerIDs {
 		peers[r] = s.workers[id].info.Address

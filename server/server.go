@@ -7,6 +7,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/gradsync/gradsync/internal/rpc"
+	"github.com/gradsync/gradsync/internal/security"
 
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -42,7 +44,16 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
-	// ServerOptions are extra gRPC server options (TLS, say).
+	// TLS secures every endpoint of the server; nil means plaintext, which
+	// must be asked for with Insecure.
+	TLS *tls.Config
+	// Insecure allows plaintext (TLS nil). It is logged loudly.
+	Insecure bool
+	// Tokens are the bearer tokens API clients may present (JobService,
+	// ClusterService). With TLS at least one is required; workers prove
+	// themselves by their certificate (see internal/security).
+	Tokens [][]byte
+	// ServerOptions are extra gRPC server options.
 	ServerOptions []grpc.ServerOption
 }
 
@@ -69,7 +80,14 @@ func (c *Config) Validate() error {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return nil
+	if c.TLS == nil && !c.Insecure {
+		return errors.New("server: no TLS configured; give certificates (gradsync certs init) or ask for plaintext explicitly (--insecure)")
+	}
+	return c.auth().Validate()
+}
+
+func (c *Config) auth() *security.AuthOptions {
+	return &security.AuthOptions{Tokens: c.Tokens, Insecure: c.TLS == nil}
 }
 
 // Server is a coordinator. Create it with New, run it with Serve, stop it by
@@ -105,6 +123,9 @@ type Server struct {
 func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.TLS == nil {
+		cfg.Logger.Warn("plaintext gRPC: no TLS and no client certificates checked (asked for with --insecure)")
 	}
 	st, err := openStore(cfg.DataDir)
 	if err != nil {
@@ -156,7 +177,7 @@ func New(cfg Config) (*Server, error) {
 }
 
 func (s *Server) serverOptions() []grpc.ServerOption {
-	return append(rpc.ServerOptions(s.log), s.cfg.ServerOptions...)
+	return append(rpc.ServerOptions(s.log, s.cfg.TLS, s.cfg.auth()), s.cfg.ServerOptions...)
 }
 
 // Serve serves on lis until ctx is cancelled, then stops gracefully: running

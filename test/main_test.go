@@ -127,7 +127,7 @@ type proc struct {
 // killed if still running, and its output is logged if the test failed.
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(gradsyncBin, args...)
+	cmd := exec.Command(gradsyncBin, withSecurity(args)...)
 	p := &proc{name: name, cmd: cmd, stdout: newLines(), stderr: newLines(), exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.stdout, p.stderr
 	if err := cmd.Start(); err != nil {
@@ -182,10 +182,27 @@ func gradsync(ctx context.Context, t *testing.T, args ...string) ([]string, int)
 	return p.stdout.all(), code
 }
 
+// withSecurity adds --insecure (plaintext, asked for explicitly) to a
+// command that names no certificates.
+func withSecurity(args []string) []string {
+	if len(args) > 0 && args[0] == "certs" {
+		return args
+	}
+	for _, a := range args {
+		if a == "--certs" || a == "--insecure" {
+			return args
+		}
+	}
+	return append(args, "--insecure")
+}
+
 // server is a `gradsync server` process and where it keeps its files.
 type server struct {
 	*proc
 	addr, dataDir, runsDir string
+	// sec are the security flags its clients and workers need
+	// (--certs DIR; none means plaintext).
+	sec []string
 }
 
 // startServer starts a server on addr (127.0.0.1:0 for any port) and
@@ -202,14 +219,20 @@ func startServer(ctx context.Context, t *testing.T, addr, dataDir, runsDir strin
 	if err := json.Unmarshal([]byte(line), &ev); err != nil || ev.Event != "listening" || ev.Addr == "" {
 		t.Fatalf("listening line %q: %v", line, err)
 	}
-	return &server{proc: p, addr: ev.Addr, dataDir: dataDir, runsDir: runsDir}
+	srv := &server{proc: p, addr: ev.Addr, dataDir: dataDir, runsDir: runsDir}
+	for i, a := range extra {
+		if a == "--certs" && i+1 < len(extra) {
+			srv.sec = []string{"--certs", extra[i+1]}
+		}
+	}
+	return srv
 }
 
 // startWorker starts a worker with a stable id and waits until the server
 // lists it idle.
 func (s *server) startWorker(ctx context.Context, t *testing.T, id string) *proc {
 	t.Helper()
-	p := start(t, "worker "+id, "worker", "--server", s.addr, "--id", id)
+	p := start(t, "worker "+id, append([]string{"worker", "--server", s.addr, "--id", id}, s.sec...)...)
 	s.waitWorker(ctx, t, id, "IDLE")
 	return p
 }
@@ -220,7 +243,7 @@ func (s *server) waitWorker(ctx context.Context, t *testing.T, id, state string)
 	tk := time.NewTicker(50 * time.Millisecond)
 	defer tk.Stop()
 	for {
-		out, code := gradsync(ctx, t, "workers", "--json", "--server", s.addr)
+		out, code := gradsync(ctx, t, append([]string{"workers", "--json", "--server", s.addr}, s.sec...)...)
 		if code == 0 {
 			for _, l := range out {
 				var w struct{ ID, State string }
@@ -250,7 +273,7 @@ type jobJSON struct {
 // jobs lists the server's jobs by id.
 func (s *server) jobs(ctx context.Context, t *testing.T) map[string]jobJSON {
 	t.Helper()
-	out, code := gradsync(ctx, t, "jobs", "--json", "--server", s.addr)
+	out, code := gradsync(ctx, t, append([]string{"jobs", "--json", "--server", s.addr}, s.sec...)...)
 	if code != 0 {
 		t.Fatalf("gradsync jobs: exit %d", code)
 	}
@@ -268,7 +291,7 @@ func (s *server) jobs(ctx context.Context, t *testing.T) map[string]jobJSON {
 // submit submits a job without waiting and returns it.
 func (s *server) submit(ctx context.Context, t *testing.T, flags ...string) jobJSON {
 	t.Helper()
-	out, code := gradsync(ctx, t, append([]string{"submit", "--json", "--server", s.addr}, flags...)...)
+	out, code := gradsync(ctx, t, append(append([]string{"submit", "--json", "--server", s.addr}, s.sec...), flags...)...)
 	if code != 0 || len(out) == 0 {
 		t.Fatalf("gradsync submit %v: exit %d, output %v", flags, code, out)
 	}

@@ -6,6 +6,7 @@ package worker
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -26,6 +28,7 @@ import (
 
 	"github.com/gradsync/gradsync/internal/gpu"
 	"github.com/gradsync/gradsync/internal/rpc"
+	"github.com/gradsync/gradsync/internal/security"
 	"github.com/gradsync/gradsync/internal/tensor"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -52,8 +55,15 @@ type Config struct {
 	Name string
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// TLS is used to reach the coordinator and parameter servers (a
+	// worker certificate and the CA); PeerServerTLS and PeerClientTLS
+	// secure the peer endpoint, which requires a worker certificate. All
+	// nil means plaintext, which must be asked for with Insecure.
+	TLS, PeerServerTLS, PeerClientTLS *tls.Config
+	// Insecure allows plaintext. It is logged loudly.
+	Insecure bool
 	// DialOptions are extra options for connections to the coordinator
-	// and parameter servers (TLS, a bufconn dialer in tests).
+	// and parameter servers (a bufconn dialer in tests).
 	DialOptions []grpc.DialOption
 	// MaxBackoff caps the wait between reconnect attempts. Default 5s.
 	MaxBackoff time.Duration
@@ -72,6 +82,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = 5 * time.Second
+	}
+	if !c.Insecure && (c.TLS == nil || c.PeerServerTLS == nil || c.PeerClientTLS == nil) {
+		return errors.New("worker: no TLS configured; give certificates (gradsync certs init) or ask for plaintext explicitly (--insecure)")
 	}
 	return nil
 }
@@ -99,8 +112,21 @@ func New(cfg Config) (*Worker, error) {
 }
 
 func (w *Worker) dialOptions() []grpc.DialOption {
-	opts := append(rpc.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if w.cfg.TLS != nil {
+		creds = credentials.NewTLS(w.cfg.TLS)
+	}
+	opts := append(rpc.DialOptions(), grpc.WithTransportCredentials(creds))
 	return append(opts, w.cfg.DialOptions...)
+}
+
+// peerDialOptions are the options for connections to other workers.
+func (w *Worker) peerDialOptions() []grpc.DialOption {
+	creds := insecure.NewCredentials()
+	if w.cfg.PeerClientTLS != nil {
+		creds = credentials.NewTLS(w.cfg.PeerClientTLS)
+	}
+	return append(rpc.DialOptions(), grpc.WithTransportCredentials(creds))
 }
 
 // Run serves until ctx is cancelled: the peer endpoint, and the coordinator
@@ -121,7 +147,13 @@ func (w *Worker) Run(ctx context.Context) error {
 		h, _ := os.Hostname()
 		w.cfg.Name = fmt.Sprintf("%s/%s", h, w.addr)
 	}
-	gs := grpc.NewServer(rpc.ServerOptions(w.log)...)
+	if w.cfg.PeerServerTLS == nil {
+		w.log.Warn("plaintext peer endpoint: no TLS, peers unauthenticated (asked for with --insecure)", "addr", w.addr)
+	}
+	// The peer endpoint serves workers only: Collective needs a worker
+	// certificate, health and reflection are open, nothing is public.
+	gs := grpc.NewServer(rpc.ServerOptions(w.log, w.cfg.PeerServerTLS,
+		&security.AuthOptions{PublicServices: []string{}, Insecure: w.cfg.PeerServerTLS == nil})...)
 	pb.RegisterCollectiveServer(gs, collective{})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)

@@ -10,8 +10,12 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/gradsync/gradsync/internal/runlog"
+	"github.com/gradsync/gradsync/internal/security"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 	"github.com/gradsync/gradsync/server"
 	"github.com/gradsync/gradsync/worker"
@@ -45,7 +49,22 @@ func newLocalCmd(g *globals) *cobra.Command {
 				}
 				defer os.RemoveAll(stateDir)
 			}
-			srv, err := server.New(server.Config{DataDir: stateDir, RunsDir: runsDir, Logger: log})
+			// Loopback mTLS with a CA made for this run (nothing written),
+			// unless plaintext was asked for.
+			scfg := server.Config{DataDir: stateDir, RunsDir: runsDir, Logger: log, Insecure: g.sec.insecure}
+			wcfg := worker.Config{Logger: log, Insecure: g.sec.insecure}
+			clientOpts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+			if !g.sec.insecure {
+				pki, err := security.EphemeralPKI([]string{"localhost", "127.0.0.1"})
+				if err != nil {
+					return err
+				}
+				scfg.TLS, scfg.Tokens = pki.ServerTLS(), pki.Tokens()
+				wcfg.TLS, wcfg.PeerServerTLS, wcfg.PeerClientTLS = pki.WorkerClientTLS(), pki.WorkerServerTLS(), pki.PeerClientTLS()
+				clientOpts = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientTLS())),
+					grpc.WithPerRPCCredentials(security.TokenCredentials(pki.Token, true))}
+			}
+			srv, err := server.New(scfg)
 			if err != nil {
 				return err
 			}
@@ -68,7 +87,9 @@ func newLocalCmd(g *globals) *cobra.Command {
 			}()
 			addr := lis.Addr().String()
 			for i := range n {
-				w, err := worker.New(worker.Config{Server: addr, ID: fmt.Sprintf("local-%d", i), Logger: log})
+				wc := wcfg
+				wc.Server, wc.ID = addr, fmt.Sprintf("local-%d", i)
+				w, err := worker.New(wc)
 				if err != nil {
 					return err
 				}
@@ -84,7 +105,7 @@ func newLocalCmd(g *globals) *cobra.Command {
 			if !g.json {
 				fmt.Fprintf(c.OutOrStdout(), "gradsync local: coordinator on %s, %d worker(s)\n", addr, n)
 			}
-			return submitAndWatch(c.Context(), addr, spec, p, true)
+			return submitAndWatch(c.Context(), addr, clientOpts, spec, p, true)
 		},
 	}
 	sf.register(c)
@@ -96,8 +117,8 @@ func newLocalCmd(g *globals) *cobra.Command {
 // submitAndWatch submits spec to the server at addr; with wait it follows the
 // job to its end, prints the summary, and turns a job that did not succeed
 // into exit status 1. Interrupting (Ctrl-C) cancels the job.
-func submitAndWatch(ctx context.Context, addr string, spec *pb.JobSpec, p *printer, wait bool) error {
-	conn, err := dial(addr)
+func submitAndWatch(ctx context.Context, addr string, dialOpts []grpc.DialOption, spec *pb.JobSpec, p *printer, wait bool) error {
+	conn, err := dial(addr, dialOpts)
 	if err != nil {
 		return err
 	}
@@ -144,6 +165,10 @@ func newServerCmd(g *globals) *cobra.Command {
 				return err
 			}
 			cfg.Logger = log
+			if cfg.TLS, cfg.Tokens, err = g.sec.server(); err != nil {
+				return err
+			}
+			cfg.Insecure = g.sec.insecure
 			srv, err := server.New(cfg)
 			if err != nil {
 				return err
@@ -183,6 +208,10 @@ func newWorkerCmd(g *globals) *cobra.Command {
 			}
 			cfg.Logger = log
 			cfg.Server = g.server
+			if cfg.TLS, cfg.PeerServerTLS, cfg.PeerClientTLS, err = g.sec.worker(); err != nil {
+				return err
+			}
+			cfg.Insecure = g.sec.insecure
 			w, err := worker.New(cfg)
 			if err != nil {
 				return err
@@ -218,7 +247,11 @@ func newSubmitCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return submitAndWatch(c.Context(), g.server, spec, &printer{out: c.OutOrStdout(), json: g.json}, wait)
+			opts, err := g.sec.clientDialOptions()
+			if err != nil {
+				return err
+			}
+			return submitAndWatch(c.Context(), g.server, opts, spec, &printer{out: c.OutOrStdout(), json: g.json}, wait)
 		},
 	}
 	sf.register(c)
@@ -227,7 +260,7 @@ func newSubmitCmd(g *globals) *cobra.Command {
 }
 
 func clientCall(ctx context.Context, g *globals, fn func(context.Context, pb.JobServiceClient, pb.ClusterServiceClient) error) error {
-	conn, err := dial(g.server)
+	conn, err := g.dialServer()
 	if err != nil {
 		return err
 	}
@@ -280,7 +313,7 @@ func newWatchCmd(g *globals) *cobra.Command {
 		Short: "Follow a job's progress until it ends",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			conn, err := dial(g.server)
+			conn, err := g.dialServer()
 			if err != nil {
 				return err
 			}

@@ -14,10 +14,6 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
-	"github.com/gradsync/gradsync/internal/rpc"
 )
 
 // exitError carries a process exit code through cobra.
@@ -31,6 +27,7 @@ type globals struct {
 	json      bool
 	logLevel  string
 	logFormat string
+	sec       secFlags
 }
 
 func main() {
@@ -67,8 +64,9 @@ over gRPC. Try:
 	pf.BoolVar(&g.json, "json", false, "print machine-readable JSON lines instead of text")
 	pf.StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (default info; warn for local)")
 	pf.StringVar(&g.logFormat, "log-format", "text", "log format: text or json")
+	g.sec.register(root)
 	root.AddCommand(newLocalCmd(g), newServerCmd(g), newWorkerCmd(g), newSubmitCmd(g), newJobsCmd(g),
-		newWatchCmd(g), newCancelCmd(g), newWorkersCmd(g), newBenchCmd(g))
+		newWatchCmd(g), newCancelCmd(g), newWorkersCmd(g), newBenchCmd(g), newCertsCmd(g))
 	return root
 }
 
@@ -95,13 +93,4 @@ func (g *globals) logger(w io.Writer, def slog.Level) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", g.logFormat)
-}
-
-// dial opens a client connection to addr (no blocking dial).
-func dial(addr string) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(addr, append(rpc.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	if err != nil {
-		return nil, fmt.Errorf("server address %q: %w", addr, err)
-	}
-	return conn, nil
 }

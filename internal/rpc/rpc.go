@@ -6,6 +6,7 @@ package rpc
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"runtime/debug"
 	"time"
@@ -15,17 +16,20 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/validator"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
+	"github.com/gradsync/gradsync/internal/security"
 	"github.com/gradsync/gradsync/internal/wire"
 )
 
 // ServerOptions are the options of every gradsync gRPC server, interceptors
-// included.
-func ServerOptions(log *slog.Logger) []grpc.ServerOption {
-	u, s := Interceptors(log)
-	return []grpc.ServerOption{
+// included. tlsCfg nil means plaintext (which the caller must have been
+// asked for explicitly); auth nil means no authorisation at all (tests).
+func ServerOptions(log *slog.Logger, tlsCfg *tls.Config, auth *security.AuthOptions) []grpc.ServerOption {
+	u, s := Interceptors(log, auth)
+	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(wire.MaxMessageBytes),
 		grpc.MaxSendMsgSize(wire.MaxMessageBytes),
 		grpc.InitialWindowSize(8 << 20),
@@ -34,6 +38,10 @@ func ServerOptions(log *slog.Logger) []grpc.ServerOption {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		u, s,
 	}
+	if tlsCfg != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	return opts
 }
 
 // DialOptions are the client options gradsync uses (transport credentials
@@ -48,10 +56,11 @@ func DialOptions() []grpc.DialOption {
 }
 
 // Interceptors returns the unary and stream interceptor chains shared by
-// gradsync servers: structured logging through slog, panic recovery (a
-// panic becomes Internal, never a crash) and request validation (messages
-// with a Validate method).
-func Interceptors(log *slog.Logger) (grpc.ServerOption, grpc.ServerOption) {
+// gradsync servers: panic recovery (a panic becomes Internal, never a
+// crash), structured logging through slog, authorisation (when auth is not
+// nil: refused calls are still logged, never validated) and request
+// validation (messages with a Validate method).
+func Interceptors(log *slog.Logger, auth *security.AuthOptions) (grpc.ServerOption, grpc.ServerOption) {
 	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 		log.Log(ctx, slog.Level(lvl), msg, fields...)
 	})
@@ -71,13 +80,12 @@ func Interceptors(log *slog.Logger) (grpc.ServerOption, grpc.ServerOption) {
 		log.ErrorContext(ctx, "panic in RPC handler", "panic", p, "stack", string(debug.Stack()))
 		return status.Errorf(codes.Internal, "internal error: %v", p)
 	})
-	return grpc.ChainUnaryInterceptor(
-			recovery.UnaryServerInterceptor(rec),
-			logging.UnaryServerInterceptor(logger, logOpts...),
-			validator.UnaryServerInterceptor(),
-		), grpc.ChainStreamInterceptor(
-			recovery.StreamServerInterceptor(rec),
-			logging.StreamServerInterceptor(logger, logOpts...),
-			validator.StreamServerInterceptor(),
-		)
+	unary := []grpc.UnaryServerInterceptor{recovery.UnaryServerInterceptor(rec), logging.UnaryServerInterceptor(logger, logOpts...)}
+	stream := []grpc.StreamServerInterceptor{recovery.StreamServerInterceptor(rec), logging.StreamServerInterceptor(logger, logOpts...)}
+	if auth != nil {
+		au, as := security.Authorizer(*auth)
+		unary, stream = append(unary, au), append(stream, as)
+	}
+	unary, stream = append(unary, validator.UnaryServerInterceptor()), append(stream, validator.StreamServerInterceptor())
+	return grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...)
 }

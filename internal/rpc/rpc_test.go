@@ -48,7 +48,7 @@ func TestInterceptors(t *testing.T) {
 	logs := &lockedWriter{}
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	lis := bufconn.Listen(1 << 20)
-	s := grpc.NewServer(rpc.ServerOptions(log)...)
+	s := grpc.NewServer(rpc.ServerOptions(log, nil, nil)...)
 	pb.RegisterJobServiceServer(s, panicky{})
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Serve(lis) }()

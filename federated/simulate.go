@@ -1,0 +1,432 @@
+package federated
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/gradsync/gradsync/data"
+	"github.com/gradsync/gradsync/internal/optim"
+	"github.com/gradsync/gradsync/models"
+)
+
+// SimConfig configures an in-process federated simulation: K virtual
+// clients, each owning a slice of one training set, trained one after the
+// other on one machine. Zero values take the documented defaults.
+type SimConfig struct {
+	// Train and Test are the data sets (read only). Required.
+	Train, Test *data.Dataset
+	// Partition[k] lists client k's example indices into Train (from
+	// data.PartitionIID, PartitionDirichlet, …); K = len(Partition) ≥ 1.
+	// Read only. Clients may be empty.
+	Partition [][]int
+	// Model is a models architecture name (models.Names); "" means logreg.
+	Model string
+	// Rounds is the number of rounds that must close. Required.
+	Rounds int
+	// Fraction is C: each round samples max(1, round(C·K)) clients.
+	Fraction float64
+	// LocalEpochs is E, passes over the local data per round; 0 means 1.
+	LocalEpochs int
+	// LocalBatch is B; 0 means the whole local data set (McMahan et al.'s
+	// B = ∞, one step per epoch).
+	LocalBatch int
+	// ClientLR is the clients' SGD learning rate; 0 means 0.05.
+	ClientLR float32
+	// Mu is FedProx's μ ≥ 0: with μ > 0 the clients add the proximal term
+	// (AddProximal). Strategy "fedprox" with Mu = 0 uses μ = 0.01.
+	Mu float32
+	// Strategy is the server's aggregation (NewStrategy).
+	Strategy StrategyConfig
+	// Reweighting of the clients' loss: "" or "none", or "class-balanced"
+	// (ClassBalancedWeights of each client's own label histogram, with
+	// Beta; 0 means β = 0.999).
+	Reweighting string
+	Beta        float64
+	// MinClients, MaxRetries: as in ServerConfig.
+	MinClients, MaxRetries int
+	// StragglerProb is the probability that a sampled client never answers
+	// in a round (drawn from Seed, round and client), to exercise
+	// deadlines; such a round closes at its deadline with the others.
+	StragglerProb float64
+	// EvalEvery evaluates the global model on Test after every EvalEvery
+	// closed rounds (and always after the last); 0 means 1.
+	EvalEvery int
+	// EvalBatch is the evaluation batch size; 0 means 500.
+	EvalBatch int
+	// Seed seeds the model's initial parameters, client sampling, local
+	// shuffles and stragglers.
+	Seed int64
+	// Progress, if non-nil, is called with each round's record as it is
+	// made (on Simulate's goroutine).
+	Progress func(Record)
+}
+
+// Record is one closed round of a simulation.
+type Record struct {
+	Round        int     // server round number (a failed round's number is skipped)
+	Evaluated    bool    // TestAcc and TestLoss are set
+	TestAcc      float64 // fraction of Test classified correctly by the new global model
+	TestLoss     float64 // mean cross-entropy on Test
+	TrainLoss    float64 // participants' last-epoch training loss, example-weighted mean
+	Participants []int   // clients aggregated, ascending
+	Missing      []int   // sampled clients that did not answer (stragglers)
+	UpdateNorm   float64 // ‖Δ‖₂ of the combined delta
+	LabelHists   [][]int // LabelHists[i] is Participants[i]'s label histogram
+}
+
+// History is the outcome of a simulation.
+type History struct {
+	Records      []Record
+	FailedRounds int
+	// FinalAcc and FinalLoss are the last evaluation's.
+	FinalAcc, FinalLoss float64
+}
+
+func (c SimConfig) withDefaults() SimConfig {
+	if c.Model == "" {
+		c.Model = "logreg"
+	}
+	if c.LocalEpochs == 0 {
+		c.LocalEpochs = 1
+	}
+	if c.ClientLR == 0 {
+		c.ClientLR = 0.05
+	}
+	if c.Strategy.Name == "fedprox" && c.Mu == 0 {
+		c.Mu = 0.01
+	}
+	if c.Beta == 0 {
+		c.Beta = 0.999
+	}
+	if c.EvalEvery == 0 {
+		c.EvalEvery = 1
+	}
+	if c.EvalBatch == 0 {
+		c.EvalBatch = 500
+	}
+	return c
+}
+
+// Validate reports settings Simulate cannot run with.
+func (c SimConfig) Validate() error {
+	c = c.withDefaults()
+	if c.Train == nil || c.Test == nil {
+		return errors.New("federated: simulation needs Train and Test data sets")
+	}
+	var errs []error
+	if c.Train.ImageSize() != c.Test.ImageSize() || c.Train.Classes != c.Test.Classes {
+		errs = append(errs, fmt.Errorf("federated: train images %d×%d×%d with %d classes, test %d×%d×%d with %d",
+			c.Train.C, c.Train.H, c.Train.W, c.Train.Classes, c.Test.C, c.Test.H, c.Test.W, c.Test.Classes))
+	}
+	if c.Train.Classes > 256 {
+		errs = append(errs, fmt.Errorf("federated: %d classes, at most 256", c.Train.Classes))
+	}
+	for k, idx := range c.Partition {
+		for _, i := range idx {
+			if i < 0 || i >= c.Train.N {
+				errs = append(errs, fmt.Errorf("federated: client %d's example index %d out of range [0, %d)", k, i, c.Train.N))
+				break
+			}
+		}
+	}
+	if c.LocalEpochs < 0 || c.LocalBatch < 0 || c.EvalEvery < 0 || c.EvalBatch < 0 {
+		errs = append(errs, fmt.Errorf("federated: local epochs %d, local batch %d, eval every %d, eval batch %d: must be ≥ 0",
+			c.LocalEpochs, c.LocalBatch, c.EvalEvery, c.EvalBatch))
+	}
+	if !(c.ClientLR > 0) || c.Mu < 0 || math.IsInf(float64(c.Mu), 0) || math.IsNaN(float64(c.Mu)) {
+		errs = append(errs, fmt.Errorf("federated: client lr %v must be > 0 and μ %v ≥ 0", c.ClientLR, c.Mu))
+	}
+	switch c.Reweighting {
+	case "", "none", "class-balanced":
+	default:
+		errs = append(errs, fmt.Errorf("federated: reweighting %q, want none or class-balanced", c.Reweighting))
+	}
+	if !(c.Beta >= 0 && c.Beta < 1) {
+		errs = append(errs, fmt.Errorf("federated: class-balanced β = %v, must be in [0, 1)", c.Beta))
+	}
+	if !(c.StragglerProb >= 0 && c.StragglerProb <= 1) {
+		errs = append(errs, fmt.Errorf("federated: straggler probability %v, must be in [0, 1]", c.StragglerProb))
+	}
+	if _, err := NewStrategy(c.Strategy); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.serverConfig().Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (c SimConfig) serverConfig() ServerConfig {
+	return ServerConfig{
+		Clients: len(c.Partition), Fraction: c.Fraction, Rounds: c.Rounds,
+		MinClients: c.MinClients, MaxRetries: c.MaxRetries, Seed: c.Seed,
+	}
+}
+
+// Simulate runs a federated job end to end in process: a Server (the same
+// state machine the gRPC service drives) on a virtual clock, and the
+// sampled clients trained sequentially on ONE models.Network — each copies
+// the round's global parameters in, runs E local epochs of SGD with batch B
+// (plus FedProx's proximal term when μ > 0), and submits params − global.
+// Stragglers never answer; their round closes at its deadline. The global
+// model is evaluated on Test every EvalEvery rounds. Simulate checks ctx
+// between clients and returns ctx's error, with the history so far, when
+// it is cancelled. A job failure (too many failed rounds) is returned with
+// the history so far.
+func Simulate(ctx context.Context, cfg SimConfig) (History, error) {
+	if err := cfg.Validate(); err != nil {
+		return History{}, err
+	}
+	cfg = cfg.withDefaults()
+	s, err := newSim(cfg)
+	if err != nil {
+		return History{}, err
+	}
+	return s.run(ctx)
+}
+
+// sim is one simulation's state; all buffers are allocated once.
+type sim struct {
+	cfg      SimConfig
+	net      *models.Network
+	srv      *Server
+	sgd      optim.SGD
+	classes  int
+	hists    [][]int     // per client, its label histogram
+	cw       [][]float32 // per client, class-balanced loss weights; nil without reweighting
+	start    []float32   // the round's global parameters, length P
+	deltas   [][]float32 // one per sampled slot, length P each; lent to the Server until the round ends
+	idx      []int       // a client's indices, shuffled per epoch
+	x        []float32   // (B, C, H, W)
+	y        []uint8     // (B)
+	dlogits  []float32   // (B, classes)
+	evalX    []float32
+	evalY    []uint8
+	evalPred []int
+	now      time.Time
+	hist     History
+}
+
+func newSim(cfg SimConfig) (*sim, error) {
+	tr := cfg.Train
+	net, err := models.New(cfg.Model, models.Options{Channels: tr.C, Height: tr.H, Width: tr.W, Classes: tr.Classes, Seed: cfg.Seed})
+	if err != nil {
+		return nil, err
+	}
+	strat, err := NewStrategy(cfg.Strategy)
+	if err != nil {
+		return nil, err
+	}
+	global := make([]float32, net.NumParams())
+	copy(global, net.Params())
+	srv, err := NewServer(cfg.serverConfig(), strat, global)
+	if err != nil {
+		return nil, err
+	}
+	m, _ := NumSampled(len(cfg.Partition), cfg.Fraction)
+	s := &sim{
+		cfg: cfg, net: net, srv: srv, sgd: optim.SGD{LR: cfg.ClientLR}, classes: tr.Classes,
+		start: make([]float32, net.NumParams()), deltas: make([][]float32, m),
+		now: time.Unix(0, 0).UTC(),
+	}
+	maxLocal := 0
+	for k, idx := range cfg.Partition {
+		maxLocal = max(maxLocal, len(idx))
+		s.hists = append(s.hists, data.Histogram(tr.Labels, idx, tr.Classes))
+		if cfg.Reweighting == "class-balanced" {
+			w, err := ClassBalancedWeights(s.hists[k], cfg.Beta)
+			if err != nil {
+				return nil, err
+			}
+			w32 := make([]float32, len(w))
+			for c, v := range w {
+				w32[c] = float32(v)
+			}
+			s.cw = append(s.cw, w32)
+		}
+	}
+	for i := range s.deltas {
+		s.deltas[i] = make([]float32, net.NumParams())
+	}
+	b := maxLocal
+	if cfg.LocalBatch > 0 {
+		b = min(cfg.LocalBatch, maxLocal)
+	}
+	b = max(b, 1)
+	s.idx = make([]int, 0, maxLocal)
+	s.x = make([]float32, b*tr.ImageSize())
+	s.y = make([]uint8, b)
+	s.dlogits = make([]float32, b*tr.Classes)
+	eb := min(cfg.EvalBatch, cfg.Test.N)
+	s.evalX = make([]float32, eb*tr.ImageSize())
+	s.evalY = make([]uint8, eb)
+	s.evalPred = make([]int, eb)
+	return s, nil
+}
+
+func (s *sim) run(ctx context.Context) (History, error) {
+	queue, err := s.srv.Start(s.now)
+	if err != nil {
+		return s.hist, err
+	}
+	for len(queue) > 0 {
+		a := queue[0]
+		queue = queue[1:]
+		switch a := a.(type) {
+		case *OpenRound:
+			more, err := s.round(ctx, a)
+			queue = append(queue, more...)
+			if err != nil {
+				s.drain(queue)
+				return s.hist, err
+			}
+		case *RoundClosed:
+			s.closed(a)
+		case *RoundFailed:
+			s.hist.FailedRounds++
+		case *Finished:
+		}
+	}
+	return s.hist, nil
+}
+
+// drain records the closes and failures among the actions left when the
+// job stops with an error.
+func (s *sim) drain(queue []Action) {
+	for _, a := range queue {
+		switch a := a.(type) {
+		case *RoundClosed:
+			s.closed(a)
+		case *RoundFailed:
+			s.hist.FailedRounds++
+		}
+	}
+}
+
+// round trains and submits every sampled, non-straggling client of the
+// open round, then lets the deadline pass if the round is still open.
+func (s *sim) round(ctx context.Context, open *OpenRound) ([]Action, error) {
+	copy(s.start, open.Global)
+	var acts []Action
+	for i, k := range open.Clients {
+		if err := ctx.Err(); err != nil {
+			return acts, err
+		}
+		if s.cfg.StragglerProb > 0 && newRand(s.cfg.Seed, streamStraggler, uint64(open.Round), uint64(k)).Float64() < s.cfg.StragglerProb {
+			continue
+		}
+		loss := s.train(open.Round, k)
+		delta := s.deltas[i]
+		params := s.net.Params()
+		for j, p := range params {
+			delta[j] = p - s.start[j]
+		}
+		more, err := s.srv.Submit(s.now, Update{
+			Client: k, Round: open.Round, Delta: delta, NumExamples: len(s.cfg.Partition[k]),
+			LabelHist: s.hists[k], TrainLoss: loss,
+		})
+		acts = append(acts, more...)
+		if err != nil {
+			return acts, err
+		}
+	}
+	if s.srv.Round() == open.Round && s.srv.Completed() < s.cfg.Rounds && s.srv.Err() == nil {
+		// Not everyone answered: the round is still open until its deadline.
+		s.now = open.Deadline
+		more, err := s.srv.Tick(s.now)
+		acts = append(acts, more...)
+		if err != nil {
+			return acts, err
+		}
+	}
+	s.now = s.now.Add(time.Second)
+	return acts, nil
+}
+
+// train runs client k's local epochs from s.start on the network's
+// parameters and returns its mean loss over the last epoch (0 for a client
+// with no examples, whose delta is then 0).
+func (s *sim) train(round, k int) float64 {
+	params, grads := s.net.Params(), s.net.Grads()
+	copy(params, s.start)
+	s.idx = append(s.idx[:0], s.cfg.Partition[k]...)
+	n := len(s.idx)
+	if n == 0 {
+		return 0
+	}
+	bs := len(s.y)
+	sz := s.cfg.Train.ImageSize()
+	var last float64
+	for e := range s.cfg.LocalEpochs {
+		r := newRand(s.cfg.Seed, streamShuffle, uint64(round), uint64(k), uint64(e))
+		r.Shuffle(n, func(i, j int) { s.idx[i], s.idx[j] = s.idx[j], s.idx[i] })
+		var sum float64
+		for off := 0; off < n; off += bs {
+			b := min(bs, n-off)
+			x, y, dl := s.x[:b*sz], s.y[:b], s.dlogits[:b*s.classes]
+			s.cfg.Train.Batch(s.idx[off:off+b], x, y)
+			s.net.ZeroGrad()
+			logits := s.net.Forward(x, b, true)
+			var l float32
+			if s.cw != nil {
+				l = weightedCrossEntropy(logits, y, s.classes, s.cw[k], dl)
+			} else {
+				l = models.SoftmaxCrossEntropy(logits, y, s.classes, dl)
+			}
+			s.net.Backward(dl)
+			AddProximal(grads, params, s.start, s.cfg.Mu)
+			s.sgd.Step(params, grads)
+			sum += float64(l) * float64(b)
+		}
+		last = sum / float64(n)
+	}
+	return last
+}
+
+func (s *sim) closed(c *RoundClosed) {
+	rec := Record{Round: c.Round, Participants: c.Participants, Missing: c.Missing,
+		UpdateNorm: c.Stats.DeltaNorm, TrainLoss: c.Stats.TrainLoss}
+	for _, k := range c.Participants {
+		rec.LabelHists = append(rec.LabelHists, slices.Clone(s.hists[k]))
+	}
+	if len(s.hist.Records)+1 == s.cfg.Rounds || (len(s.hist.Records)+1)%s.cfg.EvalEvery == 0 {
+		rec.Evaluated = true
+		rec.TestAcc, rec.TestLoss = s.evaluate(c.Global)
+		s.hist.FinalAcc, s.hist.FinalLoss = rec.TestAcc, rec.TestLoss
+	}
+	s.hist.Records = append(s.hist.Records, rec)
+	if s.cfg.Progress != nil {
+		s.cfg.Progress(rec)
+	}
+}
+
+// evaluate returns the accuracy and mean cross-entropy of params on Test.
+func (s *sim) evaluate(params []float32) (acc, loss float64) {
+	copy(s.net.Params(), params)
+	te := s.cfg.Test
+	sz := te.ImageSize()
+	idx := make([]int, len(s.evalY))
+	var correct int
+	var lsum float64
+	for off := 0; off < te.N; off += len(s.evalY) {
+		b := min(len(s.evalY), te.N-off)
+		for i := range b {
+			idx[i] = off + i
+		}
+		x, y, pred := s.evalX[:b*sz], s.evalY[:b], s.evalPred[:b]
+		te.Batch(idx[:b], x, y)
+		logits := s.net.Forward(x, b, false)
+		lsum += float64(models.SoftmaxCrossEntropy(logits, y, s.classes, nil)) * float64(b)
+		models.Argmax(logits, s.classes, pred)
+		for i, p := range pred {
+			if p == int(y[i]) {
+				correct++
+			}
+		}
+	}
+	return float64(correct) / float64(te.N), lsum / float64(te.N)
+}
