@@ -201,6 +201,7 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		}
 		p := m.Progress.Progress
 		e.rankIPS[m.Progress.Rank] = p.ImagesPerSecond
+		s.cfg.Metrics.SetImagesPerSecond(e.job.Id, int(m.Progress.Rank), p.ImagesPerSecond)
 		if m.Progress.Rank != 0 {
 			return
 		}
@@ -228,6 +229,7 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 			_ = e.run.Log(map[string]any{"kind": "eval", "time": now.UTC().Format(time.RFC3339Nano),
 				"epoch": ev.Epoch, "step": ev.Step, "test_accuracy": ev.TestAccuracy, "test_loss": ev.TestLoss, "train_loss": ev.TrainLoss})
 		}
+		s.replotLocked(e.job.RunDir)
 		s.emitLocked(e, pb.EventKind_EVENT_KIND_EVAL, fmt.Sprintf("epoch %d: test accuracy %.2f%%", ev.Epoch, 100*ev.TestAccuracy),
 			func(r *pb.WatchJobResponse) {
 				r.TestAccuracy, r.TestLoss, r.Epoch = ev.TestAccuracy, ev.TestLoss, ev.Epoch

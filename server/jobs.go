@@ -124,7 +124,12 @@ func (s *Server) setStateLocked(e *jobEntry, st pb.JobState, msg string) {
 				s.log.Error("writing summary failed", "job", j.Id, "err", err)
 			}
 			e.run = nil
+			s.replotLocked(j.RunDir)
 		}
+	}
+	s.countJobsLocked()
+	if isFinal(st) {
+		s.cfg.Metrics.ForgetJob(j.Id)
 	}
 	s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, msg, nil)
 	if st == pb.JobState_JOB_STATE_FAILED {

@@ -174,7 +174,12 @@ func (s *Server) Sync(stream pb.ParameterServer_SyncServer) error {
 			p.mu.Lock()
 			done = p.done
 			p.sgd.SetLR(float32(jobspec.LearningRate(p.spec, step, p.totalSteps)))
+			skipped := p.shard.Skipped()
 			applied, err := p.shard.Add(rank, step, off, n, func(dst []float32) error { return wire.AddF32(dst, f.Data) })
+			if p.shard.Skipped() > skipped {
+				s.cfg.Metrics.NonFiniteStepSkipped()
+				s.log.Warn("step skipped: gradient holds NaN or Inf (nonfinite_policy skip)", "job", p.jobID, "step", step)
+			}
 			if applied {
 				close(p.done)
 				p.done = make(chan struct{})

@@ -21,7 +21,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/gradsync/gradsync/internal/metrics"
+	"github.com/gradsync/gradsync/internal/plot"
 	"github.com/gradsync/gradsync/internal/rpc"
+	"github.com/gradsync/gradsync/internal/runlog"
 	"github.com/gradsync/gradsync/internal/security"
 
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -53,6 +56,9 @@ type Config struct {
 	// ClusterService). With TLS at least one is required; workers prove
 	// themselves by their certificate (see internal/security).
 	Tokens [][]byte
+	// Metrics, if set, receives the server's Prometheus metrics (job
+	// states, throughput, heartbeats missed, gRPC handling).
+	Metrics *metrics.Registry
 	// ServerOptions are extra gRPC server options.
 	ServerOptions []grpc.ServerOption
 }
@@ -111,6 +117,10 @@ type Server struct {
 	// takes gRPC to end the stream; Serve waits for them.
 	streams sync.WaitGroup
 
+	// plots receives run directories whose charts should be redrawn; the
+	// plotter goroutine owned by Serve draws them off the lock.
+	plots chan string
+
 	pb.UnimplementedJobServiceServer
 	pb.UnimplementedClusterServiceServer
 	pb.UnimplementedCoordinatorServer
@@ -134,6 +144,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Logger, store: st,
 		jobs: map[string]*jobEntry{}, workers: map[string]*workerEntry{},
+		plots: make(chan string, 256),
 	}
 	stored, err := st.jobs()
 	if err != nil {
@@ -169,6 +180,8 @@ func New(cfg Config) (*Server, error) {
 	pb.RegisterParameterServerServer(s.grpc, s)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
+	cfg.Metrics.InitializeGRPC(s.grpc)
+	s.countJobsLocked()
 	for _, name := range []string{"", pb.JobService_ServiceDesc.ServiceName, pb.ClusterService_ServiceDesc.ServiceName,
 		pb.Coordinator_ServiceDesc.ServiceName, pb.ParameterServer_ServiceDesc.ServiceName} {
 		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
@@ -177,7 +190,9 @@ func New(cfg Config) (*Server, error) {
 }
 
 func (s *Server) serverOptions() []grpc.ServerOption {
-	return append(rpc.ServerOptions(s.log, s.cfg.TLS, s.cfg.auth()), s.cfg.ServerOptions...)
+	// Metrics first: its handling time then covers the other interceptors.
+	opts := append(s.cfg.Metrics.GRPCServerOptions(), rpc.ServerOptions(s.log, s.cfg.TLS, s.cfg.auth())...)
+	return append(opts, s.cfg.ServerOptions...)
 }
 
 // Serve serves on lis until ctx is cancelled, then stops gracefully: running
@@ -191,6 +206,15 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	go func() { // owned by Serve: the heartbeat monitor
 		defer wg.Done()
 		s.monitor(ctx)
+	}()
+	plotterDone := make(chan struct{})
+	go func() { // owned by Serve: draws run charts off the lock
+		defer close(plotterDone)
+		s.plotter()
+	}()
+	defer func() {
+		close(s.plots) // shutdown has set closed: nothing sends any more
+		<-plotterDone
 	}()
 	errc := make(chan error, 1)
 	wg.Add(1)
@@ -266,6 +290,7 @@ func (s *Server) monitor(ctx context.Context) {
 		s.mu.Lock()
 		for _, w := range s.workers {
 			if w.info.State != pb.WorkerState_WORKER_STATE_LOST && now.Sub(w.lastSeen) > s.cfg.HeartbeatTimeout {
+				s.cfg.Metrics.HeartbeatMissed()
 				s.loseWorkerLocked(w, fmt.Sprintf("no heartbeat for %.1fs (timeout %v)", now.Sub(w.lastSeen).Seconds(), s.cfg.HeartbeatTimeout))
 			}
 		}
@@ -280,4 +305,52 @@ func (s *Server) runDir(id string) string {
 		return abs
 	}
 	return d
+}
+
+// plotter redraws the charts of the run directories sent on s.plots until
+// the channel is closed, coalescing repeated requests for one directory.
+func (s *Server) plotter() {
+	for dir := range s.plots {
+		pending := map[string]bool{dir: true}
+		for more := true; more; {
+			select {
+			case d, ok := <-s.plots:
+				if !ok {
+					more = false
+					break
+				}
+				pending[d] = true
+			default:
+				more = false
+			}
+		}
+		for d := range pending {
+			if err := plot.RenderRun(d); err != nil && !errors.Is(err, plot.ErrNoData) {
+				s.log.Warn("drawing run charts failed", "dir", d, "err", err)
+			}
+		}
+	}
+}
+
+// replotLocked asks the plotter to redraw a job's charts (never blocks).
+func (s *Server) replotLocked(dir string) {
+	if s.closed || dir == "" {
+		return
+	}
+	select {
+	case s.plots <- dir:
+	default:
+	}
+}
+
+// countJobsLocked publishes how many jobs are in each state.
+func (s *Server) countJobsLocked() {
+	if s.cfg.Metrics == nil {
+		return
+	}
+	counts := map[string]int{}
+	for _, e := range s.jobs {
+		counts[runlog.StateName(e.job.State)]++
+	}
+	s.cfg.Metrics.SetJobCounts(counts)
 }

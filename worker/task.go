@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/gradsync/gradsync/data"
+	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/tensor"
 	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/jobspec"
@@ -25,7 +26,16 @@ const evalBatch = 500
 // gradient of its batch, pushes it to the parameter server and receives the
 // averaged update's parameters. Rank 0 evaluates on the test split after
 // every epoch and at the end.
-func runTask(ctx context.Context, a *pb.Assignment, conn *grpc.ClientConn, rep *reporter, log *slog.Logger) (*pb.JobResult, error) {
+// taskEnv is what a task uses of its worker.
+type taskEnv struct {
+	conn    *grpc.ClientConn // to the coordinator (and parameter server)
+	rep     *reporter
+	log     *slog.Logger
+	metrics *metrics.Registry // may be nil
+}
+
+func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult, error) {
+	log, rep := env.log, env.rep
 	spec := a.Spec
 	if spec == nil {
 		return nil, errors.New("assignment without a spec")
@@ -58,7 +68,7 @@ func runTask(ctx context.Context, a *pb.Assignment, conn *grpc.ClientConn, rep *
 		totalSteps = spec.MaxSteps
 	}
 
-	sync, err := startSync(ctx, a, conn, net, totalSteps)
+	sync, err := startSync(ctx, a, env, net, totalSteps)
 	if err != nil {
 		return nil, err
 	}
@@ -85,6 +95,7 @@ func runTask(ctx context.Context, a *pb.Assignment, conn *grpc.ClientConn, rep *
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
+			stepStart := time.Now()
 			batch := idx[b*bs : min((b+1)*bs, len(idx))]
 			n := len(batch)
 			train.Batch(batch, x[:n*inSize], y[:n])
@@ -92,9 +103,13 @@ func runTask(ctx context.Context, a *pb.Assignment, conn *grpc.ClientConn, rep *
 			logits := net.Forward(x[:n*inSize], n, true)
 			loss := models.SoftmaxCrossEntropy(logits, y[:n], classes, dl[:n*classes])
 			net.Backward(dl[:n*classes])
+			syncStart := time.Now()
 			if err := sync.step(ctx, net.Grads(), net.Params()); err != nil {
 				return nil, fmt.Errorf("step %d: %w", step, err)
 			}
+			now := time.Now()
+			env.metrics.ObserveCollective(spec.Mode, now.Sub(syncStart))
+			env.metrics.ObserveStep(now.Sub(stepStart))
 			step++
 			lossSum += float64(loss)
 			lossN++
@@ -111,6 +126,7 @@ func runTask(ctx context.Context, a *pb.Assignment, conn *grpc.ClientConn, rep *
 					LearningRate:    jobspec.LearningRate(spec, step-1, totalSteps), ElapsedSeconds: elapsed,
 					EtaSeconds: elapsed / float64(step) * float64(totalSteps-step),
 				}
+				env.metrics.SetImagesPerSecond(a.JobId, rank, p.ImagesPerSecond)
 				rep.trySend(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Progress{Progress: &pb.TaskProgress{
 					JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, Progress: p}}})
 				lossSum, lossN, imagesSince, lastReport = 0, 0, 0, now
@@ -184,10 +200,10 @@ type synchronizer interface {
 
 // startSync joins the job's synchroniser and brings the model's parameters
 // to the job's initial ones.
-func startSync(ctx context.Context, a *pb.Assignment, conn *grpc.ClientConn, net *models.Network, totalSteps int64) (synchronizer, error) {
+func startSync(ctx context.Context, a *pb.Assignment, env *taskEnv, net *models.Network, totalSteps int64) (synchronizer, error) {
 	switch mode := a.Spec.GetMode(); mode {
 	case "ps":
-		return joinPS(ctx, conn, a, net.Params(), totalSteps)
+		return joinPS(ctx, env, a, net.Params(), totalSteps)
 	default:
 		return nil, fmt.Errorf("mode %q is not supported by this worker", mode)
 	}
@@ -201,20 +217,21 @@ type psClient struct {
 	timeout  time.Duration
 	timedOut atomic.Bool
 	applied  int64 // updates applied to the parameters we hold
+	metrics  *metrics.Registry
 	sp       wire.Splitter
 }
 
 // joinPS opens the Sync stream, joins, and receives the initial parameters
 // into params.
-func joinPS(ctx context.Context, conn *grpc.ClientConn, a *pb.Assignment, params []float32, totalSteps int64) (*psClient, error) {
+func joinPS(ctx context.Context, env *taskEnv, a *pb.Assignment, params []float32, totalSteps int64) (*psClient, error) {
 	if len(a.PsAddresses) > 0 {
 		return nil, errors.New("external parameter-server shards are not implemented yet")
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	c := &psClient{a: a, cancel: cancel, timeout: time.Duration(a.Spec.GetStepTimeoutSeconds() * float64(time.Second))}
+	c := &psClient{a: a, cancel: cancel, metrics: env.metrics, timeout: time.Duration(a.Spec.GetStepTimeoutSeconds() * float64(time.Second))}
 	t := time.AfterFunc(c.timeout, func() { c.timedOut.Store(true); cancel() })
 	defer t.Stop()
-	stream, err := pb.NewParameterServerClient(conn).Sync(sctx)
+	stream, err := pb.NewParameterServerClient(env.conn).Sync(sctx)
 	if err != nil {
 		cancel()
 		return nil, c.explain(err)
@@ -246,6 +263,7 @@ func (c *psClient) step(ctx context.Context, grads, params []float32) error {
 	defer t.Stop()
 	tag := &pb.TensorFrame{JobId: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PUSH_GRADIENT, Step: c.applied, Rank: c.a.Rank}
 	err := c.sp.Frames(tag, grads, func(f *pb.TensorFrame) error {
+		c.metrics.AddBytesSent(c.a.JobId, "ps", len(f.Data))
 		return c.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Gradient{Gradient: f}})
 	})
 	if err != nil {
@@ -283,6 +301,7 @@ func (c *psClient) recvParams(params []float32, step int64) error {
 		if err := wire.GetF32(params[off:off+n], m.GetParameters().Data); err != nil {
 			return err
 		}
+		c.metrics.AddBytesReceived(c.a.JobId, "ps", len(m.GetParameters().Data))
 		next += n
 		if m.GetParameters().Last {
 			if next != len(params) {

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gradsync/gradsync/internal/gpu"
+	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/rpc"
 	"github.com/gradsync/gradsync/internal/security"
 	"github.com/gradsync/gradsync/internal/tensor"
@@ -65,6 +66,9 @@ type Config struct {
 	// DialOptions are extra options for connections to the coordinator
 	// and parameter servers (a bufconn dialer in tests).
 	DialOptions []grpc.DialOption
+	// Metrics, if set, receives the worker's Prometheus metrics (step
+	// time, images/s, bytes per peer, collective latency).
+	Metrics *metrics.Registry
 	// MaxBackoff caps the wait between reconnect attempts. Default 5s.
 	MaxBackoff time.Duration
 }
@@ -293,7 +297,7 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 				defer wg.Done()
 				defer close(t.done)
 				w.log.Info("task assigned", "job", a.JobId, "rank", a.Rank, "world", a.WorldSize, "model", a.Spec.GetModel())
-				res, err := safeRunTask(tctx, a, conn, rep, w.log)
+				res, err := safeRunTask(tctx, a, &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics})
 				done := &pb.TaskDone{JobId: a.JobId, Rank: a.Rank, Result: res}
 				if err != nil {
 					if tctx.Err() != nil {
@@ -320,14 +324,14 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 
 // safeRunTask runs a task and turns a panic (a bug) into the task's error,
 // so one bad job cannot take the worker down.
-func safeRunTask(ctx context.Context, a *pb.Assignment, conn *grpc.ClientConn, rep *reporter, log *slog.Logger) (res *pb.JobResult, err error) {
+func safeRunTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb.JobResult, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			log.Error("task panicked", "job", a.GetJobId(), "panic", p, "stack", string(debug.Stack()))
+			env.log.Error("task panicked", "job", a.GetJobId(), "panic", p, "stack", string(debug.Stack()))
 			res, err = nil, fmt.Errorf("internal error in the worker: %v", p)
 		}
 	}()
-	return runTask(ctx, a, conn, rep, log)
+	return runTask(ctx, a, env)
 }
 
 // reporter sends a task's reports up the session's stream.

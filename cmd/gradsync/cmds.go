@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/runlog"
 	"github.com/gradsync/gradsync/internal/security"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -23,7 +24,7 @@ import (
 
 func newLocalCmd(g *globals) *cobra.Command {
 	var sf specFlags
-	var stateDir, runsDir string
+	var stateDir, runsDir, metricsAddr string
 	c := &cobra.Command{
 		Use:   "local",
 		Short: "Train with a coordinator and N workers in this process, over real gRPC on loopback",
@@ -64,6 +65,12 @@ func newLocalCmd(g *globals) *cobra.Command {
 				clientOpts = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientTLS())),
 					grpc.WithPerRPCCredentials(security.TokenCredentials(pki.Token, true))}
 			}
+			stopMetrics, err := startMetrics(c.Context(), metricsAddr, log, &scfg.Metrics)
+			if err != nil {
+				return err
+			}
+			defer stopMetrics()
+			wcfg.Metrics = scfg.Metrics
 			srv, err := server.New(scfg)
 			if err != nil {
 				return err
@@ -111,7 +118,29 @@ func newLocalCmd(g *globals) *cobra.Command {
 	sf.register(c)
 	c.Flags().StringVar(&stateDir, "state-dir", "", "where the job store goes (default: a temporary folder, removed at exit)")
 	c.Flags().StringVar(&runsDir, "runs-dir", "runs", "where run directories (runs/<job-id>) are written")
+	c.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics of the server and workers on this address (/metrics)")
 	return c
+}
+
+// startMetrics serves a new metrics registry on addr (nothing when addr is
+// empty) and stores it in *reg; stop ends the HTTP server and waits for it.
+func startMetrics(ctx context.Context, addr string, log *slog.Logger, reg **metrics.Registry) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	r := metrics.NewRegistry()
+	ctx, cancel := context.WithCancel(ctx)
+	bound, wait, err := metrics.Serve(ctx, addr, r, log)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("--metrics-addr %s: %w", addr, err)
+	}
+	log.Info("serving metrics", "url", "http://"+bound.String()+"/metrics")
+	*reg = r
+	return func() {
+		cancel()
+		_ = wait()
+	}, nil
 }
 
 // submitAndWatch submits spec to the server at addr; with wait it follows the
@@ -154,7 +183,7 @@ func submitAndWatch(ctx context.Context, addr string, dialOpts []grpc.DialOption
 
 func newServerCmd(g *globals) *cobra.Command {
 	var cfg server.Config
-	var addr string
+	var addr, metricsAddr string
 	c := &cobra.Command{
 		Use:   "server",
 		Short: "Run the coordinator (jobs API, worker registry, parameter server)",
@@ -169,6 +198,11 @@ func newServerCmd(g *globals) *cobra.Command {
 				return err
 			}
 			cfg.Insecure = g.sec.insecure
+			stopMetrics, err := startMetrics(c.Context(), metricsAddr, log, &cfg.Metrics)
+			if err != nil {
+				return err
+			}
+			defer stopMetrics()
 			srv, err := server.New(cfg)
 			if err != nil {
 				return err
@@ -188,6 +222,7 @@ func newServerCmd(g *globals) *cobra.Command {
 	}
 	f := c.Flags()
 	f.StringVar(&addr, "addr", ":7070", "address to listen on")
+	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics), e.g. :9090")
 	f.StringVar(&cfg.DataDir, "data-dir", "gradsync-data", "where the job store is kept")
 	f.StringVar(&cfg.RunsDir, "runs-dir", "runs", "where run directories (runs/<job-id>) are written")
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", time.Second, "how often workers send heartbeats")
@@ -197,6 +232,7 @@ func newServerCmd(g *globals) *cobra.Command {
 
 func newWorkerCmd(g *globals) *cobra.Command {
 	var cfg worker.Config
+	var metricsAddr string
 	c := &cobra.Command{
 		Use:   "worker",
 		Short: "Run a worker that trains what the coordinator assigns",
@@ -212,6 +248,11 @@ func newWorkerCmd(g *globals) *cobra.Command {
 				return err
 			}
 			cfg.Insecure = g.sec.insecure
+			stopMetrics, err := startMetrics(c.Context(), metricsAddr, log, &cfg.Metrics)
+			if err != nil {
+				return err
+			}
+			defer stopMetrics()
 			w, err := worker.New(cfg)
 			if err != nil {
 				return err
@@ -224,6 +265,7 @@ func newWorkerCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.AdvertiseAddr, "advertise", "", "address peers use to reach this worker (default: the listen address)")
 	f.StringVar(&cfg.ID, "id", "", "stable worker id (default: assigned by the coordinator)")
 	f.StringVar(&cfg.Name, "name", "", "human-readable name (default host/address)")
+	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics), e.g. :9091")
 	return c
 }
 
