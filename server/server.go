@@ -56,6 +56,9 @@ type Config struct {
 	// ClusterService). With TLS at least one is required; workers prove
 	// themselves by their certificate (see internal/security).
 	Tokens [][]byte
+	// APIRate limits each client host's calls to the public API (calls per
+	// second, burst twice that). Default 50; negative: no limit.
+	APIRate float64
 	// Metrics, if set, receives the server's Prometheus metrics (job
 	// states, throughput, heartbeats missed, gRPC handling).
 	Metrics *metrics.Registry
@@ -76,6 +79,9 @@ func (c *Config) Validate() error {
 	}
 	if c.HeartbeatTimeout == 0 {
 		c.HeartbeatTimeout = 5 * time.Second
+	}
+	if c.APIRate == 0 {
+		c.APIRate = 50
 	}
 	if c.HeartbeatInterval < 0 || c.HeartbeatTimeout < 2*c.HeartbeatInterval {
 		return fmt.Errorf("server: heartbeat timeout %v must be at least twice the interval %v", c.HeartbeatTimeout, c.HeartbeatInterval)
@@ -191,7 +197,11 @@ func New(cfg Config) (*Server, error) {
 
 func (s *Server) serverOptions() []grpc.ServerOption {
 	// Metrics first: its handling time then covers the other interceptors.
-	opts := append(s.cfg.Metrics.GRPCServerOptions(), rpc.ServerOptions(s.log, s.cfg.TLS, s.cfg.auth())...)
+	var extra []rpc.Option
+	if s.cfg.APIRate > 0 {
+		extra = append(extra, rpc.WithRateLimit(rpc.NewClientLimiter(s.cfg.APIRate, int(2*s.cfg.APIRate)+1)))
+	}
+	opts := append(s.cfg.Metrics.GRPCServerOptions(), rpc.ServerOptions(s.log, s.cfg.TLS, s.cfg.auth(), extra...)...)
 	return append(opts, s.cfg.ServerOptions...)
 }
 

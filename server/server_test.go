@@ -486,3 +486,15 @@ func TestWatchEndsAtShutdown(t *testing.T) {
 	_, err = stream.Recv()
 	wantCode(t, "watch at shutdown", err, codes.Unavailable, "shutting down")
 }
+
+// TestAPIRateLimit: a client calling the jobs API faster than its rate gets
+// ResourceExhausted; worker-facing services are never limited.
+func TestAPIRateLimit(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	c := newCluster(t, server.Config{APIRate: 1}, 0) // burst 3
+	var limited error
+	for i := 0; i < 10 && limited == nil; i++ {
+		_, limited = c.jobs.ListJobs(ctx, &pb.ListJobsRequest{})
+	}
+	wantCode(t, "ListJobs past the rate", limited, codes.ResourceExhausted, "calls per second")
+}

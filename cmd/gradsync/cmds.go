@@ -223,6 +223,7 @@ func newServerCmd(g *globals) *cobra.Command {
 	f := c.Flags()
 	f.StringVar(&addr, "addr", ":7070", "address to listen on")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics), e.g. :9090")
+	f.Float64Var(&cfg.APIRate, "api-rate", 50, "calls per second each client host may make to the jobs API (burst twice that; negative: no limit)")
 	f.StringVar(&cfg.DataDir, "data-dir", "gradsync-data", "where the job store is kept")
 	f.StringVar(&cfg.RunsDir, "runs-dir", "runs", "where run directories (runs/<job-id>) are written")
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", time.Second, "how often workers send heartbeats")

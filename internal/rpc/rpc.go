@@ -27,8 +27,12 @@ import (
 // ServerOptions are the options of every gradsync gRPC server, interceptors
 // included. tlsCfg nil means plaintext (which the caller must have been
 // asked for explicitly); auth nil means no authorisation at all (tests).
-func ServerOptions(log *slog.Logger, tlsCfg *tls.Config, auth *security.AuthOptions) []grpc.ServerOption {
-	u, s := Interceptors(log, auth)
+func ServerOptions(log *slog.Logger, tlsCfg *tls.Config, auth *security.AuthOptions, extra ...Option) []grpc.ServerOption {
+	var o options
+	for _, f := range extra {
+		f(&o)
+	}
+	u, s := chains(log, auth, o.limiter)
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(wire.MaxMessageBytes),
 		grpc.MaxSendMsgSize(wire.MaxMessageBytes),
@@ -61,6 +65,19 @@ func DialOptions() []grpc.DialOption {
 // nil: refused calls are still logged, never validated) and request
 // validation (messages with a Validate method).
 func Interceptors(log *slog.Logger, auth *security.AuthOptions) (grpc.ServerOption, grpc.ServerOption) {
+	return chains(log, auth, nil)
+}
+
+// Option adds to ServerOptions.
+type Option func(*options)
+
+type options struct{ limiter *ClientLimiter }
+
+// WithRateLimit limits each client host's calls to the public API
+// (security.DefaultPublicServices): refused calls are ResourceExhausted.
+func WithRateLimit(l *ClientLimiter) Option { return func(o *options) { o.limiter = l } }
+
+func chains(log *slog.Logger, auth *security.AuthOptions, limiter *ClientLimiter) (grpc.ServerOption, grpc.ServerOption) {
 	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 		log.Log(ctx, slog.Level(lvl), msg, fields...)
 	})
@@ -82,6 +99,10 @@ func Interceptors(log *slog.Logger, auth *security.AuthOptions) (grpc.ServerOpti
 	})
 	unary := []grpc.UnaryServerInterceptor{recovery.UnaryServerInterceptor(rec), logging.UnaryServerInterceptor(logger, logOpts...)}
 	stream := []grpc.StreamServerInterceptor{recovery.StreamServerInterceptor(rec), logging.StreamServerInterceptor(logger, logOpts...)}
+	if limiter != nil { // before auth: guessing tokens is limited too
+		lu, ls := RateLimit(limiter, security.DefaultPublicServices)
+		unary, stream = append(unary, lu), append(stream, ls)
+	}
 	if auth != nil {
 		au, as := security.Authorizer(*auth)
 		unary, stream = append(unary, au), append(stream, as)
