@@ -200,9 +200,16 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 			return
 		}
 		p := m.Progress.Progress
-		e.rankIPS[m.Progress.Rank] = p.ImagesPerSecond
-		s.cfg.Metrics.SetImagesPerSecond(e.job.Id, int(m.Progress.Rank), p.ImagesPerSecond)
-		if m.Progress.Rank != 0 {
+		r := m.Progress.Rank
+		e.rankIPS[r] = p.ImagesPerSecond
+		s.cfg.Metrics.SetImagesPerSecond(e.job.Id, int(r), p.ImagesPerSecond)
+		e.job.Ranks[r] = proto.Clone(p).(*pb.Progress)
+		if e.run != nil {
+			_ = e.run.Log(map[string]any{"kind": "progress", "time": now.UTC().Format(time.RFC3339Nano), "rank": r,
+				"epoch": p.Epoch, "step": p.Step, "total_steps": p.TotalSteps, "loss": p.Loss,
+				"images_per_second": p.ImagesPerSecond, "learning_rate": p.LearningRate, "elapsed_seconds": p.ElapsedSeconds})
+		}
+		if r != 0 {
 			return
 		}
 		var total float64
@@ -212,11 +219,6 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		jp := proto.Clone(p).(*pb.Progress)
 		jp.ImagesPerSecond = total
 		e.job.Progress = jp
-		if e.run != nil {
-			_ = e.run.Log(map[string]any{"kind": "progress", "time": now.UTC().Format(time.RFC3339Nano),
-				"epoch": p.Epoch, "step": p.Step, "total_steps": p.TotalSteps, "loss": p.Loss,
-				"images_per_second": total, "learning_rate": p.LearningRate, "elapsed_seconds": p.ElapsedSeconds})
-		}
 		s.emitLocked(e, pb.EventKind_EVENT_KIND_PROGRESS, "", nil)
 	case *pb.ConnectRequest_Eval:
 		ev := m.Eval

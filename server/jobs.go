@@ -368,6 +368,10 @@ func (s *Server) startJobLocked(e *jobEntry, workerIDs []string) {
 	world := len(workerIDs)
 	e.ranksDone = make([]bool, world)
 	e.rankIPS = make([]float64, world)
+	j.Ranks = make([]*pb.Progress, world)
+	for r := range j.Ranks {
+		j.Ranks[r] = &pb.Progress{}
+	}
 	e.results = make([]*pb.JobResult, world)
 	e.started = s.cfg.Now()
 	if spec.Mode == "ps" {

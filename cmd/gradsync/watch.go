@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -22,6 +23,57 @@ type printer struct {
 	json bool
 	// lastProgress throttles human progress lines.
 	lastProgress time.Time
+	// bars is the height of the live progress block last drawn on a
+	// terminal (redrawn in place); 0 when none is on screen.
+	bars int
+}
+
+// live reports whether human output goes to a terminal, where progress is
+// drawn as bars redrawn in place.
+func (p *printer) live() bool {
+	if p.json {
+		return false
+	}
+	f, ok := p.out.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// drawBars draws the job line and one progress bar per worker, replacing
+// the block drawn before.
+func (p *printer) drawBars(j *pb.Job) {
+	pr := j.GetProgress()
+	var b strings.Builder
+	if p.bars > 0 {
+		fmt.Fprintf(&b, "\x1b[%dA", p.bars)
+	}
+	line := func(format string, a ...any) {
+		b.WriteString("\x1b[2K")
+		fmt.Fprintf(&b, format, a...)
+		b.WriteByte('\n')
+	}
+	line("[%6.1fs] epoch %d/%d  step %d/%d  loss %.4f  %s img/s  eta %s", pr.GetElapsedSeconds(), pr.GetEpoch(),
+		j.GetSpec().GetEpochs(), pr.GetStep(), pr.GetTotalSteps(), pr.GetLoss(), thousands(pr.GetImagesPerSecond()),
+		(time.Duration(pr.GetEtaSeconds()) * time.Second).String())
+	const width = 30
+	for r, rp := range j.GetRanks() {
+		frac := 0.0
+		if rp.GetTotalSteps() > 0 {
+			frac = float64(rp.GetStep()) / float64(rp.GetTotalSteps())
+		}
+		n := int(frac*width + 0.5)
+		id := ""
+		if r < len(j.GetWorkerIds()) {
+			id = j.GetWorkerIds()[r]
+		}
+		line("  rank %-2d %-14s [%s%s] %5.1f%%  %s img/s  loss %.4f", r, id, strings.Repeat("#", n), strings.Repeat(".", width-n),
+			100*frac, thousands(rp.GetImagesPerSecond()), rp.GetLoss())
+	}
+	p.bars = 1 + len(j.GetRanks())
+	fmt.Fprint(p.out, b.String())
 }
 
 func (p *printer) jsonLine(v any) {
@@ -35,6 +87,9 @@ func (p *printer) jsonLine(v any) {
 // event prints one job event.
 func (p *printer) event(ev *pb.WatchJobResponse) {
 	j := ev.GetJob()
+	if ev.Kind != pb.EventKind_EVENT_KIND_PROGRESS {
+		p.bars = 0 // leave the last bars on screen; print below them
+	}
 	switch ev.Kind {
 	case pb.EventKind_EVENT_KIND_STATE:
 		if p.json {
@@ -55,6 +110,10 @@ func (p *printer) event(ev *pb.WatchJobResponse) {
 			p.jsonLine(map[string]any{"event": "progress", "job_id": j.GetId(), "epoch": pr.Epoch, "epochs": j.GetSpec().GetEpochs(),
 				"step": pr.Step, "total_steps": pr.TotalSteps, "loss": pr.Loss, "images_per_second": pr.ImagesPerSecond,
 				"eta_seconds": pr.EtaSeconds, "elapsed_seconds": pr.ElapsedSeconds, "learning_rate": pr.LearningRate})
+			return
+		}
+		if p.live() {
+			p.drawBars(j)
 			return
 		}
 		now := time.Now()

@@ -159,7 +159,10 @@ type Job struct {
 	Progress   *Progress  `protobuf:"bytes,10,opt,name=progress,proto3" json:"progress,omitempty"`
 	Result     *JobResult `protobuf:"bytes,11,opt,name=result,proto3" json:"result,omitempty"`
 	// Where the run's files are written (on the server's host).
-	RunDir        string `protobuf:"bytes,12,opt,name=run_dir,json=runDir,proto3" json:"run_dir,omitempty"`
+	RunDir string `protobuf:"bytes,12,opt,name=run_dir,json=runDir,proto3" json:"run_dir,omitempty"`
+	// The latest progress of each rank, by rank (progress is rank 0's with
+	// images_per_second summed over ranks).
+	Ranks         []*Progress `protobuf:"bytes,13,rep,name=ranks,proto3" json:"ranks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -276,6 +279,13 @@ func (x *Job) GetRunDir() string {
 		return x.RunDir
 	}
 	return ""
+}
+
+func (x *Job) GetRanks() []*Progress {
+	if x != nil {
+		return x.Ranks
+	}
+	return nil
 }
 
 // Progress is the latest training progress of a running job.
@@ -992,7 +1002,7 @@ var File_gradsync_v1_job_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x15gradsync/v1/job.proto\x12\vgradsync.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16gradsync/v1/spec.proto\"\xf4\x03\n" +
+	"\x15gradsync/v1/job.proto\x12\vgradsync.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16gradsync/v1/spec.proto\"\xa1\x04\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12(\n" +
 	"\x04spec\x18\x02 \x01(\v2\x14.gradsync.v1.JobSpecR\x04spec\x12+\n" +
@@ -1012,7 +1022,8 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\bprogress\x18\n" +
 	" \x01(\v2\x15.gradsync.v1.ProgressR\bprogress\x12.\n" +
 	"\x06result\x18\v \x01(\v2\x16.gradsync.v1.JobResultR\x06result\x12\x17\n" +
-	"\arun_dir\x18\f \x01(\tR\x06runDir\"\x84\x02\n" +
+	"\arun_dir\x18\f \x01(\tR\x06runDir\x12+\n" +
+	"\x05ranks\x18\r \x03(\v2\x15.gradsync.v1.ProgressR\x05ranks\"\x84\x02\n" +
 	"\bProgress\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x05R\x05epoch\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1f\n" +
@@ -1124,30 +1135,31 @@ var file_gradsync_v1_job_proto_depIdxs = []int32{
 	16, // 4: gradsync.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
 	3,  // 5: gradsync.v1.Job.progress:type_name -> gradsync.v1.Progress
 	4,  // 6: gradsync.v1.Job.result:type_name -> gradsync.v1.JobResult
-	15, // 7: gradsync.v1.SubmitJobRequest.spec:type_name -> gradsync.v1.JobSpec
-	2,  // 8: gradsync.v1.SubmitJobResponse.job:type_name -> gradsync.v1.Job
-	2,  // 9: gradsync.v1.GetJobResponse.job:type_name -> gradsync.v1.Job
-	0,  // 10: gradsync.v1.ListJobsRequest.state:type_name -> gradsync.v1.JobState
-	2,  // 11: gradsync.v1.ListJobsResponse.jobs:type_name -> gradsync.v1.Job
-	2,  // 12: gradsync.v1.CancelJobResponse.job:type_name -> gradsync.v1.Job
-	1,  // 13: gradsync.v1.WatchJobResponse.kind:type_name -> gradsync.v1.EventKind
-	16, // 14: gradsync.v1.WatchJobResponse.time:type_name -> google.protobuf.Timestamp
-	2,  // 15: gradsync.v1.WatchJobResponse.job:type_name -> gradsync.v1.Job
-	5,  // 16: gradsync.v1.JobService.SubmitJob:input_type -> gradsync.v1.SubmitJobRequest
-	7,  // 17: gradsync.v1.JobService.GetJob:input_type -> gradsync.v1.GetJobRequest
-	9,  // 18: gradsync.v1.JobService.ListJobs:input_type -> gradsync.v1.ListJobsRequest
-	11, // 19: gradsync.v1.JobService.CancelJob:input_type -> gradsync.v1.CancelJobRequest
-	13, // 20: gradsync.v1.JobService.WatchJob:input_type -> gradsync.v1.WatchJobRequest
-	6,  // 21: gradsync.v1.JobService.SubmitJob:output_type -> gradsync.v1.SubmitJobResponse
-	8,  // 22: gradsync.v1.JobService.GetJob:output_type -> gradsync.v1.GetJobResponse
-	10, // 23: gradsync.v1.JobService.ListJobs:output_type -> gradsync.v1.ListJobsResponse
-	12, // 24: gradsync.v1.JobService.CancelJob:output_type -> gradsync.v1.CancelJobResponse
-	14, // 25: gradsync.v1.JobService.WatchJob:output_type -> gradsync.v1.WatchJobResponse
-	21, // [21:26] is the sub-list for method output_type
-	16, // [16:21] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	3,  // 7: gradsync.v1.Job.ranks:type_name -> gradsync.v1.Progress
+	15, // 8: gradsync.v1.SubmitJobRequest.spec:type_name -> gradsync.v1.JobSpec
+	2,  // 9: gradsync.v1.SubmitJobResponse.job:type_name -> gradsync.v1.Job
+	2,  // 10: gradsync.v1.GetJobResponse.job:type_name -> gradsync.v1.Job
+	0,  // 11: gradsync.v1.ListJobsRequest.state:type_name -> gradsync.v1.JobState
+	2,  // 12: gradsync.v1.ListJobsResponse.jobs:type_name -> gradsync.v1.Job
+	2,  // 13: gradsync.v1.CancelJobResponse.job:type_name -> gradsync.v1.Job
+	1,  // 14: gradsync.v1.WatchJobResponse.kind:type_name -> gradsync.v1.EventKind
+	16, // 15: gradsync.v1.WatchJobResponse.time:type_name -> google.protobuf.Timestamp
+	2,  // 16: gradsync.v1.WatchJobResponse.job:type_name -> gradsync.v1.Job
+	5,  // 17: gradsync.v1.JobService.SubmitJob:input_type -> gradsync.v1.SubmitJobRequest
+	7,  // 18: gradsync.v1.JobService.GetJob:input_type -> gradsync.v1.GetJobRequest
+	9,  // 19: gradsync.v1.JobService.ListJobs:input_type -> gradsync.v1.ListJobsRequest
+	11, // 20: gradsync.v1.JobService.CancelJob:input_type -> gradsync.v1.CancelJobRequest
+	13, // 21: gradsync.v1.JobService.WatchJob:input_type -> gradsync.v1.WatchJobRequest
+	6,  // 22: gradsync.v1.JobService.SubmitJob:output_type -> gradsync.v1.SubmitJobResponse
+	8,  // 23: gradsync.v1.JobService.GetJob:output_type -> gradsync.v1.GetJobResponse
+	10, // 24: gradsync.v1.JobService.ListJobs:output_type -> gradsync.v1.ListJobsResponse
+	12, // 25: gradsync.v1.JobService.CancelJob:output_type -> gradsync.v1.CancelJobResponse
+	14, // 26: gradsync.v1.JobService.WatchJob:output_type -> gradsync.v1.WatchJobResponse
+	22, // [22:27] is the sub-list for method output_type
+	17, // [17:22] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_job_proto_init() }
