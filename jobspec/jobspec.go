@@ -54,7 +54,7 @@ const (
 	maxDataDirLen           = 4096
 	notImplementedSuffix    = "is not implemented yet"
 	allowedListSeparator    = ", "
-	implementedModesMessage = "ps"
+	implementedModesMessage = "ps, fedavg"
 )
 
 // Architectures every gradsync release knows by name. Those the models
@@ -167,8 +167,24 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if !slices.Contains(Modes, s.Mode) {
 		return nil, errf("mode", "unknown mode %q; allowed: %s", s.Mode, strings.Join(Modes, allowedListSeparator))
 	}
-	if s.Mode != "ps" {
+	if s.Mode == "ring" {
 		return nil, errf("mode", "%q %s; available now: %s", s.Mode, notImplementedSuffix, implementedModesMessage)
+	}
+	// Fields that fedavg replaces by its own must not be set with it.
+	if s.Mode == "fedavg" {
+		switch {
+		case s.Epochs != nil:
+			return nil, errf("epochs", "does not apply to mode fedavg; use federated.rounds and federated.local_epochs")
+		case s.BatchSize != nil:
+			return nil, errf("batch_size", "does not apply to mode fedavg; use federated.local_batch_size")
+		case s.MaxSteps != 0:
+			return nil, errf("max_steps", "does not apply to mode fedavg; use federated.rounds")
+		case s.LrSchedule != nil && s.LrSchedule.Name != "" && s.LrSchedule.Name != "constant":
+			return nil, errf("lr_schedule", "mode fedavg uses a constant client learning rate")
+		}
+		if s.LrSchedule == nil {
+			s.LrSchedule = &pb.ScheduleSpec{Name: "constant"}
+		}
 	}
 	// Workers.
 	if s.Workers == nil {
@@ -265,24 +281,8 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if c := s.Checkpoint; c != nil && (c.EveryEpochs != 0 || c.EverySteps != 0 || c.EverySeconds != 0 || c.Keep != 0) {
 		return nil, errf("checkpoint", "checkpointing %s", notImplementedSuffix)
 	}
-	if s.Federated != nil && proto.Size(s.Federated) > 0 {
-		return nil, errf("federated", "federated settings need mode fedavg, which %s", notImplementedSuffix)
-	}
-	if s.Partition == nil {
-		s.Partition = &pb.PartitionSpec{}
-	}
-	if s.Partition.Type == "" {
-		s.Partition.Type = defaultPartition
-	}
-	switch s.Partition.Type {
-	case defaultPartition:
-		if s.Partition.Alpha != 0 || s.Partition.ShardsPerClient != 0 {
-			return nil, errf("partition", "alpha and shards_per_client need partition type dirichlet or shards")
-		}
-	case "dirichlet", "shards", "label":
-		return nil, errf("partition.type", "%q partitioning is for fedavg mode, which %s", s.Partition.Type, notImplementedSuffix)
-	default:
-		return nil, errf("partition.type", "unknown partitioning %q; allowed: iid, dirichlet, shards, label", s.Partition.Type)
+	if err := normalizeFederated(s); err != nil {
+		return nil, err
 	}
 	if s.BucketCapMb != 0 {
 		if s.BucketCapMb < 0 || math.IsNaN(s.BucketCapMb) {
@@ -393,6 +393,180 @@ func normalizeOptimizer(s *pb.JobSpec) error {
 	}
 	if o.Beta1 != 0 || o.Beta2 != 0 || o.Eps != 0 {
 		return errf("optimizer", "beta1, beta2 and eps are Adam settings; optimizer %q does not use them", o.Name)
+	}
+	return nil
+}
+
+// Federated defaults.
+const (
+	DefaultRounds          = 10
+	DefaultClients         = 10
+	DefaultFraction        = 0.1
+	DefaultLocalBatch      = 10
+	DefaultRoundDeadline   = 60
+	DefaultDirichletAlpha  = 0.5
+	DefaultShardsPerClient = 2
+	maxClients             = 100000
+	maxRounds              = 1000000
+)
+
+// Strategies are the federated aggregation rules.
+var Strategies = []string{"fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "median", "trimmed-mean"}
+
+func normalizeFederated(s *pb.JobSpec) error {
+	p := s.Partition
+	if p == nil {
+		p = &pb.PartitionSpec{}
+		s.Partition = p
+	}
+	if p.Type == "" {
+		p.Type = defaultPartition
+	}
+	switch p.Type {
+	case "iid", "label":
+		if p.Alpha != 0 || p.ShardsPerClient != 0 {
+			return errf("partition", "alpha and shards_per_client do not apply to partition %q", p.Type)
+		}
+	case "dirichlet":
+		if p.Alpha == 0 {
+			p.Alpha = DefaultDirichletAlpha
+		}
+		if !(p.Alpha > 0 && !math.IsInf(p.Alpha, 0)) {
+			return errf("partition.alpha", "%v: the Dirichlet concentration must be positive", p.Alpha)
+		}
+	case "shards":
+		if p.ShardsPerClient == 0 {
+			p.ShardsPerClient = DefaultShardsPerClient
+		}
+		if p.ShardsPerClient < 1 {
+			return errf("partition.shards_per_client", "%d: must be at least 1", p.ShardsPerClient)
+		}
+	default:
+		return errf("partition.type", "unknown partitioning %q; allowed: iid, dirichlet, shards, label", p.Type)
+	}
+	if s.Mode != "fedavg" {
+		if s.Federated != nil && proto.Size(s.Federated) > 0 {
+			return errf("federated", "federated settings need mode fedavg")
+		}
+		if p.Type != defaultPartition {
+			return errf("partition.type", "%q partitioning is for mode fedavg (ps and ring shard the data evenly)", p.Type)
+		}
+		return nil
+	}
+	if s.GetWorkers() != 1 {
+		return errf("workers", "fedavg with %d workers (clients spread over workers, or real clients with their own data) %s; "+
+			"use workers: 1 to simulate every client in one worker", s.GetWorkers(), notImplementedSuffix)
+	}
+	if s.Federated == nil {
+		s.Federated = &pb.FederatedSpec{}
+	}
+	f := s.Federated
+	if f.Rounds == 0 {
+		f.Rounds = DefaultRounds
+	}
+	if f.Rounds < 1 || f.Rounds > maxRounds {
+		return errf("federated.rounds", "%d out of range; allowed 1..%d", f.Rounds, maxRounds)
+	}
+	if f.Clients == 0 {
+		f.Clients = DefaultClients
+	}
+	if f.Clients < 1 || f.Clients > maxClients {
+		return errf("federated.clients", "%d out of range; allowed 1..%d", f.Clients, maxClients)
+	}
+	if f.Fraction == 0 {
+		f.Fraction = DefaultFraction
+	}
+	if !(f.Fraction > 0 && f.Fraction <= 1) {
+		return errf("federated.fraction", "%v out of range; allowed (0, 1]", f.Fraction)
+	}
+	if f.LocalEpochs == 0 {
+		f.LocalEpochs = 1
+	}
+	if f.LocalEpochs < 1 || f.LocalEpochs > MaxEpochs {
+		return errf("federated.local_epochs", "%d out of range; allowed 1..%d", f.LocalEpochs, MaxEpochs)
+	}
+	if f.FullBatch && f.LocalBatchSize != 0 {
+		return errf("federated.local_batch_size", "cannot be set with full_batch")
+	}
+	if !f.FullBatch && f.LocalBatchSize == 0 {
+		f.LocalBatchSize = DefaultLocalBatch
+	}
+	if f.LocalBatchSize < 0 || f.LocalBatchSize > MaxBatchSize {
+		return errf("federated.local_batch_size", "%d out of range; allowed 1..%d", f.LocalBatchSize, MaxBatchSize)
+	}
+	if f.Strategy == "" {
+		f.Strategy = "fedavg"
+	}
+	if !slices.Contains(Strategies, f.Strategy) {
+		return errf("federated.strategy", "unknown strategy %q; allowed: %s", f.Strategy, strings.Join(Strategies, allowedListSeparator))
+	}
+	if f.Mu < 0 || math.IsNaN(f.Mu) || math.IsInf(f.Mu, 0) {
+		return errf("federated.mu", "%v: must be >= 0", f.Mu)
+	}
+	if f.Strategy == "fedprox" && f.Mu == 0 {
+		f.Mu = 0.01
+	}
+	if f.Mu != 0 && f.Strategy != "fedprox" {
+		return errf("federated.mu", "the proximal term is FedProx's; set strategy fedprox")
+	}
+	if f.ServerLr < 0 || math.IsNaN(f.ServerLr) || math.IsInf(f.ServerLr, 0) {
+		return errf("federated.server_lr", "%v: must be >= 0 (0: the strategy's default)", f.ServerLr)
+	}
+	if !(f.ServerMomentum >= 0 && f.ServerMomentum < 1) {
+		return errf("federated.server_momentum", "%v out of range; allowed [0, 1)", f.ServerMomentum)
+	}
+	if f.ServerMomentum != 0 && f.Strategy != "fedavgm" {
+		return errf("federated.server_momentum", "server momentum is FedAvgM's; set strategy fedavgm")
+	}
+	if f.RoundDeadlineSeconds == 0 {
+		f.RoundDeadlineSeconds = DefaultRoundDeadline
+	}
+	if !(f.RoundDeadlineSeconds > 0 && f.RoundDeadlineSeconds <= maxStepTimeoutSeconds) {
+		return errf("federated.round_deadline_seconds", "%v out of range; allowed (0, %d]", f.RoundDeadlineSeconds, maxStepTimeoutSeconds)
+	}
+	if f.MinClients == 0 {
+		f.MinClients = 1
+	}
+	if f.MinClients < 1 || f.MinClients > f.Clients {
+		return errf("federated.min_clients", "%d out of range; allowed 1..%d (the number of clients)", f.MinClients, f.Clients)
+	}
+	if f.Reweighting == "" {
+		f.Reweighting = "none"
+	}
+	switch f.Reweighting {
+	case "none":
+		if f.Beta != 0 {
+			return errf("federated.beta", "needs reweighting class-balanced")
+		}
+	case "class-balanced":
+		if f.Beta == 0 {
+			f.Beta = 0.999
+		}
+		if !(f.Beta >= 0 && f.Beta < 1) {
+			return errf("federated.beta", "%v out of range; allowed [0, 1)", f.Beta)
+		}
+	default:
+		return errf("federated.reweighting", "unknown reweighting %q; allowed: none, class-balanced", f.Reweighting)
+	}
+	if f.Weighting == "" {
+		f.Weighting = "examples"
+	}
+	switch f.Weighting {
+	case "examples", "uniform", "label-balanced":
+	default:
+		return errf("federated.weighting", "unknown weighting %q; allowed: examples, uniform, label-balanced", f.Weighting)
+	}
+	if f.ClientLr == 0 {
+		f.ClientLr = s.GetOptimizer().GetLr()
+	}
+	if !(f.ClientLr > 0 && f.ClientLr <= maxLearningRate) {
+		return errf("federated.client_lr", "%v out of range; allowed (0, %v]", f.ClientLr, maxLearningRate)
+	}
+	if f.EvalEveryRounds == 0 {
+		f.EvalEveryRounds = 1
+	}
+	if f.EvalEveryRounds < 1 {
+		return errf("federated.eval_every_rounds", "%d: must be at least 1", f.EvalEveryRounds)
 	}
 	return nil
 }

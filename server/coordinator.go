@@ -228,11 +228,25 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		}
 		e.lastEval = ev
 		if e.run != nil {
-			_ = e.run.Log(map[string]any{"kind": "eval", "time": now.UTC().Format(time.RFC3339Nano),
-				"epoch": ev.Epoch, "step": ev.Step, "test_accuracy": ev.TestAccuracy, "test_loss": ev.TestLoss, "train_loss": ev.TrainLoss})
+			rec := map[string]any{"kind": "eval", "time": now.UTC().Format(time.RFC3339Nano),
+				"epoch": ev.Epoch, "step": ev.Step, "test_accuracy": ev.TestAccuracy, "test_loss": ev.TestLoss, "train_loss": ev.TrainLoss}
+			if r := ev.Round; r != nil { // fedavg: the round's participants and what they held
+				hists := make([][]int32, len(r.LabelHistograms))
+				for i, h := range r.LabelHistograms {
+					hists[i] = h.Counts
+				}
+				delete(rec, "epoch")
+				rec["round"], rec["participants"], rec["missing"] = r.Round, r.Participants, r.Missing
+				rec["update_norm"], rec["label_histograms"] = r.UpdateNorm, hists
+			}
+			_ = e.run.Log(rec)
 		}
 		s.replotLocked(e.job.RunDir)
-		s.emitLocked(e, pb.EventKind_EVENT_KIND_EVAL, fmt.Sprintf("epoch %d: test accuracy %.2f%%", ev.Epoch, 100*ev.TestAccuracy),
+		what := "epoch"
+		if ev.Round != nil {
+			what = "round"
+		}
+		s.emitLocked(e, pb.EventKind_EVENT_KIND_EVAL, fmt.Sprintf("%s %d: test accuracy %.2f%%", what, ev.Epoch, 100*ev.TestAccuracy),
 			func(r *pb.WatchJobResponse) {
 				r.TestAccuracy, r.TestLoss, r.Epoch = ev.TestAccuracy, ev.TestLoss, ev.Epoch
 			})
@@ -269,8 +283,12 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		}
 		res.ImagesPerSecond = ips
 		e.job.Result = res
+		unit := "epoch(s)"
+		if e.job.Spec.GetMode() == "fedavg" {
+			unit = "round(s)"
+		}
 		s.endJobLocked(e, pb.JobState_JOB_STATE_SUCCEEDED,
-			fmt.Sprintf("test accuracy %.2f%% after %d epoch(s)", 100*res.TestAccuracy, res.Epochs))
+			fmt.Sprintf("test accuracy %.2f%% after %d %s", 100*res.TestAccuracy, res.Epochs, unit))
 	}
 }
 

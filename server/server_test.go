@@ -498,3 +498,26 @@ func TestAPIRateLimit(t *testing.T) {
 	}
 	wantCode(t, "ListJobs past the rate", limited, codes.ResourceExhausted, "calls per second")
 }
+
+// TestFedAvgJob: a fedavg job simulates its clients on one worker and
+// reports every round.
+func TestFedAvgJob(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	c := newCluster(t, server.Config{}, 1)
+	job := c.submit(ctx, &pb.JobSpec{Model: "logreg", Mode: "fedavg", Dataset: &pb.DatasetSpec{Name: "synthetic"},
+		Federated: &pb.FederatedSpec{Rounds: 4, Clients: 8, Fraction: 0.5, LocalEpochs: 2},
+		Partition: &pb.PartitionSpec{Type: "dirichlet", Alpha: 0.3}})
+	final := c.waitState(ctx, job.Id, pb.JobState_JOB_STATE_SUCCEEDED)
+	if final.GetResult().GetTestAccuracy() < 0.8 || final.GetResult().GetEpochs() != 4 {
+		t.Errorf("fedavg result %v", final.GetResult())
+	}
+	var rounds int
+	for _, ev := range c.watchAll(ctx, job.Id) {
+		if ev.Kind == pb.EventKind_EVENT_KIND_EVAL {
+			rounds++
+		}
+	}
+	if rounds != 4 {
+		t.Errorf("%d round evaluations, want 4", rounds)
+	}
+}

@@ -49,6 +49,9 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 		return nil, err
 	}
 	log.Debug("data loaded", "dataset", train.Name, "train", train.Len(), "test", test.Len(), "seconds", time.Since(loadStart).Seconds())
+	if spec.GetMode() == "fedavg" {
+		return runFederated(ctx, a, env, train, test)
+	}
 	net, err := models.New(spec.Model, models.Options{Channels: train.C, Height: train.H, Width: train.W, Classes: train.Classes, Seed: seed})
 	if err != nil {
 		return nil, err

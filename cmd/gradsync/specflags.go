@@ -29,6 +29,16 @@ type specFlags struct {
 	seed      int64
 	logEvery  int32
 	timeout   float64
+	// fedavg
+	rounds      int32
+	clients     int32
+	fraction    float64
+	localEpochs int32
+	localBatch  int32
+	strategy    string
+	mu          float64
+	partition   string
+	alpha       float64
 }
 
 func (f *specFlags) register(c *cobra.Command) {
@@ -48,6 +58,15 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.Int64Var(&f.seed, "seed", 0, "random seed (default 1)")
 	fl.Int32Var(&f.logEvery, "log-every", 0, "report progress every N steps (default 20)")
 	fl.Float64Var(&f.timeout, "step-timeout", 0, "seconds a step may take before the job fails (default 60)")
+	fl.Int32Var(&f.rounds, "rounds", 0, "fedavg: rounds (default 10)")
+	fl.Int32Var(&f.clients, "clients", 0, "fedavg: number of clients (default 10)")
+	fl.Float64Var(&f.fraction, "fraction", 0, "fedavg: fraction C of clients sampled per round (default 0.1)")
+	fl.Int32Var(&f.localEpochs, "local-epochs", 0, "fedavg: local epochs E (default 1)")
+	fl.Int32Var(&f.localBatch, "local-batch", 0, "fedavg: local batch size B (default 10)")
+	fl.StringVar(&f.strategy, "strategy", "", "fedavg: fedavg, fedprox, fedavgm, fedadam, fedyogi, median, trimmed-mean")
+	fl.Float64Var(&f.mu, "mu", 0, "fedavg: FedProx proximal term (default 0.01 with --strategy fedprox)")
+	fl.StringVar(&f.partition, "partition", "", "fedavg: iid, dirichlet, shards or label")
+	fl.Float64Var(&f.alpha, "alpha", 0, "fedavg: Dirichlet concentration (default 0.5)")
 }
 
 // build reads the job file (if any) and applies the flags that were set.
@@ -116,6 +135,45 @@ func (f *specFlags) build(c *cobra.Command) (*pb.JobSpec, error) {
 	}
 	if ch("step-timeout") {
 		spec.StepTimeoutSeconds = f.timeout
+	}
+	fed := func() *pb.FederatedSpec {
+		if spec.Federated == nil {
+			spec.Federated = &pb.FederatedSpec{}
+		}
+		return spec.Federated
+	}
+	part := func() *pb.PartitionSpec {
+		if spec.Partition == nil {
+			spec.Partition = &pb.PartitionSpec{}
+		}
+		return spec.Partition
+	}
+	if ch("rounds") {
+		fed().Rounds = f.rounds
+	}
+	if ch("clients") {
+		fed().Clients = f.clients
+	}
+	if ch("fraction") {
+		fed().Fraction = f.fraction
+	}
+	if ch("local-epochs") {
+		fed().LocalEpochs = f.localEpochs
+	}
+	if ch("local-batch") {
+		fed().LocalBatchSize = f.localBatch
+	}
+	if ch("strategy") {
+		fed().Strategy = f.strategy
+	}
+	if ch("mu") {
+		fed().Mu = f.mu
+	}
+	if ch("partition") {
+		part().Type = f.partition
+	}
+	if ch("alpha") {
+		part().Alpha = f.alpha
 	}
 	return spec, nil
 }

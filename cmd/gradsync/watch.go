@@ -112,7 +112,7 @@ func (p *printer) event(ev *pb.WatchJobResponse) {
 				"eta_seconds": pr.EtaSeconds, "elapsed_seconds": pr.ElapsedSeconds, "learning_rate": pr.LearningRate})
 			return
 		}
-		if p.live() {
+		if p.live() && j.GetSpec().GetMode() != "fedavg" {
 			p.drawBars(j)
 			return
 		}
@@ -125,6 +125,11 @@ func (p *printer) event(ev *pb.WatchJobResponse) {
 		if pr.TotalSteps > 0 {
 			pct = 100 * float64(pr.Step) / float64(pr.TotalSteps)
 		}
+		if j.GetSpec().GetMode() == "fedavg" {
+			fmt.Fprintf(p.out, "[%6.1fs] round %d/%d  train loss %.4f  eta %s\n", pr.ElapsedSeconds, pr.Step, pr.TotalSteps,
+				pr.Loss, (time.Duration(pr.EtaSeconds) * time.Second).String())
+			return
+		}
 		fmt.Fprintf(p.out, "[%6.1fs] epoch %d/%d  step %d/%d (%4.1f%%)  loss %.4f  %s img/s  eta %s\n",
 			pr.ElapsedSeconds, pr.Epoch, j.GetSpec().GetEpochs(), pr.Step, pr.TotalSteps, pct, pr.Loss,
 			thousands(pr.ImagesPerSecond), (time.Duration(pr.EtaSeconds) * time.Second).String())
@@ -133,7 +138,11 @@ func (p *printer) event(ev *pb.WatchJobResponse) {
 			p.jsonLine(map[string]any{"event": "eval", "job_id": j.GetId(), "epoch": ev.Epoch, "test_accuracy": ev.TestAccuracy, "test_loss": ev.TestLoss})
 			return
 		}
-		fmt.Fprintf(p.out, "epoch %d: test accuracy %.2f%%  test loss %.4f\n", ev.Epoch, 100*ev.TestAccuracy, ev.TestLoss)
+		what := "epoch"
+		if j.GetSpec().GetMode() == "fedavg" {
+			what = "round"
+		}
+		fmt.Fprintf(p.out, "%s %d: test accuracy %.2f%%  test loss %.4f\n", what, ev.Epoch, 100*ev.TestAccuracy, ev.TestLoss)
 	case pb.EventKind_EVENT_KIND_LOG:
 		if p.json {
 			p.jsonLine(map[string]any{"event": "log", "job_id": j.GetId(), "message": ev.Message})
@@ -156,7 +165,11 @@ func (p *printer) summary(j *pb.Job) {
 		fmt.Fprintf(p.out, ": %s", s.Message)
 	}
 	fmt.Fprintln(p.out)
-	fmt.Fprintf(p.out, "  model %s  dataset %s  mode %s  workers %d  epochs %d  steps %d\n", s.Model, s.Dataset, s.Mode, s.Workers, s.Epochs, s.Steps)
+	if s.Mode == "fedavg" {
+		fmt.Fprintf(p.out, "  model %s  dataset %s  mode %s  rounds %d\n", s.Model, s.Dataset, s.Mode, s.Steps)
+	} else {
+		fmt.Fprintf(p.out, "  model %s  dataset %s  mode %s  workers %d  epochs %d  steps %d\n", s.Model, s.Dataset, s.Mode, s.Workers, s.Epochs, s.Steps)
+	}
 	if s.State == "SUCCEEDED" {
 		fmt.Fprintf(p.out, "  test accuracy %.2f%%  test loss %.4f\n", 100*s.TestAccuracy, s.TestLoss)
 	}

@@ -645,14 +645,16 @@ func (x *TaskProgress) GetProgress() *Progress {
 }
 
 type TaskEval struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	Rank          int32                  `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
-	Epoch         int32                  `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Step          int64                  `protobuf:"varint,4,opt,name=step,proto3" json:"step,omitempty"`
-	TestAccuracy  float64                `protobuf:"fixed64,5,opt,name=test_accuracy,json=testAccuracy,proto3" json:"test_accuracy,omitempty"`
-	TestLoss      float64                `protobuf:"fixed64,6,opt,name=test_loss,json=testLoss,proto3" json:"test_loss,omitempty"`
-	TrainLoss     float64                `protobuf:"fixed64,7,opt,name=train_loss,json=trainLoss,proto3" json:"train_loss,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	JobId        string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Rank         int32                  `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	Epoch        int32                  `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Step         int64                  `protobuf:"varint,4,opt,name=step,proto3" json:"step,omitempty"`
+	TestAccuracy float64                `protobuf:"fixed64,5,opt,name=test_accuracy,json=testAccuracy,proto3" json:"test_accuracy,omitempty"`
+	TestLoss     float64                `protobuf:"fixed64,6,opt,name=test_loss,json=testLoss,proto3" json:"test_loss,omitempty"`
+	TrainLoss    float64                `protobuf:"fixed64,7,opt,name=train_loss,json=trainLoss,proto3" json:"train_loss,omitempty"`
+	// Set in fedavg mode: the round just closed.
+	Round         *RoundInfo `protobuf:"bytes,8,opt,name=round,proto3" json:"round,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -736,6 +738,137 @@ func (x *TaskEval) GetTrainLoss() float64 {
 	return 0
 }
 
+func (x *TaskEval) GetRound() *RoundInfo {
+	if x != nil {
+		return x.Round
+	}
+	return nil
+}
+
+// RoundInfo describes one closed federated round.
+type RoundInfo struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Round        int32                  `protobuf:"varint,1,opt,name=round,proto3" json:"round,omitempty"`
+	Participants []int32                `protobuf:"varint,2,rep,packed,name=participants,proto3" json:"participants,omitempty"`
+	// Sampled clients that did not answer by the deadline.
+	Missing []int32 `protobuf:"varint,3,rep,packed,name=missing,proto3" json:"missing,omitempty"`
+	// L2 norm of the aggregated update.
+	UpdateNorm float64 `protobuf:"fixed64,4,opt,name=update_norm,json=updateNorm,proto3" json:"update_norm,omitempty"`
+	// Label histogram of each participant, in participants' order.
+	LabelHistograms []*LabelHistogram `protobuf:"bytes,5,rep,name=label_histograms,json=labelHistograms,proto3" json:"label_histograms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RoundInfo) Reset() {
+	*x = RoundInfo{}
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoundInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoundInfo) ProtoMessage() {}
+
+func (x *RoundInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoundInfo.ProtoReflect.Descriptor instead.
+func (*RoundInfo) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RoundInfo) GetRound() int32 {
+	if x != nil {
+		return x.Round
+	}
+	return 0
+}
+
+func (x *RoundInfo) GetParticipants() []int32 {
+	if x != nil {
+		return x.Participants
+	}
+	return nil
+}
+
+func (x *RoundInfo) GetMissing() []int32 {
+	if x != nil {
+		return x.Missing
+	}
+	return nil
+}
+
+func (x *RoundInfo) GetUpdateNorm() float64 {
+	if x != nil {
+		return x.UpdateNorm
+	}
+	return 0
+}
+
+func (x *RoundInfo) GetLabelHistograms() []*LabelHistogram {
+	if x != nil {
+		return x.LabelHistograms
+	}
+	return nil
+}
+
+type LabelHistogram struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Counts        []int32                `protobuf:"varint,1,rep,packed,name=counts,proto3" json:"counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LabelHistogram) Reset() {
+	*x = LabelHistogram{}
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LabelHistogram) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LabelHistogram) ProtoMessage() {}
+
+func (x *LabelHistogram) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LabelHistogram.ProtoReflect.Descriptor instead.
+func (*LabelHistogram) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *LabelHistogram) GetCounts() []int32 {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
 type TaskDone struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	JobId string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
@@ -749,7 +882,7 @@ type TaskDone struct {
 
 func (x *TaskDone) Reset() {
 	*x = TaskDone{}
-	mi := &file_gradsync_v1_coordinator_proto_msgTypes[9]
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -761,7 +894,7 @@ func (x *TaskDone) String() string {
 func (*TaskDone) ProtoMessage() {}
 
 func (x *TaskDone) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_coordinator_proto_msgTypes[9]
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -774,7 +907,7 @@ func (x *TaskDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskDone.ProtoReflect.Descriptor instead.
 func (*TaskDone) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{9}
+	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TaskDone) GetJobId() string {
@@ -858,7 +991,7 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12\x12\n" +
 	"\x04rank\x18\x03 \x01(\x05R\x04rank\x121\n" +
-	"\bprogress\x18\x04 \x01(\v2\x15.gradsync.v1.ProgressR\bprogress\"\xc0\x01\n" +
+	"\bprogress\x18\x04 \x01(\v2\x15.gradsync.v1.ProgressR\bprogress\"\xee\x01\n" +
 	"\bTaskEval\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x14\n" +
@@ -867,7 +1000,17 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"\rtest_accuracy\x18\x05 \x01(\x01R\ftestAccuracy\x12\x1b\n" +
 	"\ttest_loss\x18\x06 \x01(\x01R\btestLoss\x12\x1d\n" +
 	"\n" +
-	"train_loss\x18\a \x01(\x01R\ttrainLoss\"{\n" +
+	"train_loss\x18\a \x01(\x01R\ttrainLoss\x12,\n" +
+	"\x05round\x18\b \x01(\v2\x16.gradsync.v1.RoundInfoR\x05round\"\xc8\x01\n" +
+	"\tRoundInfo\x12\x14\n" +
+	"\x05round\x18\x01 \x01(\x05R\x05round\x12\"\n" +
+	"\fparticipants\x18\x02 \x03(\x05R\fparticipants\x12\x18\n" +
+	"\amissing\x18\x03 \x03(\x05R\amissing\x12\x1f\n" +
+	"\vupdate_norm\x18\x04 \x01(\x01R\n" +
+	"updateNorm\x12F\n" +
+	"\x10label_histograms\x18\x05 \x03(\v2\x1b.gradsync.v1.LabelHistogramR\x0flabelHistograms\"(\n" +
+	"\x0eLabelHistogram\x12\x16\n" +
+	"\x06counts\x18\x01 \x03(\x05R\x06counts\"{\n" +
 	"\bTaskDone\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x14\n" +
@@ -888,7 +1031,7 @@ func file_gradsync_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_gradsync_v1_coordinator_proto_rawDescData
 }
 
-var file_gradsync_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_gradsync_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_gradsync_v1_coordinator_proto_goTypes = []any{
 	(*ConnectRequest)(nil),  // 0: gradsync.v1.ConnectRequest
 	(*ConnectResponse)(nil), // 1: gradsync.v1.ConnectResponse
@@ -899,32 +1042,36 @@ var file_gradsync_v1_coordinator_proto_goTypes = []any{
 	(*CancelTask)(nil),      // 6: gradsync.v1.CancelTask
 	(*TaskProgress)(nil),    // 7: gradsync.v1.TaskProgress
 	(*TaskEval)(nil),        // 8: gradsync.v1.TaskEval
-	(*TaskDone)(nil),        // 9: gradsync.v1.TaskDone
-	(*Resources)(nil),       // 10: gradsync.v1.Resources
-	(*JobSpec)(nil),         // 11: gradsync.v1.JobSpec
-	(*Progress)(nil),        // 12: gradsync.v1.Progress
-	(*JobResult)(nil),       // 13: gradsync.v1.JobResult
+	(*RoundInfo)(nil),       // 9: gradsync.v1.RoundInfo
+	(*LabelHistogram)(nil),  // 10: gradsync.v1.LabelHistogram
+	(*TaskDone)(nil),        // 11: gradsync.v1.TaskDone
+	(*Resources)(nil),       // 12: gradsync.v1.Resources
+	(*JobSpec)(nil),         // 13: gradsync.v1.JobSpec
+	(*Progress)(nil),        // 14: gradsync.v1.Progress
+	(*JobResult)(nil),       // 15: gradsync.v1.JobResult
 }
 var file_gradsync_v1_coordinator_proto_depIdxs = []int32{
 	2,  // 0: gradsync.v1.ConnectRequest.hello:type_name -> gradsync.v1.Hello
 	4,  // 1: gradsync.v1.ConnectRequest.heartbeat:type_name -> gradsync.v1.Heartbeat
 	7,  // 2: gradsync.v1.ConnectRequest.progress:type_name -> gradsync.v1.TaskProgress
 	8,  // 3: gradsync.v1.ConnectRequest.eval:type_name -> gradsync.v1.TaskEval
-	9,  // 4: gradsync.v1.ConnectRequest.done:type_name -> gradsync.v1.TaskDone
+	11, // 4: gradsync.v1.ConnectRequest.done:type_name -> gradsync.v1.TaskDone
 	3,  // 5: gradsync.v1.ConnectResponse.welcome:type_name -> gradsync.v1.Welcome
 	5,  // 6: gradsync.v1.ConnectResponse.assignment:type_name -> gradsync.v1.Assignment
 	6,  // 7: gradsync.v1.ConnectResponse.cancel:type_name -> gradsync.v1.CancelTask
-	10, // 8: gradsync.v1.Hello.resources:type_name -> gradsync.v1.Resources
-	11, // 9: gradsync.v1.Assignment.spec:type_name -> gradsync.v1.JobSpec
-	12, // 10: gradsync.v1.TaskProgress.progress:type_name -> gradsync.v1.Progress
-	13, // 11: gradsync.v1.TaskDone.result:type_name -> gradsync.v1.JobResult
-	0,  // 12: gradsync.v1.Coordinator.Connect:input_type -> gradsync.v1.ConnectRequest
-	1,  // 13: gradsync.v1.Coordinator.Connect:output_type -> gradsync.v1.ConnectResponse
-	13, // [13:14] is the sub-list for method output_type
-	12, // [12:13] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	12, // 8: gradsync.v1.Hello.resources:type_name -> gradsync.v1.Resources
+	13, // 9: gradsync.v1.Assignment.spec:type_name -> gradsync.v1.JobSpec
+	14, // 10: gradsync.v1.TaskProgress.progress:type_name -> gradsync.v1.Progress
+	9,  // 11: gradsync.v1.TaskEval.round:type_name -> gradsync.v1.RoundInfo
+	10, // 12: gradsync.v1.RoundInfo.label_histograms:type_name -> gradsync.v1.LabelHistogram
+	15, // 13: gradsync.v1.TaskDone.result:type_name -> gradsync.v1.JobResult
+	0,  // 14: gradsync.v1.Coordinator.Connect:input_type -> gradsync.v1.ConnectRequest
+	1,  // 15: gradsync.v1.Coordinator.Connect:output_type -> gradsync.v1.ConnectResponse
+	15, // [15:16] is the sub-list for method output_type
+	14, // [14:15] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_coordinator_proto_init() }
@@ -953,7 +1100,7 @@ func file_gradsync_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gradsync_v1_coordinator_proto_rawDesc), len(file_gradsync_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -710,24 +710,47 @@ func (x *CheckpointSpec) GetKeep() int32 {
 
 // FederatedSpec configures fedavg-mode rounds.
 type FederatedSpec struct {
-	state          protoimpl.MessageState `protogen:"open.v1"`
-	Rounds         int32                  `protobuf:"varint,1,opt,name=rounds,proto3" json:"rounds,omitempty"`
-	Clients        int32                  `protobuf:"varint,2,opt,name=clients,proto3" json:"clients,omitempty"`
-	Fraction       float64                `protobuf:"fixed64,3,opt,name=fraction,proto3" json:"fraction,omitempty"`
-	LocalEpochs    int32                  `protobuf:"varint,4,opt,name=local_epochs,json=localEpochs,proto3" json:"local_epochs,omitempty"`
-	LocalBatchSize int32                  `protobuf:"varint,5,opt,name=local_batch_size,json=localBatchSize,proto3" json:"local_batch_size,omitempty"`
-	// fedavg | fedprox | fedavgm | fedadam | fedyogi | median | trimmed-mean.
-	Strategy             string  `protobuf:"bytes,6,opt,name=strategy,proto3" json:"strategy,omitempty"`
-	Mu                   float64 `protobuf:"fixed64,7,opt,name=mu,proto3" json:"mu,omitempty"`
-	ServerLr             float64 `protobuf:"fixed64,8,opt,name=server_lr,json=serverLr,proto3" json:"server_lr,omitempty"`
-	ServerMomentum       float64 `protobuf:"fixed64,9,opt,name=server_momentum,json=serverMomentum,proto3" json:"server_momentum,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Rounds that must close (default 10).
+	Rounds int32 `protobuf:"varint,1,opt,name=rounds,proto3" json:"rounds,omitempty"`
+	// Number of clients K; each holds one partition of the training set
+	// (default 10).
+	Clients int32 `protobuf:"varint,2,opt,name=clients,proto3" json:"clients,omitempty"`
+	// C: each round samples max(1, round(C·K)) clients (default 0.1).
+	Fraction float64 `protobuf:"fixed64,3,opt,name=fraction,proto3" json:"fraction,omitempty"`
+	// E: local passes over the client's data per round (default 1).
+	LocalEpochs int32 `protobuf:"varint,4,opt,name=local_epochs,json=localEpochs,proto3" json:"local_epochs,omitempty"`
+	// B: local batch size (default 10; 0 after defaults never happens; use
+	// full_batch for McMahan's B = ∞).
+	LocalBatchSize int32 `protobuf:"varint,5,opt,name=local_batch_size,json=localBatchSize,proto3" json:"local_batch_size,omitempty"`
+	// fedavg (default) | fedprox | fedavgm | fedadam | fedyogi | median |
+	// trimmed-mean.
+	Strategy string `protobuf:"bytes,6,opt,name=strategy,proto3" json:"strategy,omitempty"`
+	// FedProx μ (default 0.01 for fedprox).
+	Mu float64 `protobuf:"fixed64,7,opt,name=mu,proto3" json:"mu,omitempty"`
+	// Server learning rate η (0: the strategy's default).
+	ServerLr float64 `protobuf:"fixed64,8,opt,name=server_lr,json=serverLr,proto3" json:"server_lr,omitempty"`
+	// FedAvgM server momentum (0: default 0.9).
+	ServerMomentum float64 `protobuf:"fixed64,9,opt,name=server_momentum,json=serverMomentum,proto3" json:"server_momentum,omitempty"`
+	// A sampled client that has not answered by then is left out of the
+	// round (default 60).
 	RoundDeadlineSeconds float64 `protobuf:"fixed64,10,opt,name=round_deadline_seconds,json=roundDeadlineSeconds,proto3" json:"round_deadline_seconds,omitempty"`
-	MinClients           int32   `protobuf:"varint,11,opt,name=min_clients,json=minClients,proto3" json:"min_clients,omitempty"`
-	// none | class-balanced.
-	Reweighting   string  `protobuf:"bytes,12,opt,name=reweighting,proto3" json:"reweighting,omitempty"`
-	Beta          float64 `protobuf:"fixed64,13,opt,name=beta,proto3" json:"beta,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Fewest answers a round may close with (default 1).
+	MinClients int32 `protobuf:"varint,11,opt,name=min_clients,json=minClients,proto3" json:"min_clients,omitempty"`
+	// Client loss reweighting: none (default) | class-balanced.
+	Reweighting string `protobuf:"bytes,12,opt,name=reweighting,proto3" json:"reweighting,omitempty"`
+	// Class-balanced β (default 0.999).
+	Beta float64 `protobuf:"fixed64,13,opt,name=beta,proto3" json:"beta,omitempty"`
+	// Aggregation weights: examples (default) | uniform | label-balanced.
+	Weighting string `protobuf:"bytes,14,opt,name=weighting,proto3" json:"weighting,omitempty"`
+	// Local batch = the client's whole data set (FedSGD's B = ∞).
+	FullBatch bool `protobuf:"varint,15,opt,name=full_batch,json=fullBatch,proto3" json:"full_batch,omitempty"`
+	// Client learning rate (default: optimizer.lr).
+	ClientLr float64 `protobuf:"fixed64,16,opt,name=client_lr,json=clientLr,proto3" json:"client_lr,omitempty"`
+	// Evaluate the global model every N rounds (default 1).
+	EvalEveryRounds int32 `protobuf:"varint,17,opt,name=eval_every_rounds,json=evalEveryRounds,proto3" json:"eval_every_rounds,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *FederatedSpec) Reset() {
@@ -847,6 +870,34 @@ func (x *FederatedSpec) GetReweighting() string {
 func (x *FederatedSpec) GetBeta() float64 {
 	if x != nil {
 		return x.Beta
+	}
+	return 0
+}
+
+func (x *FederatedSpec) GetWeighting() string {
+	if x != nil {
+		return x.Weighting
+	}
+	return ""
+}
+
+func (x *FederatedSpec) GetFullBatch() bool {
+	if x != nil {
+		return x.FullBatch
+	}
+	return false
+}
+
+func (x *FederatedSpec) GetClientLr() float64 {
+	if x != nil {
+		return x.ClientLr
+	}
+	return 0
+}
+
+func (x *FederatedSpec) GetEvalEveryRounds() int32 {
+	if x != nil {
+		return x.EvalEveryRounds
 	}
 	return 0
 }
@@ -1059,7 +1110,7 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"everySteps\x12!\n" +
 	"\fevery_epochs\x18\x02 \x01(\x05R\veveryEpochs\x12#\n" +
 	"\revery_seconds\x18\x03 \x01(\x01R\feverySeconds\x12\x12\n" +
-	"\x04keep\x18\x04 \x01(\x05R\x04keep\"\xa9\x03\n" +
+	"\x04keep\x18\x04 \x01(\x05R\x04keep\"\xaf\x04\n" +
 	"\rFederatedSpec\x12\x16\n" +
 	"\x06rounds\x18\x01 \x01(\x05R\x06rounds\x12\x18\n" +
 	"\aclients\x18\x02 \x01(\x05R\aclients\x12\x1a\n" +
@@ -1075,7 +1126,12 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\vmin_clients\x18\v \x01(\x05R\n" +
 	"minClients\x12 \n" +
 	"\vreweighting\x18\f \x01(\tR\vreweighting\x12\x12\n" +
-	"\x04beta\x18\r \x01(\x01R\x04beta\"e\n" +
+	"\x04beta\x18\r \x01(\x01R\x04beta\x12\x1c\n" +
+	"\tweighting\x18\x0e \x01(\tR\tweighting\x12\x1d\n" +
+	"\n" +
+	"full_batch\x18\x0f \x01(\bR\tfullBatch\x12\x1b\n" +
+	"\tclient_lr\x18\x10 \x01(\x01R\bclientLr\x12*\n" +
+	"\x11eval_every_rounds\x18\x11 \x01(\x05R\x0fevalEveryRounds\"e\n" +
 	"\rPartitionSpec\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x14\n" +
 	"\x05alpha\x18\x02 \x01(\x01R\x05alpha\x12*\n" +
