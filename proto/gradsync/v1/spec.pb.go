@@ -720,8 +720,7 @@ type FederatedSpec struct {
 	Fraction float64 `protobuf:"fixed64,3,opt,name=fraction,proto3" json:"fraction,omitempty"`
 	// E: local passes over the client's data per round (default 1).
 	LocalEpochs int32 `protobuf:"varint,4,opt,name=local_epochs,json=localEpochs,proto3" json:"local_epochs,omitempty"`
-	// B: local batch size (default 10; 0 after defaults never happens; use
-	// full_batch for McMahan's B = ∞).
+	// B: local batch size (default 10); see full_batch for B = ∞.
 	LocalBatchSize int32 `protobuf:"varint,5,opt,name=local_batch_size,json=localBatchSize,proto3" json:"local_batch_size,omitempty"`
 	// fedavg (default) | fedprox | fedavgm | fedadam | fedyogi | median |
 	// trimmed-mean.
