@@ -86,27 +86,29 @@ func (l *Dropout) Forward(x []float32, batch int, train bool) []float32 {
 	l.y = grow(l.y, len(x))
 	// Each 64-bit draw decides two values from its 32-bit halves.
 	thresh := uint64(float64(l.P) * (1 << 32))
-	scale := 1 / (1 - l.P)
+	scale := math.Float32bits(1 / (1 - l.P))
+	mask, y := l.mask, l.y
 	i := 0
 	for ; i+2 <= len(x); i += 2 {
 		u := l.rng.Uint64()
-		l.mask[i] = keep(u&0xffffffff, thresh, scale)
-		l.mask[i+1] = keep(u>>32, thresh, scale)
+		mask[i] = keep(u&0xffffffff, thresh, scale)
+		mask[i+1] = keep(u>>32, thresh, scale)
 	}
 	if i < len(x) {
-		l.mask[i] = keep(l.rng.Uint64()&0xffffffff, thresh, scale)
+		mask[i] = keep(l.rng.Uint64()&0xffffffff, thresh, scale)
 	}
 	for i, v := range x {
-		l.y[i] = v * l.mask[i]
+		y[i] = v * mask[i]
 	}
-	return l.y
+	return y
 }
 
-func keep(u, thresh uint64, scale float32) float32 {
-	if u < thresh {
-		return 0
-	}
-	return scale
+// keep returns the mask value for a 32-bit uniform u: 0 when u < thresh
+// (dropped), else the float whose bits are scale. It is branch-free: the
+// outcome is random by design, so a branch would mispredict often.
+func keep(u, thresh uint64, scale uint32) float32 {
+	dropped := (u - thresh) >> 63 // 1 when u < thresh: both are below 2³², so the difference wraps
+	return math.Float32frombits(scale & uint32(dropped-1))
 }
 
 // Backward returns dy·mask in training mode and dy itself otherwise.

@@ -34,6 +34,7 @@ type Conv2D struct {
 	kept   bool      // col holds every sample's column matrix from Forward
 	dcol   []float32 // owned scratch for Backward
 	dmask  []float32 // owned scratch: one sample's dy masked by the fused ReLU
+	dwt    []float32 // owned scratch: Σ_n col·dyᵀ, the weight gradient transposed (C·KH·KW, Out)
 	direct bool      // 1×1 kernel, stride 1, no padding: the column matrix is the input itself
 }
 
@@ -111,18 +112,27 @@ func (l *Conv2D) Forward(x []float32, batch int, train bool) []float32 {
 		} else {
 			tensor.Im2col(col, xn, g)
 		}
-		beta := float32(0)
-		if l.B != nil {
+		switch {
+		case l.ReLU:
+			// bias and ReLU in one pass over the output, while it is in cache
+			tensor.Gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 0, yn, p)
+			for f := range l.Out {
+				var b float32
+				if l.B != nil {
+					b = l.B[f]
+				}
+				row := yn[f*p : (f+1)*p]
+				for i, v := range row {
+					row[i] = max(v+b, 0)
+				}
+			}
+		case l.B != nil:
 			for f, b := range l.B {
 				fill(yn[f*p:(f+1)*p], b)
 			}
-			beta = 1
-		}
-		tensor.Gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, beta, yn, p)
-		if l.ReLU {
-			for i, v := range yn {
-				yn[i] = max(v, 0)
-			}
+			tensor.Gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 1, yn, p)
+		default:
+			tensor.Gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 0, yn, p)
 		}
 	}
 	return l.y
@@ -174,6 +184,10 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 	if l.ReLU {
 		l.dmask = grow(l.dmask, l.Out*p)
 	}
+	// The weight gradient is accumulated transposed, as col·dyᵀ: OpenBLAS
+	// runs that product shape about 1.4× faster than dy·colᵀ here.
+	l.dwt = grow(l.dwt, k*l.Out)
+	clear(l.dwt)
 	for n := range l.batch {
 		xn := l.x[n*in : (n+1)*in]
 		dyn := dy[n*l.Out*p : (n+1)*l.Out*p]
@@ -193,7 +207,7 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 		case !l.kept:
 			tensor.Im2col(col, xn, g)
 		}
-		tensor.Gemm(false, true, l.Out, k, p, 1, dyn, p, col, p, 1, l.DW, k)
+		tensor.Gemm(false, true, k, l.Out, p, 1, col, p, dyn, p, 1, l.dwt, l.Out)
 		if l.SkipInputGrad {
 			continue
 		}
@@ -205,6 +219,12 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 		tensor.Gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, l.dcol, p)
 		clear(dxn)
 		tensor.Col2im(dxn, l.dcol, g)
+	}
+	for f := range l.Out {
+		dw := l.DW[f*k : (f+1)*k]
+		for i := range dw {
+			dw[i] += l.dwt[i*l.Out+f]
+		}
 	}
 	if l.SkipInputGrad {
 		return nil

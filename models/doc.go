@@ -4,12 +4,31 @@
 // A Network keeps all its parameters in one flat []float32 and all its
 // gradients in another of the same length and layout; each layer sees
 // views (sub-slices) of them. Segments name each view with its PyTorch
-// parameter name and layout (fc.weight is [out,in]), so reducers,
-// optimisers, compressors and checkpoints work on the flat buffers while
-// weights still move to and from PyTorch.
+// parameter name and layout (fc.weight is [out,in], conv weights are
+// [out,in,kh,kw]), so reducers, optimisers, compressors and checkpoints
+// work on the flat buffers while weights still move to and from PyTorch.
+// Non-trainable state (batch norm's running_mean and running_var) lives
+// in a third flat buffer, Buffers, named by BufferSegments; it has no
+// gradient. State and LoadState convert both to and from a PyTorch
+// state_dict, which ReadSafetensors and WriteSafetensors store.
+//
+// Architectures (New, Names): logreg, mlp, lenet5 and cnn (named by the
+// nn.Sequential indices of anchors/pytorch/common.py's models), resnet8
+// and vit-tiny (torchvision- and timm-style names). scripts/
+// torch_fixtures.py builds the same networks in PyTorch, and
+// parity_test.go checks logits and gradients against them.
 //
 // Layers have explicit Forward and Backward passes over row-major float32
-// batches. Activation and gradient buffers are owned by the layers and
+// batches: Linear, Conv2D (im2col + GEMM), MaxPool2D, AvgPool2D,
+// GlobalAvgPool, ReLU, GELU, Dropout, BatchNorm2d, LayerNorm, Residual,
+// SelfAttention, PatchEmbed, ClassToken, Flatten. Forward's train flag
+// switches dropout and batch norm between training and evaluation
+// behaviour. Activation and gradient buffers are owned by the layers and
 // reused from step to step: once warmed up for a batch size, Forward and
 // Backward do not allocate. Shape bugs panic with a "models: " prefix.
+//
+// Where it is exact, an activation is fused into its neighbour for speed:
+// a ReLU before a max pool runs inside the pool (relu∘max = max∘relu,
+// gradients included) and a ReLU after a convolution inside the
+// convolution. Parameter names and results are unchanged.
 package models

@@ -146,12 +146,18 @@ func (l *ReLU) Backward(dy []float32) []float32 {
 func reluMask(dx, dy, y []float32) {
 	dy, y = dy[:len(dx)], y[:len(dx)]
 	for i, v := range y {
-		// bits > 0 (a positive float, +Inf or a NaN) gives −bits < 0,
-		// whose sign fills the mask; bits == 0 gives 0.
-		bits := int32(math.Float32bits(v))
-		mask := uint32((-bits) >> 31)
-		dx[i] = math.Float32frombits(math.Float32bits(dy[i]) & mask)
+		dx[i] = reluGate(dy[i], v)
 	}
+}
+
+// reluGate returns d if the ReLU output y is positive and 0 if it is 0,
+// without a branch.
+func reluGate(d, y float32) float32 {
+	// bits > 0 (a positive float, +Inf or a NaN) gives −bits < 0, whose
+	// sign fills the mask; bits == 0 gives 0.
+	bits := int32(math.Float32bits(y))
+	mask := uint32((-bits) >> 31)
+	return math.Float32frombits(math.Float32bits(d) & mask)
 }
 
 // Flatten turns (batch, C, H, W) into (batch, C·H·W). Row-major storage is

@@ -435,3 +435,57 @@ func BenchmarkLayers(b *testing.B) {
 	run("relu64x24x24", &ReLU{}, 64*24*24)
 	run("dropout9216", NewDropout(0.25, 1), 9216)
 }
+
+// TestFusedReLU checks Conv2D.ReLU and MaxPool2D.ReLU against separate
+// ReLU layers, forward and backward, and the fused convolution's gradient.
+func TestFusedReLU(t *testing.T) {
+	forEachBackend(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(10, 1))
+		for i, c := range convCases {
+			const batch = 2
+			x := randn(r, batch*c.g.C*c.g.H*c.g.W)
+			fused := newBoundConv(c.g, c.out, c.bias, r)
+			fused.ReLU = true
+			modeltest.CheckLayer(t, "conv+relu", fused, x, batch, convParams(fused), modeltest.Config{Seed: uint64(i), Eps: 1e-4, ATol: 1e-2})
+			plain := &Conv2D{Geom: c.g, Out: c.out, W: fused.W, B: fused.B,
+				DW: make([]float32, len(fused.W)), DB: make([]float32, len(fused.B)), direct: fused.direct}
+			if fused.B == nil {
+				plain.DB = nil
+			}
+			checkFused(t, "conv", fused, []Layer{plain, &ReLU{}}, x, batch, r)
+		}
+		for _, g := range poolCases {
+			const batch = 2
+			x := randn(r, batch*g.C*g.H*g.W)
+			fused := NewMaxPool2D(g)
+			fused.ReLU = true
+			checkFused(t, "maxpool", fused, []Layer{&ReLU{}, NewMaxPool2D(g)}, x, batch, r)
+		}
+	})
+}
+
+// checkFused compares a fused layer with the stack it replaces.
+func checkFused(t *testing.T, name string, fused Layer, stack []Layer, x []float32, batch int, r *rand.Rand) {
+	t.Helper()
+	y := slices.Clone(fused.Forward(x, batch, true))
+	ys := x
+	for _, l := range stack {
+		ys = l.Forward(ys, batch, true)
+	}
+	dy := randn(r, len(y))
+	dx := fused.Backward(dy)
+	dxs := dy
+	for i := len(stack) - 1; i >= 0; i-- {
+		dxs = stack[i].Backward(dxs)
+	}
+	for i := range y {
+		if math.Abs(float64(y[i]-ys[i])) > 1e-5 {
+			t.Fatalf("%s: fused y[%d] = %v, separate %v", name, i, y[i], ys[i])
+		}
+	}
+	for i := range dx {
+		if math.Abs(float64(dx[i]-dxs[i])) > 1e-5 {
+			t.Fatalf("%s: fused dx[%d] = %v, separate %v", name, i, dx[i], dxs[i])
+		}
+	}
+}

@@ -359,3 +359,26 @@ func BenchmarkStep(b *testing.B) {
 		}
 	}
 }
+
+// TestTrainFlag checks that train toggles dropout: evaluation is
+// deterministic, training draws a fresh mask per step from the seed, and
+// two networks with the same seed draw the same masks.
+func TestTrainFlag(t *testing.T) {
+	opt := smallOptions("cnn")
+	a, _ := New("cnn", opt)
+	b, _ := New("cnn", opt)
+	x := randn(rand.New(rand.NewPCG(1, 3)), 3*a.InputSize())
+	e1 := slices.Clone(a.Forward(x, 3, false))
+	e2 := slices.Clone(a.Forward(x, 3, false))
+	t1 := slices.Clone(a.Forward(x, 3, true))
+	t2 := slices.Clone(a.Forward(x, 3, true))
+	if !slices.Equal(e1, e2) {
+		t.Fatal("evaluation Forward is not deterministic")
+	}
+	if slices.Equal(t1, e1) || slices.Equal(t1, t2) {
+		t.Fatal("training Forward did not apply fresh dropout masks")
+	}
+	if u1 := b.Forward(x, 3, true); !slices.Equal(u1, t1) {
+		t.Fatal("same seed, first training step: different dropout masks")
+	}
+}

@@ -136,9 +136,7 @@ func (l *MaxPool2D) Backward(dy []float32) []float32 {
 		if l.ReLU {
 			y := l.y[n*out : (n+1)*out]
 			for i, d := range dyn {
-				if y[i] > 0 {
-					dxn[arg[i]] += d
-				}
+				dxn[arg[i]] += reluGate(d, y[i])
 			}
 			continue
 		}

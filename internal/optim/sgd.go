@@ -90,6 +90,10 @@ func (o *SGD) Step(params, grads []float32) {
 		panic(fmt.Sprintf("optim: SGD.Step: len(params)=%d but the momentum buffer has %d", len(params), len(o.buf)))
 	}
 	buf := o.buf[:len(params)]
+	if !first && wd == 0 && !o.Nesterov {
+		momentumStep(params, grads, buf, lr, mom)
+		return
+	}
 	for i, g := range grads {
 		if wd != 0 {
 			g += float32(wd * params[i])
@@ -105,5 +109,17 @@ func (o *SGD) Step(params, grads []float32) {
 			g = b
 		}
 		params[i] -= float32(lr * g)
+	}
+}
+
+// momentumStep is Step's common case (momentum after the first step, no
+// weight decay, no Nesterov) without per-element branches:
+// buf = mom·buf + g; p = p − lr·buf.
+func momentumStep(params, grads, buf []float32, lr, mom float32) {
+	grads, buf = grads[:len(params)], buf[:len(params)]
+	for i, g := range grads {
+		b := float32(mom*buf[i]) + g
+		buf[i] = b
+		params[i] -= float32(lr * b)
 	}
 }

@@ -175,10 +175,7 @@ func Col2im(dst, src []float32, g ConvGeom) {
 					ih := oh*g.StrideH - g.PadH + ki
 					iw := ih*g.W + lo*g.StrideW - g.PadW + kj
 					if g.StrideW == 1 {
-						out := img[iw : iw+n]
-						for j, v := range row {
-							out[j] += v
-						}
+						addTo(img[iw:iw+n], row)
 						continue
 					}
 					for _, v := range row {
@@ -188,5 +185,21 @@ func Col2im(dst, src []float32, g ConvGeom) {
 				}
 			}
 		}
+	}
+}
+
+// addTo sets dst[i] += src[i] for i < len(dst), four at a time.
+func addTo(dst, src []float32) {
+	src = src[:len(dst)]
+	i := 0
+	for ; i+4 <= len(dst); i += 4 {
+		d, s := dst[i:i+4:i+4], src[i:i+4:i+4]
+		d[0] += s[0]
+		d[1] += s[1]
+		d[2] += s[2]
+		d[3] += s[3]
+	}
+	for ; i < len(dst); i++ {
+		dst[i] += src[i]
 	}
 }

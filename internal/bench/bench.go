@@ -1,0 +1,158 @@
+// Package bench measures whole-step training throughput of the models
+// engine: forward, softmax cross-entropy, backward and an SGD-momentum
+// step on one fixed random MNIST-shaped batch, with no data loading, the
+// same loop as the PyTorch anchor (anchors/pytorch/train_throughput.py)
+// so the two can be compared side by side. The CLI's `gradsync bench
+// train` is a thin shell over Train.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/gradsync/gradsync/internal/optim"
+	"github.com/gradsync/gradsync/internal/tensor"
+	"github.com/gradsync/gradsync/models"
+)
+
+// TrainOptions says what to measure. The zero value of every field but
+// Model means its default.
+type TrainOptions struct {
+	Model string // architecture name, as models.Names
+	// BatchSize is the images per step; default 64.
+	BatchSize int
+	// Threads is the number of OpenBLAS threads per GEMM
+	// (tensor.SetThreads); default 1. The batch is not split: the layers
+	// between GEMMs run on one goroutine. The gonum backend ignores it and
+	// uses GOMAXPROCS.
+	Threads int
+	// Seconds is the length of the timed run, after warm-up; default 2.
+	Seconds float64
+	// Backend is the GEMM backend ("openblas", "gonum", "auto"); empty
+	// keeps the current one.
+	Backend string
+}
+
+// TrainResult is one measurement.
+type TrainResult struct {
+	Model           string  `json:"model"`
+	Backend         string  `json:"backend"`
+	BatchSize       int     `json:"batch_size"`
+	Threads         int     `json:"threads"`
+	ImagesPerSecond float64 `json:"images_per_second"`
+	Steps           int     `json:"steps"`
+	SecondsPerStep  float64 `json:"seconds_per_step"`
+}
+
+// warmSteps are run untimed first: they size every buffer (no step
+// allocates afterwards) and fault in its pages.
+const warmSteps = 3
+
+func (o TrainOptions) withDefaults() TrainOptions {
+	if o.BatchSize == 0 {
+		o.BatchSize = 64
+	}
+	if o.Threads == 0 {
+		o.Threads = 1
+	}
+	if o.Seconds == 0 {
+		o.Seconds = 2
+	}
+	return o
+}
+
+// Validate reports options Train cannot run.
+func (o TrainOptions) Validate() error {
+	var errs []error
+	if o.BatchSize < 0 {
+		errs = append(errs, fmt.Errorf("bench: batch size %d < 0", o.BatchSize))
+	}
+	if o.Threads < 0 {
+		errs = append(errs, fmt.Errorf("bench: threads %d < 0", o.Threads))
+	}
+	if o.Seconds < 0 {
+		errs = append(errs, fmt.Errorf("bench: seconds %v < 0", o.Seconds))
+	}
+	switch o.Backend {
+	case "", "auto", "openblas", "gonum":
+	default:
+		errs = append(errs, fmt.Errorf("bench: unknown backend %q (want auto, openblas or gonum)", o.Backend))
+	}
+	return errors.Join(errs...)
+}
+
+// Train measures training throughput: after warm-up it runs steps until
+// opt.Seconds have passed (at least one step) or ctx is done, whichever
+// comes first, and reports images per second. It sets the process-wide
+// GEMM backend and thread count for the run and restores them afterwards,
+// so it must not run concurrently with other training in the process.
+func Train(ctx context.Context, opt TrainOptions) (TrainResult, error) {
+	if err := opt.Validate(); err != nil {
+		return TrainResult{}, err
+	}
+	opt = opt.withDefaults()
+	net, err := models.New(opt.Model, models.Options{Seed: 1})
+	if err != nil {
+		return TrainResult{}, err
+	}
+	if opt.Backend != "" {
+		prev := tensor.Backend()
+		if err := tensor.SetBackend(opt.Backend); err != nil {
+			return TrainResult{}, err
+		}
+		defer tensor.SetBackend(prev)
+	}
+	prevThreads := tensor.Threads()
+	tensor.SetThreads(opt.Threads)
+	defer tensor.SetThreads(prevThreads)
+
+	o := net.Options()
+	r := rand.New(rand.NewPCG(1, 2))
+	x := make([]float32, opt.BatchSize*net.InputSize())
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	labels := make([]uint8, opt.BatchSize)
+	for i := range labels {
+		labels[i] = uint8(r.IntN(o.Classes))
+	}
+	dlogits := make([]float32, opt.BatchSize*o.Classes)
+	sgd := &optim.SGD{LR: 0.01, Momentum: 0.9}
+	step := func() {
+		net.ZeroGrad()
+		models.SoftmaxCrossEntropy(net.Forward(x, opt.BatchSize, true), labels, o.Classes, dlogits)
+		net.Backward(dlogits)
+		sgd.Step(net.Params(), net.Grads())
+	}
+	for range warmSteps {
+		if err := ctx.Err(); err != nil {
+			return TrainResult{}, err
+		}
+		step()
+	}
+	budget := time.Duration(opt.Seconds * float64(time.Second))
+	start := time.Now()
+	steps := 0
+	var elapsed time.Duration
+	for {
+		step()
+		steps++
+		elapsed = time.Since(start)
+		if elapsed >= budget || ctx.Err() != nil {
+			break
+		}
+	}
+	sec := elapsed.Seconds()
+	return TrainResult{
+		Model:           opt.Model,
+		Backend:         tensor.Backend(),
+		BatchSize:       opt.BatchSize,
+		Threads:         opt.Threads,
+		ImagesPerSecond: float64(steps*opt.BatchSize) / sec,
+		Steps:           steps,
+		SecondsPerStep:  sec / float64(steps),
+	}, nil
+}

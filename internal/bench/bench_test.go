@@ -1,0 +1,60 @@
+package bench
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/gradsync/gradsync/internal/tensor"
+)
+
+func TestTrain(t *testing.T) {
+	for _, be := range []string{"gonum", "auto"} {
+		res, err := Train(context.Background(), TrainOptions{Model: "lenet5", BatchSize: 4, Seconds: 0.01, Backend: be})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Model != "lenet5" || res.BatchSize != 4 || res.Threads != 1 || res.Steps < 1 ||
+			res.ImagesPerSecond <= 0 || res.SecondsPerStep <= 0 || res.Backend == "" {
+			t.Fatalf("result %+v", res)
+		}
+		if be == "gonum" && res.Backend != "gonum" {
+			t.Fatalf("backend %q, want gonum", res.Backend)
+		}
+	}
+	if tensor.Threads() != 1 {
+		t.Fatalf("Train left %d BLAS threads set", tensor.Threads())
+	}
+}
+
+func TestTrainErrors(t *testing.T) {
+	ctx := context.Background()
+	if _, err := Train(ctx, TrainOptions{Model: "nope"}); err == nil || !strings.Contains(err.Error(), "lenet5") {
+		t.Fatalf("unknown model: %v", err)
+	}
+	if _, err := Train(ctx, TrainOptions{Model: "mlp", Backend: "cuda", BatchSize: -1}); err == nil ||
+		!strings.Contains(err.Error(), "backend") || !strings.Contains(err.Error(), "batch") {
+		t.Fatalf("bad options: %v", err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := Train(cancelled, TrainOptions{Model: "mlp"}); err == nil {
+		t.Fatal("cancelled context: no error")
+	}
+}
+
+// BenchmarkTrain is the acceptance measurement for the models the brief
+// targets; run with -benchtime 1x (each Train call times itself).
+func BenchmarkTrain(b *testing.B) {
+	for _, m := range []string{"mlp", "lenet5", "cnn", "resnet8", "vit-tiny"} {
+		b.Run(m, func(b *testing.B) {
+			for b.Loop() {
+				res, err := Train(context.Background(), TrainOptions{Model: m, Seconds: 2})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(res.ImagesPerSecond, "img/s")
+			}
+		})
+	}
+}
