@@ -252,6 +252,9 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 		if ls.WarmupSteps < 0 {
 			return nil, errf("lr_schedule.warmup_steps", "%d is negative", ls.WarmupSteps)
 		}
+		if ls.WarmupSteps == 0 {
+			return nil, errf("lr_schedule.warmup_steps", "schedule warmup-linear needs warmup_steps >= 1")
+		}
 		if ls.StepSize != 0 || ls.Gamma != 0 {
 			return nil, errf("lr_schedule", "step_size and gamma do not apply to schedule warmup-linear")
 		}
@@ -367,9 +370,7 @@ func normalizeOptimizer(s *pb.JobSpec) error {
 		o.Name = defaultOptimizer
 	}
 	switch o.Name {
-	case defaultOptimizer:
-	case "adam", "adamw":
-		return notImplemented("optimizer.name", o.Name)
+	case defaultOptimizer, "adam", "adamw":
 	default:
 		return errf("optimizer.name", "unknown optimizer %q; allowed: sgd, adam, adamw", o.Name)
 	}
@@ -378,6 +379,21 @@ func normalizeOptimizer(s *pb.JobSpec) error {
 	}
 	if lr := o.GetLr(); !(lr > 0 && lr <= maxLearningRate) {
 		return errf("optimizer.lr", "%v out of range; the learning rate must be in (0, %v]", lr, maxLearningRate)
+	}
+	if o.Name != defaultOptimizer {
+		if o.Momentum != nil || o.Nesterov {
+			return errf("optimizer.momentum", "momentum and nesterov are SGD settings; optimizer %q uses beta1/beta2", o.Name)
+		}
+		if !(o.Beta1 >= 0 && o.Beta1 < 1) || !(o.Beta2 >= 0 && o.Beta2 < 1) {
+			return errf("optimizer.beta1", "betas must be in [0, 1) (0: default 0.9, 0.999)")
+		}
+		if !(o.Eps >= 0 && o.Eps < 1) {
+			return errf("optimizer.eps", "%v out of range; allowed [0, 1) (0: default 1e-8)", o.Eps)
+		}
+		if !(o.WeightDecay >= 0 && o.WeightDecay < 1) {
+			return errf("optimizer.weight_decay", "%v out of range; allowed [0, 1)", o.WeightDecay)
+		}
+		return nil
 	}
 	if o.Momentum == nil {
 		o.Momentum = proto.Float64(DefaultMomentum)

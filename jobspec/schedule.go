@@ -1,32 +1,64 @@
 package jobspec
 
 import (
-	"math"
-
+	"github.com/gradsync/gradsync/internal/optim"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
+
+// Schedule is the learning-rate schedule of a normalized spec over a job of
+// total optimiser steps.
+func Schedule(spec *pb.JobSpec, total int64) optim.Schedule {
+	base := spec.GetOptimizer().GetLr()
+	sch := spec.GetLrSchedule()
+	total = max(total, 1)
+	switch sch.GetName() {
+	case "cosine":
+		return optim.Cosine{Base: base, Steps: int(total)}
+	case "step":
+		return optim.StepDecay{Base: base, Gamma: sch.GetGamma(), Every: int(sch.GetStepSize())}
+	case "warmup-linear":
+		return optim.WarmupLinear{Base: base, Warmup: int(sch.GetWarmupSteps()), Steps: int(total)}
+	}
+	return optim.Constant(base)
+}
 
 // LearningRate is the learning rate of a normalized spec at optimiser step
 // (0-based) of total. It is a pure function, so every process that applies
 // or reports it agrees.
 func LearningRate(spec *pb.JobSpec, step, total int64) float64 {
-	base := spec.GetOptimizer().GetLr()
-	sch := spec.GetLrSchedule()
-	if total < 1 {
-		total = 1
-	}
-	step = min(max(step, 0), total)
-	switch sch.GetName() {
-	case "cosine":
-		return base * 0.5 * (1 + math.Cos(math.Pi*float64(step)/float64(total)))
-	case "step":
-		return base * math.Pow(sch.GetGamma(), float64(step/sch.GetStepSize()))
-	case "warmup-linear":
-		w := sch.GetWarmupSteps()
-		if step < w {
-			return base * float64(step+1) / float64(w)
+	return Schedule(spec, total).LR(int(step))
+}
+
+// Stepper is an optimiser over flat buffers whose learning rate the
+// schedule sets before each step.
+type Stepper interface {
+	Step(params, grads []float32)
+	SetLR(lr float32)
+}
+
+// NewOptimizer builds the optimiser a normalized spec names, with torch's
+// semantics.
+func NewOptimizer(spec *pb.JobSpec) Stepper {
+	o := spec.GetOptimizer()
+	switch o.GetName() {
+	case "adam", "adamw":
+		a := optim.NewAdam(float32(o.GetLr()))
+		if o.GetName() == "adamw" {
+			a = optim.NewAdamW(float32(o.GetLr()))
 		}
-		return base * float64(total-step) / float64(max(total-w, 1))
+		if o.Beta1 != 0 {
+			a.Beta1 = float32(o.Beta1)
+		}
+		if o.Beta2 != 0 {
+			a.Beta2 = float32(o.Beta2)
+		}
+		if o.Eps != 0 {
+			a.Eps = float32(o.Eps)
+		}
+		if o.WeightDecay != 0 {
+			a.WeightDecay = float32(o.WeightDecay)
+		}
+		return a
 	}
-	return base
+	return &optim.SGD{LR: float32(o.GetLr()), Momentum: float32(o.GetMomentum()), WeightDecay: float32(o.GetWeightDecay()), Nesterov: o.GetNesterov()}
 }

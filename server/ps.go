@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gradsync/gradsync/aggregator"
-	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/jobspec"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -27,9 +26,9 @@ type psJob struct {
 	stepTimeout time.Duration
 
 	spec *pb.JobSpec
-	sgd  *optim.SGD
+	opt  jobspec.Stepper
 
-	mu         sync.Mutex // guards shard, sgd, done, joined, totalSteps
+	mu         sync.Mutex // guards shard, opt, done, joined, totalSteps
 	shard      *aggregator.SyncShard
 	totalSteps int64         // from the first join; every rank must agree
 	done       chan struct{} // closed when the current step's update is applied
@@ -41,13 +40,12 @@ type psJob struct {
 }
 
 func newPSJob(jobID string, gen uint64, world int, initial []float32, spec *pb.JobSpec) *psJob {
-	o := spec.GetOptimizer()
-	sgd := &optim.SGD{LR: float32(o.GetLr()), Momentum: float32(o.GetMomentum()), WeightDecay: float32(o.GetWeightDecay()), Nesterov: o.GetNesterov()}
+	opt := jobspec.NewOptimizer(spec)
 	params := append([]float32(nil), initial...)
 	return &psJob{
-		jobID: jobID, gen: gen, world: world, total: len(params), spec: spec, sgd: sgd,
+		jobID: jobID, gen: gen, world: world, total: len(params), spec: spec, opt: opt,
 		stepTimeout: time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second)),
-		shard:       aggregator.NewSyncShard(params, world, sgd, spec.GetNonfinitePolicy() == "skip"),
+		shard:       aggregator.NewSyncShard(params, world, opt, spec.GetNonfinitePolicy() == "skip"),
 		done:        make(chan struct{}), joined: make([]bool, world), aborted: make(chan struct{}),
 	}
 }
@@ -173,7 +171,7 @@ func (s *Server) Sync(stream pb.ParameterServer_SyncServer) error {
 			}
 			p.mu.Lock()
 			done = p.done
-			p.sgd.SetLR(float32(jobspec.LearningRate(p.spec, step, p.totalSteps)))
+			p.opt.SetLR(float32(jobspec.LearningRate(p.spec, step, p.totalSteps)))
 			skipped := p.shard.Skipped()
 			applied, err := p.shard.Add(rank, step, off, n, func(dst []float32) error { return wire.AddF32(dst, f.Data) })
 			if p.shard.Skipped() > skipped {

@@ -266,7 +266,7 @@ func TestSubmitInvalidSpec(t *testing.T) {
 		{"ring mode", &pb.JobSpec{Mode: "ring"}, "mode"},
 		{"powersgd", &pb.JobSpec{Compression: &pb.CompressionSpec{Type: "powersgd"}}, "compression.type"},
 		{"checkpoint", &pb.JobSpec{Checkpoint: &pb.CheckpointSpec{EverySteps: 10}}, "checkpoint"},
-		{"adam", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Name: "adam"}}, "optimizer.name"},
+		{"adam with momentum", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Name: "adam", Momentum: proto.Float64(0.5)}}, "optimizer.momentum"},
 		{"grad clip", &pb.JobSpec{GradClipNorm: 1}, "grad_clip_norm"},
 	}
 	for _, tc := range cases {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/gradsync/gradsync/aggregator"
-	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -63,7 +62,7 @@ type ringSync struct {
 	world   int
 	spec    *pb.JobSpec
 	total   int64
-	sgd     *optim.SGD
+	optim   jobspec.Stepper
 	opt     aggregator.Options
 	buckets []span
 	timeout time.Duration
@@ -78,14 +77,13 @@ type ringSync struct {
 // newRingSync broadcasts rank 0's initial parameters to every rank.
 func newRingSync(ctx context.Context, ring aggregator.Ring, closeFn func(), a *pb.Assignment, net *models.Network, totalSteps int64) (*ringSync, error) {
 	spec := a.Spec
-	o := spec.GetOptimizer()
 	capBytes := int(spec.GetBucketCapMb() * (1 << 20))
 	if capBytes <= 0 {
 		capBytes = 25 << 20
 	}
 	r := &ringSync{
 		ring: ring, closeFn: closeFn, world: ring.Size(), spec: spec, total: totalSteps,
-		sgd:     &optim.SGD{LR: float32(o.GetLr()), Momentum: float32(o.GetMomentum()), WeightDecay: float32(o.GetWeightDecay()), Nesterov: o.GetNesterov()},
+		optim:   jobspec.NewOptimizer(spec),
 		opt:     aggregator.Options{Generation: a.Generation},
 		buckets: bucketize(net.Segments(), capBytes),
 		timeout: time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second)),
@@ -121,8 +119,8 @@ func (r *ringSync) step(ctx context.Context, grads, params []float32) error {
 	}
 	switch {
 	case finite:
-		r.sgd.SetLR(float32(jobspec.LearningRate(r.spec, r.steps, r.total)))
-		r.sgd.Step(params, grads)
+		r.optim.SetLR(float32(jobspec.LearningRate(r.spec, r.steps, r.total)))
+		r.optim.Step(params, grads)
 	case r.skipBad:
 		r.skipped++
 	default:

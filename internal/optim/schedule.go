@@ -69,3 +69,20 @@ func (w Warmup) LR(step int) float64 {
 	f := w.Start + (1-w.Start)*float64(min(max(step, 0), w.Steps))/float64(w.Steps)
 	return f * w.Then.LR(step)
 }
+
+// WarmupLinear rises linearly over Warmup steps to Base (step s < Warmup
+// gets Base·(s+1)/Warmup), then decays linearly to 0 at step Steps, as
+// transformers' get_linear_schedule_with_warmup.
+type WarmupLinear struct {
+	Base          float64
+	Warmup, Steps int
+}
+
+// LR returns the rate at step.
+func (w WarmupLinear) LR(step int) float64 {
+	step = min(max(step, 0), w.Steps)
+	if step < w.Warmup {
+		return w.Base * float64(step+1) / float64(w.Warmup)
+	}
+	return w.Base * float64(w.Steps-step) / float64(max(w.Steps-w.Warmup, 1))
+}
