@@ -54,7 +54,7 @@ const (
 	maxDataDirLen           = 4096
 	notImplementedSuffix    = "is not implemented yet"
 	allowedListSeparator    = ", "
-	implementedModesMessage = "ps, fedavg"
+	implementedModesMessage = "ps, ring, fedavg"
 )
 
 // Architectures every gradsync release knows by name. Those the models
@@ -166,9 +166,6 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	}
 	if !slices.Contains(Modes, s.Mode) {
 		return nil, errf("mode", "unknown mode %q; allowed: %s", s.Mode, strings.Join(Modes, allowedListSeparator))
-	}
-	if s.Mode == "ring" {
-		return nil, errf("mode", "%q %s; available now: %s", s.Mode, notImplementedSuffix, implementedModesMessage)
 	}
 	// Fields that fedavg replaces by its own must not be set with it.
 	if s.Mode == "fedavg" {
@@ -288,10 +285,15 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 		return nil, err
 	}
 	if s.BucketCapMb != 0 {
-		if s.BucketCapMb < 0 || math.IsNaN(s.BucketCapMb) {
-			return nil, errf("bucket_cap_mb", "%v must be positive", s.BucketCapMb)
+		if !(s.BucketCapMb > 0 && s.BucketCapMb <= 1024) {
+			return nil, errf("bucket_cap_mb", "%v out of range; allowed (0, 1024]", s.BucketCapMb)
 		}
-		return nil, errf("bucket_cap_mb", "gradient buckets are for ring mode, which %s", notImplementedSuffix)
+		if s.Mode != "ring" {
+			return nil, errf("bucket_cap_mb", "gradient buckets are for ring mode")
+		}
+	}
+	if s.Mode == "ring" && s.BucketCapMb == 0 {
+		s.BucketCapMb = 25
 	}
 	if s.ParameterServer == nil {
 		s.ParameterServer = &pb.ParameterServerSpec{}

@@ -151,9 +151,26 @@ func (c *cluster) stopServer() {
 // addWorker starts an in-process worker with a stable id.
 func (c *cluster) addWorker(id string) *testWorker {
 	c.t.Helper()
+	return c.startWorker(id, bufconn.Listen(1<<16), id+".bufconn:1")
+}
+
+// addTCPWorker starts an in-process worker whose peer endpoint listens on
+// 127.0.0.1 (ring mode dials peers by address), still reaching the server
+// over bufconn.
+func (c *cluster) addTCPWorker(id string) *testWorker {
+	c.t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return c.startWorker(id, lis, lis.Addr().String())
+}
+
+func (c *cluster) startWorker(id string, lis net.Listener, advertise string) *testWorker {
+	c.t.Helper()
 	w, err := worker.New(worker.Config{
 		Server: "passthrough:///bufnet", ID: id, Name: id, Logger: c.cfg.Logger,
-		Listener: bufconn.Listen(1 << 16), AdvertiseAddr: id + ".bufconn:1",
+		Listener: lis, AdvertiseAddr: advertise,
 		DialOptions: c.dialOptions(), MaxBackoff: 200 * time.Millisecond, Insecure: true,
 	})
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -263,7 +264,7 @@ func TestSubmitInvalidSpec(t *testing.T) {
 		{"workers -1", &pb.JobSpec{Workers: proto.Int32(-1)}, "workers"},
 		{"workers 0", &pb.JobSpec{Workers: proto.Int32(0)}, "workers"},
 		{"unknown dataset", &pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagenet"}}, "dataset.name"},
-		{"ring mode", &pb.JobSpec{Mode: "ring"}, "mode"},
+		{"gradient clipping", &pb.JobSpec{GradClipNorm: 1}, "grad_clip_norm"},
 		{"powersgd", &pb.JobSpec{Compression: &pb.CompressionSpec{Type: "powersgd"}}, "compression.type"},
 		{"checkpoint", &pb.JobSpec{Checkpoint: &pb.CheckpointSpec{EverySteps: 10}}, "checkpoint"},
 		{"adam with momentum", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Name: "adam", Momentum: proto.Float64(0.5)}}, "optimizer.momentum"},
@@ -519,5 +520,20 @@ func TestFedAvgJob(t *testing.T) {
 	}
 	if rounds != 4 {
 		t.Errorf("%d round evaluations, want 4", rounds)
+	}
+}
+
+// TestRingJob: a ring-mode job all-reduces over the workers' peer
+// endpoints (real gRPC, TCP on loopback) and succeeds.
+func TestRingJob(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	c := newCluster(t, server.Config{}, 0)
+	for i := range 3 {
+		c.addTCPWorker(fmt.Sprintf("ring-%d", i))
+	}
+	job := c.submit(ctx, &pb.JobSpec{Model: "logreg", Mode: "ring", Workers: proto.Int32(3), Dataset: &pb.DatasetSpec{Name: "synthetic"}, MaxSteps: 40})
+	final := c.waitState(ctx, job.Id, pb.JobState_JOB_STATE_SUCCEEDED, pb.JobState_JOB_STATE_FAILED)
+	if final.State != pb.JobState_JOB_STATE_SUCCEEDED || final.GetResult().GetTestAccuracy() < 0.8 {
+		t.Fatalf("ring job: %v %q %v", final.State, final.Message, final.GetResult())
 	}
 }

@@ -124,7 +124,7 @@ func TestGrpcurl(t *testing.T) {
 		{"workers -1", `{"workers":-1}`, "workers"},
 		{"workers 0", `{"workers":0}`, "workers"},
 		{"unknown dataset", `{"dataset":{"name":"imagenet"}}`, "dataset.name"},
-		{"ring mode", `{"mode":"ring"}`, "mode"},
+		{"compression not implemented yet", `{"compression":{"type":"powersgd"}}`, "compression.type"},
 		{"powersgd", `{"compression":{"type":"powersgd"}}`, "compression.type"},
 		{"checkpoint", `{"checkpoint":{"every_steps":100}}`, "checkpoint"},
 	}

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/gradsync/gradsync/aggregator/ringrpc"
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/tensor"
@@ -32,6 +33,9 @@ type taskEnv struct {
 	rep     *reporter
 	log     *slog.Logger
 	metrics *metrics.Registry // may be nil
+	// ring is this worker's peer endpoint; peerDial secures its links.
+	ring     *ringrpc.Endpoint
+	peerDial []grpc.DialOption
 }
 
 func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult, error) {
@@ -207,6 +211,27 @@ func startSync(ctx context.Context, a *pb.Assignment, env *taskEnv, net *models.
 	switch mode := a.Spec.GetMode(); mode {
 	case "ps":
 		return joinPS(ctx, env, a, net.Params(), totalSteps)
+	case "ring":
+		r, err := env.ring.Join(ctx, ringrpc.RingConfig{JobID: a.JobId, Generation: a.Generation, Rank: int(a.Rank),
+			Peers: a.Peers, DialOptions: env.peerDial})
+		if err != nil {
+			return nil, err
+		}
+		// Leave the ring gracefully: the neighbours may still need the
+		// last frames; Shutdown waits for them (bounded), then closes.
+		leave := func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := r.Shutdown(ctx); err != nil {
+				env.log.Debug("leaving the ring", "job", a.JobId, "err", err)
+			}
+		}
+		rs, err := newRingSync(ctx, r, leave, a, net, totalSteps)
+		if err != nil {
+			r.Close()
+			return nil, err
+		}
+		return rs, nil
 	default:
 		return nil, fmt.Errorf("mode %q is not supported by this worker", mode)
 	}

@@ -18,14 +18,13 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
-	"google.golang.org/grpc/status"
 
+	"github.com/gradsync/gradsync/aggregator/ringrpc"
 	"github.com/gradsync/gradsync/internal/gpu"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/rpc"
@@ -99,6 +98,7 @@ type Worker struct {
 	log  *slog.Logger
 	addr string
 	res  *pb.Resources
+	ring *ringrpc.Endpoint // the peer endpoint's rings (ring mode)
 }
 
 // New checks the config and discovers the host's resources.
@@ -124,13 +124,13 @@ func (w *Worker) dialOptions() []grpc.DialOption {
 	return append(opts, w.cfg.DialOptions...)
 }
 
-// peerDialOptions are the options for connections to other workers.
+// peerDialOptions are the options for connections to other workers (added
+// to ringrpc's own).
 func (w *Worker) peerDialOptions() []grpc.DialOption {
-	creds := insecure.NewCredentials()
-	if w.cfg.PeerClientTLS != nil {
-		creds = credentials.NewTLS(w.cfg.PeerClientTLS)
+	if w.cfg.PeerClientTLS == nil {
+		return nil // ringrpc's default: plaintext
 	}
-	return append(rpc.DialOptions(), grpc.WithTransportCredentials(creds))
+	return []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(w.cfg.PeerClientTLS))}
 }
 
 // Run serves until ctx is cancelled: the peer endpoint, and the coordinator
@@ -156,9 +156,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	// The peer endpoint serves workers only: Collective needs a worker
 	// certificate, health and reflection are open, nothing is public.
-	gs := grpc.NewServer(rpc.ServerOptions(w.log, w.cfg.PeerServerTLS,
-		&security.AuthOptions{PublicServices: []string{}, Insecure: w.cfg.PeerServerTLS == nil})...)
-	pb.RegisterCollectiveServer(gs, collective{})
+	gs := grpc.NewServer(append(rpc.ServerOptions(w.log, w.cfg.PeerServerTLS,
+		&security.AuthOptions{PublicServices: []string{}, Insecure: w.cfg.PeerServerTLS == nil}), ringrpc.ServerOptions()...)...)
+	w.ring = ringrpc.NewEndpoint(w.log)
+	defer w.ring.Close()
+	pb.RegisterCollectiveServer(gs, w.ring)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
@@ -297,7 +299,8 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 				defer wg.Done()
 				defer close(t.done)
 				w.log.Info("task assigned", "job", a.JobId, "rank", a.Rank, "world", a.WorldSize, "model", a.Spec.GetModel())
-				res, err := safeRunTask(tctx, a, &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics})
+				res, err := safeRunTask(tctx, a, &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics,
+					ring: w.ring, peerDial: w.peerDialOptions()})
 				done := &pb.TaskDone{JobId: a.JobId, Rank: a.Rank, Result: res}
 				if err != nil {
 					if tctx.Err() != nil {
@@ -354,14 +357,4 @@ func (r *reporter) trySend(m *pb.ConnectRequest) {
 	case r.out <- m:
 	default:
 	}
-}
-
-// collective is the peer endpoint. Ring mode (which uses it) is a later
-// feature; until then frames are refused clearly.
-type collective struct {
-	pb.UnimplementedCollectiveServer
-}
-
-func (collective) SendFrames(pb.Collective_SendFramesServer) error {
-	return status.Error(codes.Unimplemented, "ring mode is not implemented yet: this worker accepts no collective frames")
 }

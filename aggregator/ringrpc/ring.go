@@ -1,0 +1,559 @@
+package ringrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/internal/rpc"
+	"github.com/gradsync/gradsync/internal/wire"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// Defaults of RingConfig.
+const (
+	// DefaultInboxFrames frames wait at most in a ring's inbox.
+	DefaultInboxFrames = 4
+	// DefaultOutboxFrames frames are encoded and waiting to be written, at
+	// most, per ring.
+	DefaultOutboxFrames = 4
+	// maxQueueFrames bounds both, so that a ring holds at most about
+	// 2·64·4 MiB.
+	maxQueueFrames = 64
+)
+
+// Socket buffer sizes for streams that carry frames: large writes and reads
+// cut the system calls per 4 MiB frame from hundreds to a handful.
+const (
+	bulkWriteBuffer = 1 << 20
+	bulkReadBuffer  = 1 << 20
+)
+
+// RingConfig says which ring to join. The zero values of the optional
+// fields give the documented defaults.
+type RingConfig struct {
+	// JobID and Generation name the ring; every rank must agree on them.
+	// A ring for a job replaces that job's ring of an older generation on
+	// the same Endpoint.
+	JobID      string
+	Generation uint64
+	// Rank is this process's rank in [0, len(Peers)).
+	Rank int
+	// Peers are the Collective endpoints' addresses (gRPC targets) by
+	// rank; this rank connects to Peers[(Rank+1) % len(Peers)] only.
+	Peers []string
+	// DialOptions are appended to this package's defaults (shared gRPC
+	// options from internal/rpc, insecure transport credentials, bulk
+	// buffer sizes, fast reconnects), so they may override any of them,
+	// transport credentials included.
+	DialOptions []grpc.DialOption
+	// InboxFrames bounds the frames received but not yet taken by
+	// RecvLeft; 0 means DefaultInboxFrames.
+	InboxFrames int
+	// OutboxFrames bounds the frames handed to SendRight but not yet
+	// written by gRPC; 0 means DefaultOutboxFrames.
+	OutboxFrames int
+}
+
+// Validate reports whether c is usable.
+func (c RingConfig) Validate() error {
+	switch {
+	case c.JobID == "":
+		return errors.New("ringrpc: RingConfig.JobID is required")
+	case len(c.JobID) > 128:
+		return fmt.Errorf("ringrpc: RingConfig.JobID is %d bytes long; at most 128 allowed", len(c.JobID))
+	case len(c.Peers) == 0:
+		return errors.New("ringrpc: RingConfig.Peers is empty; want one address per rank")
+	case c.Rank < 0 || c.Rank >= len(c.Peers):
+		return fmt.Errorf("ringrpc: RingConfig.Rank %d out of range [0, %d)", c.Rank, len(c.Peers))
+	case c.InboxFrames < 0 || c.InboxFrames > maxQueueFrames:
+		return fmt.Errorf("ringrpc: RingConfig.InboxFrames %d out of range: want 0 (default %d) to %d", c.InboxFrames, DefaultInboxFrames, maxQueueFrames)
+	case c.OutboxFrames < 0 || c.OutboxFrames > maxQueueFrames:
+		return fmt.Errorf("ringrpc: RingConfig.OutboxFrames %d out of range: want 0 (default %d) to %d", c.OutboxFrames, DefaultOutboxFrames, maxQueueFrames)
+	}
+	for i, p := range c.Peers {
+		if p == "" {
+			return fmt.Errorf("ringrpc: RingConfig.Peers[%d] is empty", i)
+		}
+	}
+	return nil
+}
+
+// DialOptions are the client options a ring uses before
+// RingConfig.DialOptions: internal/rpc's shared options (message limits,
+// HTTP/2 windows, keepalive), insecure credentials, 1 MiB socket buffers
+// and reconnects within 0.5 s while peers start.
+func DialOptions() []grpc.DialOption {
+	return append(rpc.DialOptions(),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithWriteBufferSize(bulkWriteBuffer),
+		grpc.WithReadBufferSize(bulkReadBuffer),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+	)
+}
+
+// ServerOptions are the options to add to internal/rpc.ServerOptions on a
+// server that hosts an Endpoint: socket buffers sized for 4 MiB frames.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.WriteBufferSize(bulkWriteBuffer),
+		grpc.ReadBufferSize(bulkReadBuffer),
+	}
+}
+
+// Ring is this process's rank of one job's ring: an aggregator.Ring over
+// gRPC. SendRight and RecvLeft follow the aggregator.Ring contract; Close
+// and Shutdown may be called from any goroutine.
+type Ring struct {
+	e           *Endpoint
+	job         string
+	gen         uint64
+	rank, n     int
+	left, right int
+	peers       []string
+
+	// ctx lives as long as the ring; cancel (Close) ends the outbound stream
+	// and wakes every blocked call and goroutine.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu           sync.Mutex // protects closed, leftAttached, leftErr (and closing leftDone)
+	closed       bool
+	leftAttached bool
+	leftErr      error
+	leftEOF      bool // the left neighbour half-closed its stream in order
+	leftUp       chan struct{} // closed when the left neighbour's stream was accepted
+	leftDone     chan struct{} // closed when that stream ended; leftErr says why
+
+	wg        sync.WaitGroup // the sender and the watcher
+	closeOnce sync.Once
+
+	// Outbound: one stream to the right neighbour.
+	conn     *grpc.ClientConn
+	stream   grpc.ClientStream
+	out      chan *outFrame // encoded frames in send order; room for all
+	outFree  chan *outFrame // frames gRPC is done with; room for all
+	flush    chan struct{}  // closed by Shutdown: drain out, then half-close
+	flushOne sync.Once
+	acked    chan struct{} // closed when the right neighbour acknowledged a half-close
+	sendDone chan struct{} // closed when the outbound link broke; sendErr says why
+	sendErr  error
+	sendOne  sync.Once
+
+	// Inbound: frames from the left neighbour's stream.
+	inbox  chan *inFrame
+	inFree chan *inFrame
+	last   *inFrame // returned by the last RecvLeft; only RecvLeft touches it
+}
+
+// Join adds this rank of cfg's ring to e and connects it: it opens the
+// stream to the right neighbour (retrying while that peer is not up or has
+// not joined yet) and waits for the left neighbour's stream, so a ring
+// returned by Join is fully linked. ctx bounds the joining only; the ring
+// lives until Close.
+func (e *Endpoint) Join(ctx context.Context, cfg RingConfig) (*Ring, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	n := len(cfg.Peers)
+	inbox, outbox := cfg.InboxFrames, cfg.OutboxFrames
+	if inbox == 0 {
+		inbox = DefaultInboxFrames
+	}
+	if outbox == 0 {
+		outbox = DefaultOutboxFrames
+	}
+	r := &Ring{
+		e: e, job: cfg.JobID, gen: cfg.Generation, rank: cfg.Rank, n: n,
+		left: (cfg.Rank + n - 1) % n, right: (cfg.Rank + 1) % n,
+		peers:    append([]string(nil), cfg.Peers...),
+		leftUp:   make(chan struct{}),
+		leftDone: make(chan struct{}),
+		out:      make(chan *outFrame, outbox),
+		outFree:  make(chan *outFrame, outbox),
+		flush:    make(chan struct{}),
+		acked:    make(chan struct{}),
+		sendDone: make(chan struct{}),
+		inbox:    make(chan *inFrame, inbox),
+		inFree:   make(chan *inFrame, inbox+2),
+	}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	for range outbox {
+		r.outFree <- &outFrame{free: r.outFree}
+	}
+	// In circulation: inbox frames queued, one held by RecvLeft, one
+	// being filled by the handler.
+	for range inbox + 2 {
+		r.inFree <- &inFrame{}
+	}
+	old, err := e.register(r)
+	if err != nil {
+		r.cancel()
+		return nil, err
+	}
+	if old != nil {
+		old.Close()
+	}
+	if n == 1 {
+		return r, nil
+	}
+	if err := r.connect(ctx, cfg.DialOptions); err != nil {
+		r.Close()
+		return nil, err
+	}
+	select {
+	case <-r.leftUp:
+		return r, nil
+	case <-ctx.Done():
+		r.Close()
+		return nil, fmt.Errorf("ringrpc: job %q rank %d: left neighbour rank %d (%s) did not connect: %w", r.job, r.rank, r.left, r.peers[r.left], ctx.Err())
+	}
+}
+
+// connect opens the stream to the right neighbour and starts its sender
+// and watcher.
+func (r *Ring) connect(ctx context.Context, extra []grpc.DialOption) error {
+	target := r.peers[r.right]
+	conn, err := grpc.NewClient(target, append(DialOptions(), extra...)...)
+	if err != nil {
+		return fmt.Errorf("ringrpc: right neighbour rank %d (%s): %w", r.right, target, err)
+	}
+	r.conn = conn
+	client := pb.NewCollectiveClient(conn)
+	md := metadata.Pairs(mdJob, r.job, mdGeneration, strconv.FormatUint(r.gen, 10), mdRank, strconv.Itoa(r.rank))
+	pause := 10 * time.Millisecond
+	for {
+		stream, err := r.open(ctx, client, md)
+		if err == nil {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if r.closed {
+				return aggregator.ErrClosed
+			}
+			r.stream = stream
+			r.wg.Add(2)
+			go r.sender()
+			go r.watch()
+			return nil
+		}
+		if ctx.Err() != nil || r.ctx.Err() != nil {
+			return fmt.Errorf("ringrpc: job %q rank %d: connecting to right neighbour rank %d (%s): %w (last attempt: %v)",
+				r.job, r.rank, r.right, target, context.Cause(ctx), err)
+		}
+		if c := status.Code(err); c != codes.NotFound && c != codes.Unavailable {
+			return fmt.Errorf("ringrpc: job %q rank %d: right neighbour rank %d (%s) refused the ring: %w", r.job, r.rank, r.right, target, err)
+		}
+		// Not joined there yet: try again shortly.
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		case <-r.ctx.Done():
+			t.Stop()
+		}
+		pause = min(2*pause, 200*time.Millisecond)
+	}
+}
+
+// open makes one attempt: a stream under the ring's lifetime whose
+// acceptance (response headers) is awaited under ctx.
+func (r *Ring) open(ctx context.Context, client pb.CollectiveClient, md metadata.MD) (grpc.ClientStream, error) {
+	sctx, scancel := context.WithCancel(metadata.NewOutgoingContext(r.ctx, md))
+	stop := context.AfterFunc(ctx, scancel)
+	defer stop()
+	stream, err := client.SendFrames(sctx, grpc.CallContentSubtype(codecName), grpc.WaitForReady(true))
+	if err == nil {
+		// Header hides a failed stream's status (it returns no metadata
+		// and no error); the status is then what RecvMsg returns.
+		var hdr metadata.MD
+		if hdr, err = stream.Header(); err == nil && len(hdr.Get(mdAccepted)) == 0 {
+			var resp pb.SendFramesResponse
+			if err = stream.RecvMsg(&resp); err == nil {
+				err = status.Error(codes.Internal, "ringrpc: the peer ended the stream without accepting it")
+			}
+		}
+	}
+	if err == nil && sctx.Err() == nil {
+		// scancel stays reachable through sctx's parent r.ctx: Close ends it.
+		return stream, nil
+	}
+	scancel()
+	if err == nil {
+		err = sctx.Err()
+	}
+	return nil, err
+}
+
+// sender is the only goroutine that writes to the stream.
+func (r *Ring) sender() {
+	defer r.wg.Done()
+	send := func(o *outFrame) bool {
+		err := r.stream.SendMsg(o)
+		if err == nil {
+			return true
+		}
+		// io.EOF says only that the stream ended; the watcher is about to
+		// report the status the neighbour ended it with, which says why.
+		t := time.NewTimer(time.Second)
+		defer t.Stop()
+		select {
+		case <-r.sendDone:
+		case <-r.ctx.Done():
+		case <-t.C:
+			r.sendFailed(err)
+		}
+		return false
+	}
+	for {
+		select {
+		case o := <-r.out:
+			if !send(o) {
+				return
+			}
+		case <-r.flush:
+			for {
+				select {
+				case o := <-r.out:
+					if !send(o) {
+						return
+					}
+				default:
+					if err := r.stream.CloseSend(); err != nil {
+						r.sendFailed(err)
+					}
+					return
+				}
+			}
+		case <-r.ctx.Done():
+			return
+		}
+	}
+}
+
+// watch is the stream's receiver: the response arrives only when the
+// right neighbour ends the stream, after a half-close (an acknowledgement)
+// or because it failed or refused a frame.
+func (r *Ring) watch() {
+	defer r.wg.Done()
+	var resp pb.SendFramesResponse
+	err := r.stream.RecvMsg(&resp)
+	if err == nil {
+		close(r.acked)
+		err = errors.New("the stream was closed after Shutdown")
+	}
+	r.sendFailed(err)
+}
+
+// sendFailed records why the outbound link broke (the first reason wins).
+func (r *Ring) sendFailed(err error) {
+	r.sendOne.Do(func() {
+		r.sendErr = r.peerGone(r.right, err)
+		close(r.sendDone)
+	})
+}
+
+// peerGone is the error for a broken link to peer: a *PeerError naming it
+// that wraps aggregator.ErrPeerGone and the cause, or ErrClosed when this
+// ring was closed.
+func (r *Ring) peerGone(peer int, cause error) error {
+	if r.ctx.Err() != nil {
+		return aggregator.ErrClosed
+	}
+	return &aggregator.PeerError{Rank: peer, Err: fmt.Errorf("%w (%s): %w", aggregator.ErrPeerGone, r.peers[peer], cause)}
+}
+
+// attachLeft marks the left neighbour's stream as connected.
+func (r *Ring) attachLeft() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.closed:
+		return status.Errorf(codes.NotFound, "ringrpc: the ring of job %q at generation %d on this endpoint is closed", r.job, r.gen)
+	case r.leftAttached:
+		return status.Errorf(codes.FailedPrecondition, "ringrpc: job %q generation %d: rank %d is already connected; a ring link is never re-opened (join a new generation)", r.job, r.gen, r.left)
+	}
+	r.leftAttached = true
+	close(r.leftUp)
+	return nil
+}
+
+// leftEnded records why the inbound link ended (the first reason wins);
+// eof says it was an orderly half-close.
+func (r *Ring) leftEnded(err error, eof bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.leftErr == nil {
+		r.leftEOF = eof
+		r.leftErr = err
+		close(r.leftDone)
+	}
+}
+
+// Rank implements aggregator.Ring.
+func (r *Ring) Rank() int { return r.rank }
+
+// Size implements aggregator.Ring.
+func (r *Ring) Size() int { return r.n }
+
+// JobID and Generation name the ring.
+func (r *Ring) JobID() string { return r.job }
+
+// Generation is the ring's membership generation.
+func (r *Ring) Generation() uint64 { return r.gen }
+
+// SendRight implements aggregator.Ring: it encodes f (copying f.Data once)
+// into a free outbox buffer and queues it for the sender goroutine. It
+// blocks only while all OutboxFrames buffers are in flight.
+func (r *Ring) SendRight(ctx context.Context, f aggregator.Frame) error {
+	if len(f.Data) > wire.MaxFrameBytes/4 {
+		return fmt.Errorf("ringrpc: frame of %d float32 values; at most %d allowed", len(f.Data), wire.MaxFrameBytes/4)
+	}
+	if r.n == 1 {
+		return errors.New("ringrpc: a ring of one rank has no neighbour to send to")
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	select {
+	case <-r.ctx.Done():
+		return aggregator.ErrClosed
+	case <-r.sendDone:
+		return r.sendErr
+	default:
+	}
+	var o *outFrame
+	select {
+	case o = <-r.outFree:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-r.ctx.Done():
+		return aggregator.ErrClosed
+	case <-r.sendDone:
+		return r.sendErr
+	}
+	o.encode(r.job, r.rank, f)
+	r.out <- o // never blocks: out has room for every outFrame
+	return nil
+}
+
+// RecvLeft implements aggregator.Ring. Frames that arrived before the left
+// link broke are delivered before the error.
+func (r *Ring) RecvLeft(ctx context.Context) (aggregator.Frame, error) {
+	if r.last != nil {
+		r.inFree <- r.last // room: every inFrame fits
+		r.last = nil
+	}
+	if r.n == 1 {
+		return aggregator.Frame{}, errors.New("ringrpc: a ring of one rank has no neighbour to receive from")
+	}
+	if err := ctx.Err(); err != nil {
+		return aggregator.Frame{}, err
+	}
+	select {
+	case in := <-r.inbox:
+		return r.take(in), nil
+	default:
+	}
+	select {
+	case in := <-r.inbox:
+		return r.take(in), nil
+	case <-ctx.Done():
+		return aggregator.Frame{}, ctx.Err()
+	case <-r.ctx.Done():
+		return aggregator.Frame{}, aggregator.ErrClosed
+	case <-r.leftDone:
+		select {
+		case in := <-r.inbox:
+			return r.take(in), nil
+		default:
+		}
+		return aggregator.Frame{}, r.leftErr
+	}
+}
+
+func (r *Ring) take(in *inFrame) aggregator.Frame {
+	r.last = in
+	return in.frame()
+}
+
+// Shutdown ends the ring in order, when every rank calls it after the
+// last collective: frames already handed to SendRight are written, the
+// stream to the right neighbour is half-closed, and Shutdown waits (at
+// most until ctx ends) until the right neighbour has acknowledged them
+// all and the left neighbour has half-closed its stream too, so that no
+// rank tears down a link its neighbour still needs. Then it closes the
+// ring as Close does.
+func (r *Ring) Shutdown(ctx context.Context) error {
+	defer r.Close()
+	if r.n == 1 {
+		return nil
+	}
+	r.flushOne.Do(func() { close(r.flush) })
+	var errs []error
+	select {
+	case <-r.acked:
+	case <-r.sendDone:
+		select {
+		case <-r.acked:
+		default:
+			errs = append(errs, r.sendErr)
+		}
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("ringrpc: shutdown of %v: waiting for rank %d to take the last frames: %w", r, r.right, ctx.Err()))
+	case <-r.ctx.Done():
+		return aggregator.ErrClosed
+	}
+	select {
+	case <-r.leftDone:
+		r.mu.Lock()
+		eof := r.leftEOF
+		r.mu.Unlock()
+		if !eof {
+			errs = append(errs, r.leftErr)
+		}
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("ringrpc: shutdown of %v: waiting for rank %d to close its stream: %w", r, r.left, ctx.Err()))
+	case <-r.ctx.Done():
+		return aggregator.ErrClosed
+	}
+	return errors.Join(errs...)
+}
+
+// Close breaks this rank at once, as if its process died: the stream to
+// the right neighbour is cancelled, the left neighbour's stream is refused
+// from its next frame, calls in progress return aggregator.ErrClosed and
+// the neighbours' calls fail with a *aggregator.PeerError naming this
+// rank. Close waits for the ring's own goroutines; an inbound handler
+// blocked in the left neighbour's stream returns as soon as that stream
+// delivers or ends. Close is idempotent and returns nil.
+func (r *Ring) Close() error {
+	r.closeOnce.Do(func() {
+		r.mu.Lock()
+		r.closed = true
+		r.mu.Unlock()
+		r.cancel()
+		r.e.unregister(r)
+		r.wg.Wait()
+		if r.conn != nil {
+			r.conn.Close()
+		}
+	})
+	return nil
+}
+
+var _ aggregator.Ring = (*Ring)(nil)
