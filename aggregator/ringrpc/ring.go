@@ -135,7 +135,7 @@ type Ring struct {
 	closed       bool
 	leftAttached bool
 	leftErr      error
-	leftEOF      bool // the left neighbour half-closed its stream in order
+	leftEOF      bool          // the left neighbour half-closed its stream in order
 	leftUp       chan struct{} // closed when the left neighbour's stream was accepted
 	leftDone     chan struct{} // closed when that stream ended; leftErr says why
 

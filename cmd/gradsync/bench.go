@@ -2,10 +2,12 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/gradsync/gradsync/internal/allreducebench"
 	"github.com/gradsync/gradsync/internal/bench"
 	"github.com/gradsync/gradsync/models"
 )
@@ -15,8 +17,67 @@ func newBenchCmd(g *globals) *cobra.Command {
 		Use:   "bench",
 		Short: "Measure speed: training throughput, collectives",
 	}
-	c.AddCommand(newBenchTrainCmd(g))
+	c.AddCommand(newBenchTrainCmd(g), newBenchAllReduceCmd(g), newBenchAllReduceChildCmd())
 	return c
+}
+
+// allReduceChild is the hidden subcommand each rank process of
+// `bench allreduce` runs.
+const allReduceChild = "allreduce-rank"
+
+func newBenchAllReduceCmd(g *globals) *cobra.Command {
+	var o allreducebench.ParentOptions
+	var sizes string
+	c := &cobra.Command{
+		Use:   "allreduce",
+		Short: "Ring all-reduce bandwidth over gRPC between N processes on loopback (nccl-tests columns)",
+		Example: `  gradsync bench allreduce --ranks 2 --sizes 1M,4M,16M,64M --json
+  gradsync bench allreduce --ranks 4 --transport mem`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			var err error
+			if o.Sizes, err = allreducebench.ParseSizes(sizes); err != nil {
+				return err
+			}
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			o.Stderr = c.ErrOrStderr()
+			rs, err := allreducebench.RunParent(c.Context(), o, exe, func(rank int, peers []string) []string {
+				return append([]string{"bench", allReduceChild}, allreducebench.ChildArgs(o.Options, rank, peers)...)
+			})
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return allreducebench.WriteJSON(c.OutOrStdout(), rs)
+			}
+			return allreducebench.WriteTable(c.OutOrStdout(), rs)
+		},
+	}
+	f := c.Flags()
+	f.IntVar(&o.Ranks, "ranks", 2, "world size: this many processes (grpc) or in-memory ranks (mem)")
+	f.StringVar(&sizes, "sizes", "1M,4M,16M,64M", "buffer sizes in bytes (K, M, G suffixes: powers of 1024)")
+	f.StringVar(&o.Transport, "transport", allreducebench.TransportGRPC, "grpc (separate processes, TCP on loopback) or mem")
+	f.IntVar(&o.Reps, "reps", 15, "timed repetitions per size (the median is reported)")
+	f.IntVar(&o.Warmup, "warmup", 3, "untimed repetitions first")
+	return c
+}
+
+func newBenchAllReduceChildCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:                allReduceChild,
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(c *cobra.Command, args []string) error {
+			co, err := allreducebench.ParseChildArgs(args)
+			if err != nil {
+				return err
+			}
+			return allreducebench.RunChild(c.Context(), co)
+		},
+	}
 }
 
 func newBenchTrainCmd(g *globals) *cobra.Command {

@@ -1,0 +1,509 @@
+// Package allreducebench is the engine of `gradsync bench allreduce`: it
+// times ring all-reduce the way nccl-tests and the gloo anchor script do,
+// either over gRPC between N rank processes on loopback or over the
+// in-memory ring in one process.
+//
+// # Processes and rendezvous
+//
+// RunParent picks N free loopback ports, starts N copies of the calling
+// executable (a hidden subcommand the caller names through childArgs; the
+// flags come from ChildArgs) and collects their results. Each child
+// (RunChild, with options from ParseChildArgs) serves its Collective
+// endpoint on its port, joins the ring (Join waits until both neighbours
+// are linked) and passes a barrier before timing anything.
+//
+// # What is measured
+//
+// For each size: Warmup untimed all-reduces, then Reps repetitions of
+// barrier + one timed all-reduce of size bytes of float32. A rep's time is
+// the slowest rank's; the reported time is the median over reps. algbw =
+// size/time, busbw = algbw·2(n−1)/n (GB/s, 1e9 bytes). The result of the
+// first timed rep is checked on every rank.
+package allreducebench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/aggregator/ringrpc"
+	"github.com/gradsync/gradsync/internal/rpc"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// Transports.
+const (
+	TransportGRPC = "grpc"
+	TransportMem  = "mem"
+)
+
+// Options are the parameters shared by parent and children.
+type Options struct {
+	// Ranks is the world size n (>= 1).
+	Ranks int
+	// Sizes are the buffer sizes in bytes (multiples of 4).
+	Sizes []int64
+	// Reps timed repetitions per size (default 15), after Warmup untimed
+	// ones (default 3).
+	Reps, Warmup int
+	// FrameElems is aggregator.Options.MaxFrameElems (0: its default).
+	FrameElems int
+	// InboxFrames and OutboxFrames tune the gRPC ring (0: defaults).
+	InboxFrames, OutboxFrames int
+}
+
+func (o Options) withDefaults() Options {
+	if o.Reps == 0 {
+		o.Reps = 15
+	}
+	if o.Warmup == 0 {
+		o.Warmup = 3
+	}
+	return o
+}
+
+// Validate reports whether o is usable.
+func (o Options) Validate() error {
+	switch {
+	case o.Ranks < 1 || o.Ranks > 64:
+		return fmt.Errorf("allreducebench: ranks %d out of range 1..64", o.Ranks)
+	case len(o.Sizes) == 0:
+		return errors.New("allreducebench: no sizes given")
+	case o.Reps < 0 || o.Warmup < 0:
+		return fmt.Errorf("allreducebench: reps %d and warmup %d must not be negative", o.Reps, o.Warmup)
+	}
+	for _, s := range o.Sizes {
+		if s <= 0 || s%4 != 0 || s > 4<<30 {
+			return fmt.Errorf("allreducebench: size %d bytes: want a positive multiple of 4 up to 4 GiB", s)
+		}
+	}
+	return (aggregator.Options{MaxFrameElems: o.FrameElems}).Validate()
+}
+
+// Result is one line of the report: nccl-tests columns for one size.
+type Result struct {
+	Transport string  `json:"transport"`
+	Ranks     int     `json:"ranks"`
+	SizeBytes int64   `json:"size_bytes"`
+	Elements  int64   `json:"elements"`
+	Reps      int     `json:"reps"`
+	TimeMS    float64 `json:"time_ms"` // median over reps of the slowest rank
+	MinMS     float64 `json:"min_ms"`
+	MaxMS     float64 `json:"max_ms"`
+	AlgBW     float64 `json:"algbw_gbs"` // size / time, GB/s
+	BusBW     float64 `json:"busbw_gbs"` // algbw · 2(n−1)/n
+}
+
+// rankTimes is what a child prints per size: its own time of each rep.
+type rankTimes struct {
+	Rank      int     `json:"rank"`
+	SizeBytes int64   `json:"size_bytes"`
+	TimesNS   []int64 `json:"times_ns"`
+}
+
+// summarize turns per-rep slowest-rank times into a Result.
+func summarize(transport string, n int, size int64, slowest []time.Duration) Result {
+	s := slices.Clone(slowest)
+	slices.Sort(s)
+	med := s[len(s)/2]
+	if len(s)%2 == 0 {
+		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	r := Result{Transport: transport, Ranks: n, SizeBytes: size, Elements: size / 4, Reps: len(s),
+		TimeMS: ms(med), MinMS: ms(s[0]), MaxMS: ms(s[len(s)-1])}
+	if med > 0 {
+		r.AlgBW = float64(size) / med.Seconds() / 1e9
+		r.BusBW = r.AlgBW * 2 * float64(n-1) / float64(n)
+	}
+	return r
+}
+
+func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
+
+// ParseSizes parses "1M,4M,16M,64M": byte counts with an optional K, M or
+// G suffix (binary: KiB, MiB, GiB).
+func ParseSizes(s string) ([]int64, error) {
+	var out []int64
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		mult := int64(1)
+		switch {
+		case strings.HasSuffix(strings.ToUpper(f), "K"):
+			mult = 1 << 10
+		case strings.HasSuffix(strings.ToUpper(f), "M"):
+			mult = 1 << 20
+		case strings.HasSuffix(strings.ToUpper(f), "G"):
+			mult = 1 << 30
+		}
+		if mult > 1 {
+			f = f[:len(f)-1]
+		}
+		v, err := strconv.ParseInt(f, 10, 64)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("allreducebench: size %q: want a positive number with an optional K, M or G suffix", f)
+		}
+		out = append(out, v*mult)
+	}
+	return out, nil
+}
+
+// fill sets rank r's input: (r+1)·(i mod 7 + 1), small integers whose sum
+// is exact; check verifies the sum n(n+1)/2·(i mod 7 + 1) at a few places.
+func fill(buf []float32, r int) {
+	for i := range buf {
+		buf[i] = float32((r + 1) * (i%7 + 1))
+	}
+}
+
+func check(buf []float32, n int) error {
+	tri := n * (n + 1) / 2
+	for _, i := range []int{0, len(buf) / 3, len(buf) / 2, len(buf) - 1} {
+		if want := float32(tri * (i%7 + 1)); buf[i] != want {
+			return fmt.Errorf("allreducebench: wrong sum: buf[%d] = %v, want %v", i, buf[i], want)
+		}
+	}
+	return nil
+}
+
+// runRank runs the whole benchmark on one rank of ring r and reports each
+// size's per-rep times to emit.
+func runRank(ctx context.Context, r aggregator.Ring, o Options, emit func(rankTimes) error) error {
+	n := r.Size()
+	opt := aggregator.Options{MaxFrameElems: o.FrameElems}
+	if g, ok := r.(interface{ Generation() uint64 }); ok {
+		opt.Generation = g.Generation()
+	}
+	step := int64(0)
+	next := func() int64 { step++; return step }
+	if err := aggregator.Barrier(ctx, r, next(), opt); err != nil {
+		return err
+	}
+	for _, size := range o.Sizes {
+		buf := make([]float32, size/4)
+		for range o.Warmup {
+			if err := aggregator.AllReduce(ctx, r, buf, next(), opt); err != nil {
+				return err
+			}
+		}
+		times := make([]int64, o.Reps)
+		for rep := range o.Reps {
+			fill(buf, r.Rank()) // keeps values finite; untimed
+			if err := aggregator.Barrier(ctx, r, next(), opt); err != nil {
+				return err
+			}
+			start := time.Now()
+			if err := aggregator.AllReduce(ctx, r, buf, next(), opt); err != nil {
+				return err
+			}
+			times[rep] = time.Since(start).Nanoseconds()
+			if rep == 0 {
+				if err := check(buf, n); err != nil {
+					return err
+				}
+			}
+		}
+		if err := emit(rankTimes{Rank: r.Rank(), SizeBytes: size, TimesNS: times}); err != nil {
+			return err
+		}
+	}
+	return aggregator.Barrier(ctx, r, next(), opt)
+}
+
+// RunMem runs the benchmark with o.Ranks in-memory ranks in this process.
+func RunMem(ctx context.Context, o Options) ([]Result, error) {
+	o = o.withDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	rings := aggregator.NewMemRing(o.Ranks, 4)
+	defer func() {
+		for _, r := range rings {
+			r.(io.Closer).Close()
+		}
+	}()
+	per := make([][]rankTimes, o.Ranks)
+	errs := make([]error, o.Ranks)
+	var wg sync.WaitGroup
+	for i, r := range rings {
+		wg.Go(func() {
+			errs[i] = runRank(ctx, r, o, func(t rankTimes) error { per[i] = append(per[i], t); return nil })
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return collect(TransportMem, o, slices.Concat(per...))
+}
+
+// collect combines every rank's times into one Result per size.
+func collect(transport string, o Options, all []rankTimes) ([]Result, error) {
+	var out []Result
+	for _, size := range o.Sizes {
+		slowest := make([]time.Duration, o.Reps)
+		seen := 0
+		for _, t := range all {
+			if t.SizeBytes != size {
+				continue
+			}
+			if len(t.TimesNS) != o.Reps {
+				return nil, fmt.Errorf("allreducebench: rank %d reported %d reps for %d bytes, want %d", t.Rank, len(t.TimesNS), size, o.Reps)
+			}
+			seen++
+			for i, ns := range t.TimesNS {
+				slowest[i] = max(slowest[i], time.Duration(ns))
+			}
+		}
+		if seen != o.Ranks {
+			return nil, fmt.Errorf("allreducebench: %d of %d ranks reported results for %d bytes", seen, o.Ranks, size)
+		}
+		out = append(out, summarize(transport, o.Ranks, size, slowest))
+	}
+	return out, nil
+}
+
+// ChildOptions configure one rank process.
+type ChildOptions struct {
+	Options
+	// Rank is this process's rank; Peers the loopback address of every
+	// rank's Collective endpoint, this one's included (it listens there).
+	Rank  int
+	Peers []string
+	// Out receives the results as JSON lines (default os.Stdout).
+	Out io.Writer
+	// Log receives diagnostics (default: discarded).
+	Log *slog.Logger
+}
+
+// ChildArgs renders the flags that ParseChildArgs reads.
+func ChildArgs(o Options, rank int, peers []string) []string {
+	sizes := make([]string, len(o.Sizes))
+	for i, s := range o.Sizes {
+		sizes[i] = strconv.FormatInt(s, 10)
+	}
+	return []string{
+		"--rank", strconv.Itoa(rank), "--peers", strings.Join(peers, ","),
+		"--sizes", strings.Join(sizes, ","), "--reps", strconv.Itoa(o.Reps), "--warmup", strconv.Itoa(o.Warmup),
+		"--frame-elems", strconv.Itoa(o.FrameElems),
+		"--inbox-frames", strconv.Itoa(o.InboxFrames), "--outbox-frames", strconv.Itoa(o.OutboxFrames),
+	}
+}
+
+// ParseChildArgs parses ChildArgs's flags (for a hidden subcommand with
+// flag parsing disabled).
+func ParseChildArgs(args []string) (ChildOptions, error) {
+	var c ChildOptions
+	fs := flag.NewFlagSet("allreduce-child", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var peers, sizes string
+	fs.IntVar(&c.Rank, "rank", -1, "")
+	fs.StringVar(&peers, "peers", "", "")
+	fs.StringVar(&sizes, "sizes", "", "")
+	fs.IntVar(&c.Reps, "reps", 15, "")
+	fs.IntVar(&c.Warmup, "warmup", 3, "")
+	fs.IntVar(&c.FrameElems, "frame-elems", 0, "")
+	fs.IntVar(&c.InboxFrames, "inbox-frames", 0, "")
+	fs.IntVar(&c.OutboxFrames, "outbox-frames", 0, "")
+	if err := fs.Parse(args); err != nil {
+		return c, fmt.Errorf("allreducebench: child flags: %w", err)
+	}
+	c.Peers = strings.Split(peers, ",")
+	c.Ranks = len(c.Peers)
+	var err error
+	if c.Sizes, err = ParseSizes(sizes); err != nil {
+		return c, err
+	}
+	if c.Rank < 0 || c.Rank >= c.Ranks {
+		return c, fmt.Errorf("allreducebench: child --rank %d out of range for %d peers", c.Rank, c.Ranks)
+	}
+	return c, c.Validate()
+}
+
+// RunChild runs one rank process: it serves its Collective endpoint on
+// Peers[Rank], joins the ring, runs the benchmark and prints its times.
+func RunChild(ctx context.Context, c ChildOptions) error {
+	c.Options = c.withDefaults()
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if c.Out == nil {
+		c.Out = os.Stdout
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	var lc net.ListenConfig
+	lis, err := lc.Listen(ctx, "tcp", c.Peers[c.Rank])
+	if err != nil {
+		return fmt.Errorf("allreducebench: rank %d: %w", c.Rank, err)
+	}
+	ep := ringrpc.NewEndpoint(c.Log)
+	defer ep.Close()
+	gs := grpc.NewServer(append(rpc.ServerOptions(c.Log, nil, nil), ringrpc.ServerOptions()...)...)
+	pb.RegisterCollectiveServer(gs, ep)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = gs.Serve(lis) })
+	defer func() {
+		// Graceful: the last acknowledgements of the neighbours' streams
+		// must reach them before this process exits.
+		t := time.AfterFunc(5*time.Second, gs.Stop)
+		gs.GracefulStop()
+		t.Stop()
+		wg.Wait()
+	}()
+
+	jctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	ring, err := ep.Join(jctx, ringrpc.RingConfig{
+		JobID: "bench-allreduce", Generation: 1, Rank: c.Rank, Peers: c.Peers,
+		InboxFrames: c.InboxFrames, OutboxFrames: c.OutboxFrames,
+	})
+	if err != nil {
+		return err
+	}
+	defer ring.Close()
+	enc := json.NewEncoder(c.Out)
+	if err := runRank(ctx, ring, c.Options, func(t rankTimes) error { return enc.Encode(t) }); err != nil {
+		return err
+	}
+	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+	defer scancel()
+	return ring.Shutdown(sctx)
+}
+
+// ParentOptions configure RunParent.
+type ParentOptions struct {
+	Options
+	// Transport is TransportGRPC (N processes) or TransportMem (one).
+	Transport string
+	// Env is added to each child's environment.
+	Env []string
+	// Stderr receives the children's stderr (default os.Stderr).
+	Stderr io.Writer
+}
+
+// RunParent runs the benchmark. For TransportGRPC it starts o.Ranks
+// processes `exe childArgs(rank, peers)...`, which must call RunChild with
+// the options ParseChildArgs returns for ChildArgs(o.Options, rank,
+// peers); for TransportMem it runs RunMem.
+func RunParent(ctx context.Context, o ParentOptions, exe string, childArgs func(rank int, peers []string) []string) ([]Result, error) {
+	o.Options = o.withDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	switch o.Transport {
+	case TransportMem:
+		return RunMem(ctx, o.Options)
+	case TransportGRPC, "":
+	default:
+		return nil, fmt.Errorf("allreducebench: transport %q: want %q or %q", o.Transport, TransportGRPC, TransportMem)
+	}
+	if o.Stderr == nil {
+		o.Stderr = os.Stderr
+	}
+	peers, err := freePorts(ctx, o.Ranks)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		mu   sync.Mutex // protects all
+		all  []rankTimes
+		wg   sync.WaitGroup
+		errs = make([]error, o.Ranks)
+	)
+	for rank := range o.Ranks {
+		cmd := exec.CommandContext(ctx, exe, childArgs(rank, peers)...)
+		cmd.Env = append(os.Environ(), o.Env...)
+		cmd.Stderr = o.Stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return nil, err
+		}
+		if err := cmd.Start(); err != nil {
+			cancel()
+			wg.Wait()
+			return nil, fmt.Errorf("allreducebench: start rank %d: %w", rank, err)
+		}
+		wg.Go(func() { // owned by RunParent: reads rank's results, then reaps it
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				var t rankTimes
+				if json.Unmarshal(sc.Bytes(), &t) != nil || t.Rank != rank {
+					continue // not a result line
+				}
+				mu.Lock()
+				all = append(all, t)
+				mu.Unlock()
+			}
+			if err := cmd.Wait(); err != nil {
+				errs[rank] = fmt.Errorf("allreducebench: rank %d: %w", rank, err)
+				cancel() // one rank failed: the others cannot finish
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return collect(TransportGRPC, o.Options, all)
+}
+
+// freePorts reserves n loopback ports by listening on port 0, and frees
+// them for the children to take.
+func freePorts(ctx context.Context, n int) ([]string, error) {
+	var lc net.ListenConfig
+	addrs := make([]string, n)
+	for i := range addrs {
+		l, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("allreducebench: pick a port: %w", err)
+		}
+		defer l.Close()
+		addrs[i] = l.Addr().String()
+	}
+	return addrs, nil
+}
+
+// WriteTable prints results in nccl-tests columns.
+func WriteTable(w io.Writer, rs []Result) error {
+	if _, err := fmt.Fprintf(w, "%-9s %5s %12s %10s %10s %10s %10s %10s\n",
+		"transport", "ranks", "size(B)", "time(ms)", "min(ms)", "max(ms)", "algbw", "busbw"); err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if _, err := fmt.Fprintf(w, "%-9s %5d %12d %10.3f %10.3f %10.3f %10.3f %10.3f\n",
+			r.Transport, r.Ranks, r.SizeBytes, r.TimeMS, r.MinMS, r.MaxMS, r.AlgBW, r.BusBW); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WriteJSON prints one JSON object per result.
+func WriteJSON(w io.Writer, rs []Result) error {
+	enc := json.NewEncoder(w)
+	for _, r := range rs {
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,119 @@
+package allreducebench
+
+import (
+	"context"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// childEnv makes this test binary act as a rank process (the helper
+// process pattern): TestMain runs RunChild instead of the tests.
+const childEnv = "ALLREDUCEBENCH_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		args := os.Args[1:]
+		for i, a := range args {
+			if a == "--" {
+				args = args[i+1:]
+				break
+			}
+		}
+		c, err := ParseChildArgs(args)
+		if p := os.Getenv("ALLREDUCEBENCH_CPUPROFILE"); p != "" && err == nil {
+			f, ferr := os.Create(p + "." + strconv.Itoa(c.Rank))
+			if ferr == nil {
+				_ = pprof.StartCPUProfile(f)
+				defer f.Close()
+			}
+		}
+		if err == nil {
+			err = RunChild(context.Background(), c)
+		}
+		pprof.StopCPUProfile()
+		if err != nil {
+			os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func runProcs(t *testing.T, o ParentOptions) []Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	o.Env = append(o.Env, childEnv+"=1")
+	rs, err := RunParent(ctx, o, os.Args[0], func(rank int, peers []string) []string {
+		return append([]string{"-test.run=^$", "--"}, ChildArgs(o.Options, rank, peers)...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+func TestProcesses(t *testing.T) {
+	for _, n := range []int{1, 2, 3} {
+		rs := runProcs(t, ParentOptions{Options: Options{Ranks: n, Sizes: []int64{4 << 10, 1 << 20}, Reps: 3, Warmup: 1}})
+		if len(rs) != 2 || rs[1].SizeBytes != 1<<20 || rs[1].Ranks != n || rs[1].TimeMS <= 0 {
+			t.Fatalf("n=%d: %+v", n, rs)
+		}
+	}
+}
+
+func TestMem(t *testing.T) {
+	rs, err := RunMem(t.Context(), Options{Ranks: 4, Sizes: []int64{1 << 20}, Reps: 3})
+	if err != nil || len(rs) != 1 || rs[0].BusBW <= 0 {
+		t.Fatalf("%+v, %v", rs, err)
+	}
+}
+
+func TestParseSizes(t *testing.T) {
+	got, err := ParseSizes("1M,4K,16,2G")
+	if err != nil || len(got) != 4 || got[0] != 1<<20 || got[1] != 4<<10 || got[2] != 16 || got[3] != 2<<30 {
+		t.Fatalf("%v, %v", got, err)
+	}
+	if _, err := ParseSizes("1X"); err == nil {
+		t.Error("1X accepted")
+	}
+}
+
+// TestCompare prints the benchmark table when ALLREDUCEBENCH_RANKS is set
+// (e.g. "2,4"); ALLREDUCEBENCH_SIZES (default 1M,4M,16M,64M),
+// ALLREDUCEBENCH_REPS (15) and ALLREDUCEBENCH_FRAME (elements per frame).
+func TestCompare(t *testing.T) {
+	ranks := os.Getenv("ALLREDUCEBENCH_RANKS")
+	if ranks == "" {
+		t.Skip("set ALLREDUCEBENCH_RANKS to run")
+	}
+	sizes, err := ParseSizes(envOr("ALLREDUCEBENCH_SIZES", "1M,4M,16M,64M"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, _ := strconv.Atoi(envOr("ALLREDUCEBENCH_REPS", "15"))
+	frame, _ := strconv.Atoi(envOr("ALLREDUCEBENCH_FRAME", "0"))
+	inbox, _ := strconv.Atoi(envOr("ALLREDUCEBENCH_INBOX", "0"))
+	var all []Result
+	for f := range strings.SplitSeq(ranks, ",") {
+		n, _ := strconv.Atoi(f)
+		all = append(all, runProcs(t, ParentOptions{Options: Options{Ranks: n, Sizes: sizes, Reps: reps, FrameElems: frame, InboxFrames: inbox, OutboxFrames: inbox}})...)
+	}
+	var b strings.Builder
+	_ = WriteTable(&b, all)
+	t.Log("\n" + b.String())
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
