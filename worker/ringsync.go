@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -56,8 +57,17 @@ func bucketize(segs []models.Segment, capBytes int) []span {
 // all-reduces its gradient bucket by bucket, divides by the world size, and
 // applies the same optimiser step locally, so all ranks keep bit-identical
 // parameters (checked every checksumEvery steps).
+// trafficker is a ring that counts its bytes (ringrpc's does).
+type trafficker interface {
+	Traffic() (sent, received int64, right, left string)
+}
+
 type ringSync struct {
 	ring    aggregator.Ring
+	metrics *metrics.Registry // may be nil
+	jobID   string
+	sent    int64 // bytes reported to metrics so far
+	recv    int64
 	closeFn func()
 	world   int
 	spec    *pb.JobSpec
@@ -75,14 +85,14 @@ type ringSync struct {
 }
 
 // newRingSync broadcasts rank 0's initial parameters to every rank.
-func newRingSync(ctx context.Context, ring aggregator.Ring, closeFn func(), a *pb.Assignment, net *models.Network, totalSteps int64) (*ringSync, error) {
+func newRingSync(ctx context.Context, ring aggregator.Ring, closeFn func(), a *pb.Assignment, net *models.Network, totalSteps int64, reg *metrics.Registry) (*ringSync, error) {
 	spec := a.Spec
 	capBytes := int(spec.GetBucketCapMb() * (1 << 20))
 	if capBytes <= 0 {
 		capBytes = 25 << 20
 	}
 	r := &ringSync{
-		ring: ring, closeFn: closeFn, world: ring.Size(), spec: spec, total: totalSteps,
+		ring: ring, closeFn: closeFn, world: ring.Size(), spec: spec, total: totalSteps, metrics: reg, jobID: a.JobId,
 		optim:   jobspec.NewOptimizer(spec),
 		opt:     aggregator.Options{Generation: a.Generation},
 		buckets: bucketize(net.Segments(), capBytes),
@@ -127,6 +137,12 @@ func (r *ringSync) step(ctx context.Context, grads, params []float32) error {
 		return fmt.Errorf("%w at step %d (nonfinite_policy fail)", aggregator.ErrNonFinite, r.steps)
 	}
 	r.steps++
+	if t, ok := r.ring.(trafficker); ok && r.metrics != nil {
+		sent, recv, right, left := t.Traffic()
+		r.metrics.AddBytesSent(r.jobID, right, int(sent-r.sent))
+		r.metrics.AddBytesReceived(r.jobID, left, int(recv-r.recv))
+		r.sent, r.recv = sent, recv
+	}
 	if r.steps%checksumEvery == 0 || r.steps == r.total {
 		return r.checkInSync(ctx, params)
 	}

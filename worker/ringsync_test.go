@@ -131,7 +131,7 @@ func TestRingAndPSMatchSingleWorker(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			net := ringNets[r]
-			rs, err := newRingSync(ctx, rings[r], nil, a, net, steps)
+			rs, err := newRingSync(ctx, rings[r], nil, a, net, steps, nil)
 			if err != nil {
 				errs[r] = err
 				return

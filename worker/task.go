@@ -226,7 +226,7 @@ func startSync(ctx context.Context, a *pb.Assignment, env *taskEnv, net *models.
 				env.log.Debug("leaving the ring", "job", a.JobId, "err", err)
 			}
 		}
-		rs, err := newRingSync(ctx, r, leave, a, net, totalSteps)
+		rs, err := newRingSync(ctx, r, leave, a, net, totalSteps, env.metrics)
 		if err != nil {
 			r.Close()
 			return nil, err

@@ -156,14 +156,16 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	// The peer endpoint serves workers only: Collective needs a worker
 	// certificate, health and reflection are open, nothing is public.
-	gs := grpc.NewServer(append(rpc.ServerOptions(w.log, w.cfg.PeerServerTLS,
-		&security.AuthOptions{PublicServices: []string{}, Insecure: w.cfg.PeerServerTLS == nil}), ringrpc.ServerOptions()...)...)
+	opts := append(w.cfg.Metrics.GRPCServerOptions(), rpc.ServerOptions(w.log, w.cfg.PeerServerTLS,
+		&security.AuthOptions{PublicServices: []string{}, Insecure: w.cfg.PeerServerTLS == nil})...)
+	gs := grpc.NewServer(append(opts, ringrpc.ServerOptions()...)...)
 	w.ring = ringrpc.NewEndpoint(w.log)
 	defer w.ring.Close()
 	pb.RegisterCollectiveServer(gs, w.ring)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
+	w.cfg.Metrics.InitializeGRPC(gs)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { // owned by Run: the peer endpoint

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -158,6 +159,15 @@ type Ring struct {
 	inbox  chan *inFrame
 	inFree chan *inFrame
 	last   *inFrame // returned by the last RecvLeft; only RecvLeft touches it
+
+	// Data bytes handed to SendRight and returned by RecvLeft.
+	sentBytes, recvBytes atomic.Int64
+}
+
+// Traffic reports the tensor bytes this rank has sent to its right
+// neighbour and received from its left one, and their addresses.
+func (r *Ring) Traffic() (sent, received int64, right, left string) {
+	return r.sentBytes.Load(), r.recvBytes.Load(), r.peers[r.right], r.peers[r.left]
 }
 
 // Join adds this rank of cfg's ring to e and connects it: it opens the
@@ -447,6 +457,7 @@ func (r *Ring) SendRight(ctx context.Context, f aggregator.Frame) error {
 		return r.sendErr
 	}
 	o.encode(r.job, r.rank, f)
+	r.sentBytes.Add(int64(4 * len(f.Data)))
 	r.out <- o // never blocks: out has room for every outFrame
 	return nil
 }
@@ -488,6 +499,7 @@ func (r *Ring) RecvLeft(ctx context.Context) (aggregator.Frame, error) {
 
 func (r *Ring) take(in *inFrame) aggregator.Frame {
 	r.last = in
+	r.recvBytes.Add(int64(in.nbytes))
 	return in.frame()
 }
 

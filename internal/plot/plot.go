@@ -16,6 +16,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	gplot "gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -146,6 +147,8 @@ func newChart(title, xLabel, yLabel string, lines []series, st style) (*gplot.Pl
 	p.Title.Padding = vg.Points(6)
 	p.X.Label.Text = xLabel
 	p.Y.Label.Text = yLabel
+	p.X.Tick.Marker = plainTicks{}
+	p.Y.Tick.Marker = plainTicks{}
 	p.Add(plotter.NewGrid())
 	p.Legend.Top = st.legendTop
 	for i, s := range lines {
@@ -224,4 +227,18 @@ func writeAtomic(path string, w io.WriterTo) error {
 		return fmt.Errorf("plot: %w", err)
 	}
 	return nil
+}
+
+// plainTicks are gonum/plot's default ticks labelled in the shortest form
+// ("250", "0.3", "4750"), not with a fixed number of decimals.
+type plainTicks struct{}
+
+func (plainTicks) Ticks(min, max float64) []gplot.Tick {
+	ts := gplot.DefaultTicks{}.Ticks(min, max)
+	for i := range ts {
+		if ts[i].Label != "" {
+			ts[i].Label = strconv.FormatFloat(ts[i].Value, 'g', 6, 64)
+		}
+	}
+	return ts
 }
