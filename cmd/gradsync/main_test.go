@@ -1,0 +1,69 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/spf13/cobra"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+func TestThousands(t *testing.T) {
+	for in, want := range map[float64]string{0: "0", 999: "999", 1000: "1,000", 1234567.4: "1,234,567", -12345: "-12,345"} {
+		if got := thousands(in); got != want {
+			t.Errorf("thousands(%v) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// The last --json line of local/submit --watch is the summary object with
+// the fields the README promises.
+func TestSummaryJSON(t *testing.T) {
+	var b bytes.Buffer
+	p := &printer{out: &b, json: true}
+	p.summary(&pb.Job{Id: "job-1", State: pb.JobState_JOB_STATE_SUCCEEDED, RunDir: "/r",
+		Spec:   &pb.JobSpec{Model: "mlp", Mode: "ps", Workers: proto.Int32(2), Dataset: &pb.DatasetSpec{Name: "mnist"}},
+		Result: &pb.JobResult{TestAccuracy: 0.97, Epochs: 1, WallSeconds: 3}})
+	var m map[string]any
+	if err := json.Unmarshal(b.Bytes(), &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"job_id", "state", "test_accuracy", "epochs", "workers", "mode", "wall_seconds", "run_dir"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("summary lacks %q: %s", k, b.String())
+		}
+	}
+	if m["state"] != "SUCCEEDED" || m["workers"] != 2.0 {
+		t.Errorf("summary %s", b.String())
+	}
+}
+
+// Flags override the job file; unset flags leave its fields alone.
+func TestSpecFlagsOverrideFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "job.yaml")
+	if err := os.WriteFile(file, []byte("model: lenet5\nworkers: 3\nepochs: 2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var sf specFlags
+	c := &cobra.Command{Use: "x"}
+	sf.register(c)
+	if err := c.ParseFlags([]string{"-f", file, "--workers", "4", "--lr", "0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := sf.build(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec.GetModel() != "lenet5" || spec.GetWorkers() != 4 || spec.GetEpochs() != 2 || spec.GetOptimizer().GetLr() != 0.1 {
+		t.Errorf("spec %v", spec)
+	}
+	if spec.BatchSize != nil || spec.Optimizer.Momentum != nil {
+		t.Errorf("unset flags wrote fields: %v", spec)
+	}
+}
