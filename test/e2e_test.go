@@ -140,3 +140,37 @@ func TestKillWorkerAndRestartServer(t *testing.T) {
 	}
 	t.Logf("job running at shutdown: %q", after[atStop.ID].Message)
 }
+
+// TestKillRingRank kills one of three worker processes during a ring-mode
+// job: the job fails within the heartbeat timeout naming the dead worker,
+// and the survivors leave their ring and take the next job.
+func TestKillRingRank(t *testing.T) {
+	skipIfShort(t)
+	ctx := testCtx(t, 90*time.Second)
+	dir := t.TempDir()
+	s := startServer(ctx, t, "127.0.0.1:0", filepath.Join(dir, "data"), filepath.Join(dir, "runs"))
+	s.startWorker(ctx, t, "ring-0")
+	victim := s.startWorker(ctx, t, "ring-1")
+	s.startWorker(ctx, t, "ring-2")
+	long := s.submit(ctx, t, "--mode", "ring", "--model", "mlp", "--dataset", "synthetic", "--workers", "3", "--epochs", "1000", "--log-every", "5")
+	watch := start(t, "watch", "watch", long.ID, "--json", "--server", s.addr)
+	if _, err := watch.stdout.wait(ctx, watch.exited, func(l string) bool { return strings.Contains(l, `"event":"progress"`) }); err != nil {
+		t.Fatalf("no progress from the ring job: %v", err)
+	}
+	victim.signal(t, syscall.SIGKILL)
+	killed := time.Now()
+	if code := watch.wait(testCtx(t, 10*time.Second), t); code != 1 {
+		t.Errorf("watch of the failed job: exit %d, want 1", code)
+	}
+	t.Logf("ring job ended %.1fs after the kill", time.Since(killed).Seconds())
+	if sum := parseSummary(t, watch.stdout.all()); sum.State != "FAILED" || !strings.Contains(sum.Message, "ring-1") {
+		t.Errorf("after kill -9 of ring-1: state %s, message %q; want FAILED naming ring-1", sum.State, sum.Message)
+	}
+	s.waitWorker(ctx, t, "ring-0", "IDLE")
+	s.waitWorker(ctx, t, "ring-2", "IDLE")
+	out, code := gradsync(ctx, t, "submit", "--server", s.addr, "--watch", "--json", "--mode", "ring",
+		"--model", "logreg", "--dataset", "synthetic", "--workers", "2", "--max-steps", "20")
+	if sum := parseSummary(t, out); code != 0 || sum.State != "SUCCEEDED" {
+		t.Errorf("the survivors' next ring job: exit %d, %+v", code, sum)
+	}
+}
