@@ -4,9 +4,6 @@ package ringrpc
 
 import "github.com/gradsync/gradsync/internal/wire"
 
-// nativeLE: this machine's float32 layout differs from the wire's
-// little-endian bytes, so values are converted one by one.
-const nativeLE = false
 
 // appendF32 appends src as little-endian float32 bytes.
 func appendF32(dst []byte, src []float32) []byte {

@@ -4,9 +4,6 @@ package ringrpc
 
 import "unsafe"
 
-// nativeLE: float32 in memory is already the wire's little-endian layout,
-// so a []float32 is viewed as bytes without conversion.
-const nativeLE = true
 
 // f32Bytes views f as its 4*len(f) bytes; the view aliases f.
 func f32Bytes(f []float32) []byte {
