@@ -4,7 +4,6 @@ package ringrpc
 
 import "github.com/gradsync/gradsync/internal/wire"
 
-
 // appendF32 appends src as little-endian float32 bytes.
 func appendF32(dst []byte, src []float32) []byte {
 	n := len(dst)
