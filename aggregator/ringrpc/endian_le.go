@@ -4,7 +4,6 @@ package ringrpc
 
 import "unsafe"
 
-
 // f32Bytes views f as its 4*len(f) bytes; the view aliases f.
 func f32Bytes(f []float32) []byte {
 	if len(f) == 0 {
