@@ -3,8 +3,6 @@ package federated
 import (
 	"fmt"
 	"math"
-
-	"github.com/gradsync/gradsync/models"
 )
 
 // ClassBalancedWeights returns per-class loss weights from the "effective
@@ -50,32 +48,4 @@ func ClassBalancedWeights(counts []int, beta float64) ([]float64, error) {
 		}
 	}
 	return w, nil
-}
-
-// weightedCrossEntropy is torch.nn.CrossEntropyLoss(weight=w) with
-// reduction "mean": Σ_i w_{y_i}·ℓ_i / Σ_i w_{y_i}. logits and dlogits are
-// (len(labels), classes) row-major; dlogits is overwritten with the
-// gradient. Each row goes through models.SoftmaxCrossEntropy (batch 1), so
-// the numerics are the same as the unweighted loss.
-func weightedCrossEntropy(logits []float32, labels []uint8, classes int, w []float32, dlogits []float32) float32 {
-	var wsum float64
-	for _, y := range labels {
-		wsum += float64(w[y])
-	}
-	if wsum == 0 {
-		clear(dlogits)
-		return 0
-	}
-	var loss float64
-	for i, y := range labels {
-		row := logits[i*classes : (i+1)*classes]
-		drow := dlogits[i*classes : (i+1)*classes]
-		l := models.SoftmaxCrossEntropy(row, labels[i:i+1], classes, drow)
-		s := float64(w[y]) / wsum
-		loss += s * float64(l)
-		for j := range drow {
-			drow[j] = float32(float64(drow[j]) * s)
-		}
-	}
-	return float32(loss)
 }

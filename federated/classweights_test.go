@@ -74,7 +74,7 @@ func TestClassBalancedWeights(t *testing.T) {
 	}
 }
 
-// weightedCrossEntropy with equal weights is the plain loss; with unequal
+// Weighted cross-entropy (models.SoftmaxCrossEntropyWith) with equal weights is the plain loss; with unequal
 // weights its gradient matches finite differences.
 func TestWeightedCrossEntropy(t *testing.T) {
 	r := rand.New(rand.NewPCG(4, 4))
@@ -86,7 +86,7 @@ func TestWeightedCrossEntropy(t *testing.T) {
 	y := []uint8{0, 1, 2, 2, 1, 2}
 	d0, d1 := make([]float32, len(logits)), make([]float32, len(logits))
 	l0 := models.SoftmaxCrossEntropy(logits, y, classes, d0)
-	l1 := weightedCrossEntropy(logits, y, classes, []float32{2, 2, 2}, d1)
+	l1 := models.SoftmaxCrossEntropyWith(logits, y, classes, models.CEOptions{ClassWeights: []float32{2, 2, 2}}, d1)
 	if math.Abs(float64(l0-l1)) > 1e-6 {
 		t.Fatalf("equal weights: %v, plain %v", l1, l0)
 	}
@@ -96,23 +96,23 @@ func TestWeightedCrossEntropy(t *testing.T) {
 		}
 	}
 	w := []float32{3, 1, 0.5}
-	weightedCrossEntropy(logits, y, classes, w, d1)
+	models.SoftmaxCrossEntropyWith(logits, y, classes, models.CEOptions{ClassWeights: w}, d1)
 	// The weighted mean by hand.
 	var num, den float64
 	for i, c := range y {
 		num += float64(w[c]) * float64(models.SoftmaxCrossEntropy(logits[i*classes:(i+1)*classes], y[i:i+1], classes, nil))
 		den += float64(w[c])
 	}
-	if l := weightedCrossEntropy(logits, y, classes, w, make([]float32, len(logits))); math.Abs(float64(l)-num/den) > 1e-6 {
+	if l := models.SoftmaxCrossEntropyWith(logits, y, classes, models.CEOptions{ClassWeights: w}, make([]float32, len(logits))); math.Abs(float64(l)-num/den) > 1e-6 {
 		t.Fatalf("weighted loss %v, want %v", l, num/den)
 	}
 	const eps = 1e-2
 	for i := range logits {
 		v := logits[i]
 		logits[i] = v + eps
-		up := weightedCrossEntropy(logits, y, classes, w, make([]float32, len(logits)))
+		up := models.SoftmaxCrossEntropyWith(logits, y, classes, models.CEOptions{ClassWeights: w}, make([]float32, len(logits)))
 		logits[i] = v - eps
-		down := weightedCrossEntropy(logits, y, classes, w, make([]float32, len(logits)))
+		down := models.SoftmaxCrossEntropyWith(logits, y, classes, models.CEOptions{ClassWeights: w}, make([]float32, len(logits)))
 		logits[i] = v
 		if fd := float64(up-down) / (2 * eps); math.Abs(fd-float64(d1[i])) > 1e-3 {
 			t.Fatalf("dlogits[%d] = %v, finite difference %v", i, d1[i], fd)

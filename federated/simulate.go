@@ -373,7 +373,7 @@ func (s *sim) train(round, k int) float64 {
 			logits := s.net.Forward(x, b, true)
 			var l float32
 			if s.cw != nil {
-				l = weightedCrossEntropy(logits, y, s.classes, s.cw[k], dl)
+				l = models.SoftmaxCrossEntropyWith(logits, y, s.classes, models.CEOptions{ClassWeights: s.cw[k]}, dl)
 			} else {
 				l = models.SoftmaxCrossEntropy(logits, y, s.classes, dl)
 			}

@@ -154,9 +154,7 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 		d.Augment = defaultAugment
 	}
 	switch d.Augment {
-	case defaultAugment:
-	case "crop", "crop-flip":
-		return nil, notImplemented("dataset.augment", d.Augment)
+	case defaultAugment, "crop", "crop-flip":
 	default:
 		return nil, errf("dataset.augment", "unknown augmentation %q; allowed: none, crop, crop-flip", d.Augment)
 	}

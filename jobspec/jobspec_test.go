@@ -132,7 +132,7 @@ func TestNormalizeRejects(t *testing.T) {
 		{"negative min_workers", &pb.JobSpec{MinWorkers: -1}, "min_workers", "negative"},
 		{"unknown dataset", &pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagenet"}}, "dataset.name", "unknown dataset"},
 		{"negative synthetic", &pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "synthetic", SyntheticTrain: -1}}, "dataset.synthetic_train", "out of range"},
-		{"augment crop", &pb.JobSpec{Dataset: &pb.DatasetSpec{Augment: "crop"}}, "dataset.augment", "not implemented"},
+		{"augment unknown", &pb.JobSpec{Dataset: &pb.DatasetSpec{Augment: "rotate"}}, "dataset.augment", "crop-flip"},
 		{"unknown augment", &pb.JobSpec{Dataset: &pb.DatasetSpec{Augment: "mixup"}}, "dataset.augment", "unknown augmentation"},
 		{"elastic ring", &pb.JobSpec{Mode: "ring", Workers: proto.Int32(3), MinWorkers: 2}, "min_workers", "not implemented"},
 		{"fedavg on several workers", &pb.JobSpec{Mode: "fedavg", Workers: proto.Int32(2)}, "workers", "not implemented"},

@@ -31,15 +31,7 @@ func SoftmaxCrossEntropy(logits []float32, labels []uint8, classes int, dlogits 
 			panic(fmt.Sprintf("models: SoftmaxCrossEntropy: label %d of sample %d out of range [0,%d)", y, i, classes))
 		}
 		row := logits[i*classes : (i+1)*classes]
-		m := row[0]
-		for _, v := range row[1:] {
-			m = max(m, v)
-		}
-		var sum float64
-		for _, v := range row {
-			sum += math.Exp(float64(v - m))
-		}
-		lse := float64(m) + math.Log(sum)
+		lse := logSumExp(row)
 		total += lse - float64(row[y])
 		if dlogits != nil {
 			d := dlogits[i*classes : (i+1)*classes]

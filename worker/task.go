@@ -12,6 +12,7 @@ import (
 
 	"github.com/gradsync/gradsync/aggregator/ringrpc"
 	"github.com/gradsync/gradsync/data"
+	"github.com/gradsync/gradsync/internal/eval"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/tensor"
 	"github.com/gradsync/gradsync/internal/wire"
@@ -81,6 +82,10 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	}
 	defer sync.close()
 
+	var aug *data.Augmenter
+	if a := spec.GetDataset().GetAugment(); a == "crop" || a == "crop-flip" {
+		aug = &data.Augmenter{Pad: 2, Flip: a == "crop-flip", Seed: seed}
+	}
 	inSize, classes := net.InputSize(), train.Classes
 	x := make([]float32, bs*inSize)
 	y := make([]uint8, bs)
@@ -106,6 +111,9 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 			batch := idx[b*bs : min((b+1)*bs, len(idx))]
 			n := len(batch)
 			train.Batch(batch, x[:n*inSize], y[:n])
+			if aug != nil {
+				aug.Apply(x[:n*inSize], n, train.C, train.H, train.W, batch, epoch, train.ZeroPixel())
+			}
 			net.ZeroGrad()
 			logits := net.Forward(x[:n*inSize], n, true)
 			loss := models.SoftmaxCrossEntropy(logits, y[:n], classes, dl[:n*classes])
@@ -170,7 +178,7 @@ func evaluate(ctx context.Context, net *models.Network, test *data.Dataset, res 
 	y := make([]uint8, evalBatch)
 	idx := make([]int, evalBatch)
 	pred := make([]int, evalBatch)
-	var correct int
+	conf := eval.NewConfusion(classes)
 	var lossSum float64
 	for lo := 0; lo < test.Len(); lo += evalBatch {
 		if err := ctx.Err(); err != nil {
@@ -184,14 +192,20 @@ func evaluate(ctx context.Context, net *models.Network, test *data.Dataset, res 
 		logits := net.Forward(x[:n*inSize], n, false)
 		lossSum += float64(models.SoftmaxCrossEntropy(logits, y[:n], classes, nil)) * float64(n)
 		models.Argmax(logits, classes, pred[:n])
-		for i := range n {
-			if pred[i] == int(y[i]) {
-				correct++
-			}
+		conf.AddPredictions(pred[:n], y[:n])
+	}
+	res.TestAccuracy = conf.Accuracy()
+	res.TestLoss = lossSum / float64(test.Len())
+	res.ClassAccuracy = conf.ClassAccuracy(res.ClassAccuracy[:0])
+	for i, v := range res.ClassAccuracy {
+		if v != v { // no test example of this class
+			res.ClassAccuracy[i] = 0
 		}
 	}
-	res.TestAccuracy = float64(correct) / float64(test.Len())
-	res.TestLoss = lossSum / float64(test.Len())
+	res.ConfusionMatrix = res.ConfusionMatrix[:0]
+	for _, row := range conf.Matrix() {
+		res.ConfusionMatrix = append(res.ConfusionMatrix, row...)
+	}
 	return nil
 }
 

@@ -37,6 +37,11 @@ type Summary struct {
 	ImagesPerSecond float64 `json:"images_per_second"`
 	GemmBackend     string  `json:"gemm_backend,omitempty"`
 	RunDir          string  `json:"run_dir"`
+	// ClassAccuracy and ConfusionMatrix ([true][predicted]) of the final
+	// evaluation; in summary.json only (omitted from the CLI's last line
+	// when empty).
+	ClassAccuracy   []float64 `json:"class_accuracy,omitempty"`
+	ConfusionMatrix [][]int64 `json:"confusion_matrix,omitempty"`
 }
 
 // StateName is the short name of a job state ("SUCCEEDED").
@@ -55,6 +60,12 @@ func SummaryOf(j *pb.Job) Summary {
 		s.Epochs, s.Steps = r.Epochs, r.Steps
 		s.TestAccuracy, s.TestLoss, s.TrainLoss = r.TestAccuracy, r.TestLoss, r.TrainLoss
 		s.WallSeconds, s.ImagesPerSecond, s.GemmBackend = r.WallSeconds, r.ImagesPerSecond, r.GemmBackend
+		s.ClassAccuracy = r.ClassAccuracy
+		if k := len(r.ClassAccuracy); k > 0 && len(r.ConfusionMatrix) == k*k {
+			for i := range k {
+				s.ConfusionMatrix = append(s.ConfusionMatrix, r.ConfusionMatrix[i*k:(i+1)*k])
+			}
+		}
 	}
 	if s.Steps == 0 && j.GetProgress() != nil { // ended early: say how far it got
 		s.Epochs, s.Steps = j.GetProgress().GetEpoch(), j.GetProgress().GetStep()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -95,7 +96,7 @@ func TestRunDirectory(t *testing.T) {
 	}
 	want := Summary{JobID: "job-1", Name: "n", State: "SUCCEEDED", Message: "ok", Model: "logreg", Dataset: "synthetic",
 		Workers: 2, Epochs: 1, Steps: 10, TestAccuracy: 0.95, WallSeconds: 2, ImagesPerSecond: 100, GemmBackend: "gonum", RunDir: dir}
-	if s != want {
+	if !reflect.DeepEqual(s, want) {
 		t.Errorf("summary.json = %+v\nwant %+v", s, want)
 	}
 	// No temporary files are left behind by the atomic writes.

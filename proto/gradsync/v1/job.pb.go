@@ -400,6 +400,11 @@ type JobResult struct {
 	WallSeconds     float64                `protobuf:"fixed64,6,opt,name=wall_seconds,json=wallSeconds,proto3" json:"wall_seconds,omitempty"`
 	ImagesPerSecond float64                `protobuf:"fixed64,7,opt,name=images_per_second,json=imagesPerSecond,proto3" json:"images_per_second,omitempty"`
 	GemmBackend     string                 `protobuf:"bytes,8,opt,name=gemm_backend,json=gemmBackend,proto3" json:"gemm_backend,omitempty"`
+	// Test accuracy of each class (NaN-free: a class without test examples
+	// is reported as 0).
+	ClassAccuracy []float64 `protobuf:"fixed64,9,rep,packed,name=class_accuracy,json=classAccuracy,proto3" json:"class_accuracy,omitempty"`
+	// Test confusion matrix, row-major [true class][predicted class].
+	ConfusionMatrix []int64 `protobuf:"varint,10,rep,packed,name=confusion_matrix,json=confusionMatrix,proto3" json:"confusion_matrix,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -488,6 +493,20 @@ func (x *JobResult) GetGemmBackend() string {
 		return x.GemmBackend
 	}
 	return ""
+}
+
+func (x *JobResult) GetClassAccuracy() []float64 {
+	if x != nil {
+		return x.ClassAccuracy
+	}
+	return nil
+}
+
+func (x *JobResult) GetConfusionMatrix() []int64 {
+	if x != nil {
+		return x.ConfusionMatrix
+	}
+	return nil
 }
 
 type SubmitJobRequest struct {
@@ -1034,7 +1053,7 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\veta_seconds\x18\x06 \x01(\x01R\n" +
 	"etaSeconds\x12#\n" +
 	"\rlearning_rate\x18\a \x01(\x01R\flearningRate\x12'\n" +
-	"\x0felapsed_seconds\x18\b \x01(\x01R\x0eelapsedSeconds\"\x8c\x02\n" +
+	"\x0felapsed_seconds\x18\b \x01(\x01R\x0eelapsedSeconds\"\xde\x02\n" +
 	"\tJobResult\x12#\n" +
 	"\rtest_accuracy\x18\x01 \x01(\x01R\ftestAccuracy\x12\x1b\n" +
 	"\ttest_loss\x18\x02 \x01(\x01R\btestLoss\x12\x1d\n" +
@@ -1044,7 +1063,10 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\x05steps\x18\x05 \x01(\x03R\x05steps\x12!\n" +
 	"\fwall_seconds\x18\x06 \x01(\x01R\vwallSeconds\x12*\n" +
 	"\x11images_per_second\x18\a \x01(\x01R\x0fimagesPerSecond\x12!\n" +
-	"\fgemm_backend\x18\b \x01(\tR\vgemmBackend\"<\n" +
+	"\fgemm_backend\x18\b \x01(\tR\vgemmBackend\x12%\n" +
+	"\x0eclass_accuracy\x18\t \x03(\x01R\rclassAccuracy\x12)\n" +
+	"\x10confusion_matrix\x18\n" +
+	" \x03(\x03R\x0fconfusionMatrix\"<\n" +
 	"\x10SubmitJobRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.gradsync.v1.JobSpecR\x04spec\"7\n" +
 	"\x11SubmitJobResponse\x12\"\n" +

@@ -295,7 +295,10 @@ type DatasetSpec struct {
 	// Sizes of the synthetic set (defaults 6000 / 1000).
 	SyntheticTrain int32 `protobuf:"varint,3,opt,name=synthetic_train,json=syntheticTrain,proto3" json:"synthetic_train,omitempty"`
 	SyntheticTest  int32 `protobuf:"varint,4,opt,name=synthetic_test,json=syntheticTest,proto3" json:"synthetic_test,omitempty"`
-	// Augmentation: "none" (default) | "crop" | "crop-flip".
+	// Augmentation of training batches: "none" (default) | "crop" (random
+	// crop after zero-padding by 2, torchvision's RandomCrop(28, padding=2))
+	// | "crop-flip" (also a horizontal flip with probability 0.5: not for
+	// digits).
 	Augment       string `protobuf:"bytes,5,opt,name=augment,proto3" json:"augment,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -1,0 +1,166 @@
+// Package eval computes classification metrics from model outputs,
+// accumulated batch by batch: a confusion matrix (accuracy, per-class
+// accuracy, balanced accuracy) for single-label tasks, and micro/macro F1,
+// subset accuracy and mean average precision for multi-label tasks.
+//
+// The definitions are scikit-learn's (accuracy_score, recall_score,
+// balanced_accuracy_score, f1_score, average_precision_score); where
+// scikit-learn warns about an undefined value the choice made here is noted
+// on the method. Accumulators are not safe for concurrent use; give each
+// goroutine its own and [Confusion.Merge] or [MultiLabel.Merge] them.
+package eval
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/gradsync/gradsync/models"
+)
+
+// Confusion is a confusion matrix over a fixed number of classes: entry
+// (t, p) counts the examples of true class t predicted as p.
+type Confusion struct {
+	classes int
+	counts  []int64 // (classes, classes) row-major: counts[t*classes+p]
+	pred    []int   // Add's argmax scratch, grown to the largest batch
+}
+
+// NewConfusion returns an empty confusion matrix over classes ≥ 1 classes.
+func NewConfusion(classes int) *Confusion {
+	if classes < 1 {
+		panic(fmt.Sprintf("eval: NewConfusion: %d classes", classes))
+	}
+	return &Confusion{classes: classes, counts: make([]int64, classes*classes)}
+}
+
+// Classes returns the number of classes.
+func (c *Confusion) Classes() int { return c.classes }
+
+// Add counts a batch: logits is (len(labels), classes) row-major and each
+// prediction is the arg-max logit (the first on ties, as models.Argmax).
+// It allocates only when the batch is larger than any before.
+func (c *Confusion) Add(logits []float32, labels []uint8) {
+	if len(logits) != len(labels)*c.classes {
+		panic(fmt.Sprintf("eval: Confusion.Add: len(logits)=%d, want %d labels × %d classes", len(logits), len(labels), c.classes))
+	}
+	if cap(c.pred) < len(labels) {
+		c.pred = make([]int, len(labels))
+	}
+	pred := c.pred[:len(labels)]
+	models.Argmax(logits, c.classes, pred)
+	c.AddPredictions(pred, labels)
+}
+
+// AddPredictions counts a batch of predicted classes against labels.
+func (c *Confusion) AddPredictions(pred []int, labels []uint8) {
+	if len(pred) != len(labels) {
+		panic(fmt.Sprintf("eval: Confusion.AddPredictions: %d predictions for %d labels", len(pred), len(labels)))
+	}
+	for i, y := range labels {
+		p := pred[i]
+		if int(y) >= c.classes || p < 0 || p >= c.classes {
+			panic(fmt.Sprintf("eval: Confusion.AddPredictions: sample %d: label %d, prediction %d, want both in [0, %d)", i, y, p, c.classes))
+		}
+		c.counts[int(y)*c.classes+p]++
+	}
+}
+
+// Merge adds o's counts into c (for example, from another worker's shard).
+func (c *Confusion) Merge(o *Confusion) {
+	if o.classes != c.classes {
+		panic(fmt.Sprintf("eval: Confusion.Merge: %d classes into %d", o.classes, c.classes))
+	}
+	for i, v := range o.counts {
+		c.counts[i] += v
+	}
+}
+
+// Reset clears the counts.
+func (c *Confusion) Reset() { clear(c.counts) }
+
+// Count returns how many examples of class label were predicted as pred.
+func (c *Confusion) Count(label, pred int) int64 { return c.counts[label*c.classes+pred] }
+
+// Matrix returns a copy of the counts as rows by true class.
+func (c *Confusion) Matrix() [][]int64 {
+	m := make([][]int64, c.classes)
+	for t := range m {
+		m[t] = append([]int64(nil), c.counts[t*c.classes:(t+1)*c.classes]...)
+	}
+	return m
+}
+
+// Total returns the number of examples counted.
+func (c *Confusion) Total() int64 {
+	var n int64
+	for _, v := range c.counts {
+		n += v
+	}
+	return n
+}
+
+// Correct returns the number of examples predicted correctly (the trace).
+func (c *Confusion) Correct() int64 {
+	var n int64
+	for t := range c.classes {
+		n += c.counts[t*c.classes+t]
+	}
+	return n
+}
+
+// Accuracy returns the fraction of examples predicted correctly, or 0 when
+// none have been counted.
+func (c *Confusion) Accuracy() float64 {
+	n := c.Total()
+	if n == 0 {
+		return 0
+	}
+	return float64(c.Correct()) / float64(n)
+}
+
+// ClassAccuracy writes into dst (grown or allocated as needed) and returns
+// each class's accuracy: the fraction of its examples predicted correctly
+// (its recall). A class with no examples gets NaN, not a made-up 0 or 1.
+func (c *Confusion) ClassAccuracy(dst []float64) []float64 {
+	dst = resize(dst, c.classes)
+	for t := range c.classes {
+		var n int64
+		for _, v := range c.counts[t*c.classes : (t+1)*c.classes] {
+			n += v
+		}
+		dst[t] = math.NaN()
+		if n > 0 {
+			dst[t] = float64(c.counts[t*c.classes+t]) / float64(n)
+		}
+	}
+	return dst
+}
+
+// BalancedAccuracy returns the mean of ClassAccuracy over the classes that
+// have examples (scikit-learn's balanced_accuracy_score), or 0 when none do.
+func (c *Confusion) BalancedAccuracy() float64 {
+	return meanFinite(c.ClassAccuracy(nil))
+}
+
+// meanFinite returns the mean of the non-NaN values of v, or 0 if none.
+func meanFinite(v []float64) float64 {
+	var sum float64
+	n := 0
+	for _, x := range v {
+		if !math.IsNaN(x) {
+			sum += x
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
+}
+
+func resize(dst []float64, n int) []float64 {
+	if cap(dst) < n {
+		return make([]float64, n)
+	}
+	return dst[:n]
+}
