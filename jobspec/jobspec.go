@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/data"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -265,16 +266,11 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if s.Compression.Type == "" {
 		s.Compression.Type = defaultCompression
 	}
-	switch s.Compression.Type {
-	case defaultCompression:
-		c := s.Compression
-		if c.Rank != 0 || c.StartIter != 0 || c.MinCompressionRate != 0 || c.ErrorFeedback != nil || c.WarmStart != nil || c.Ratio != 0 {
-			return nil, errf("compression", "rank, start_iter, min_compression_rate, error_feedback, warm_start and ratio need a compression type")
-		}
-	case "powersgd", "topk", "int8", "fp16", "bf16":
-		return nil, notImplemented("compression.type", s.Compression.Type)
-	default:
-		return nil, errf("compression.type", "unknown compression %q; allowed: none, powersgd, topk, int8, fp16, bf16", s.Compression.Type)
+	if err := compress.Validate(s.Compression); err != nil {
+		return nil, errf("compression", "%v", strings.TrimPrefix(err.Error(), "compress: "))
+	}
+	if s.Compression.Type != defaultCompression && s.Mode != "ring" {
+		return nil, errf("compression.type", "%s compression in mode %s %s; use mode ring", s.Compression.Type, s.Mode, notImplementedSuffix)
 	}
 	if c := s.Checkpoint; c != nil && (c.EveryEpochs != 0 || c.EverySteps != 0 || c.EverySeconds != 0 || c.Keep != 0) {
 		return nil, errf("checkpoint", "checkpointing %s", notImplementedSuffix)

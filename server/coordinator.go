@@ -207,7 +207,8 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		if e.run != nil {
 			_ = e.run.Log(map[string]any{"kind": "progress", "time": now.UTC().Format(time.RFC3339Nano), "rank": r,
 				"epoch": p.Epoch, "step": p.Step, "total_steps": p.TotalSteps, "loss": p.Loss,
-				"images_per_second": p.ImagesPerSecond, "learning_rate": p.LearningRate, "elapsed_seconds": p.ElapsedSeconds})
+				"images_per_second": p.ImagesPerSecond, "learning_rate": p.LearningRate, "elapsed_seconds": p.ElapsedSeconds,
+				"sent_bytes_per_step": p.SentBytesPerStep, "compression_ratio": p.CompressionRatio})
 		}
 		if r != 0 {
 			return

@@ -537,3 +537,21 @@ func TestRingJob(t *testing.T) {
 		t.Fatalf("ring job: %v %q %v", final.State, final.Message, final.GetResult())
 	}
 }
+
+// TestCompressedRingJob: a ring job with PowerSGD compression succeeds and
+// reports its compression ratio.
+func TestCompressedRingJob(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	c := newCluster(t, server.Config{}, 0)
+	c.addTCPWorker("pz-0")
+	c.addTCPWorker("pz-1")
+	job := c.submit(ctx, &pb.JobSpec{Model: "mlp", Mode: "ring", Workers: proto.Int32(2), Dataset: &pb.DatasetSpec{Name: "synthetic"},
+		MaxSteps: 30, Compression: &pb.CompressionSpec{Type: "powersgd", Rank: 2, StartIter: 5}})
+	final := c.waitState(ctx, job.Id, pb.JobState_JOB_STATE_SUCCEEDED, pb.JobState_JOB_STATE_FAILED)
+	if final.State != pb.JobState_JOB_STATE_SUCCEEDED {
+		t.Fatalf("compressed ring job: %v %q", final.State, final.Message)
+	}
+	if r := final.GetResult(); r.GetCompressionRatio() < 2 || r.GetSentBytesPerStep() >= r.GetRawBytesPerStep() {
+		t.Errorf("compression figures %v", r)
+	}
+}

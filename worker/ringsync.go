@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
@@ -18,40 +19,6 @@ import (
 // checksumEvery is how often (in steps) ranks compare a checksum of their
 // parameters, so that a silent desync becomes a clear error.
 const checksumEvery = 50
-
-// span is a bucket: grads[lo:hi], a view of the flat gradient buffer.
-type span struct{ lo, hi int }
-
-// bucketize groups parameter segments into buckets of at most capBytes, in
-// reverse layer order (the order backward finishes them), as DDP does. A
-// segment larger than the cap is a bucket of its own. Buckets are views of
-// the flat buffer: contiguous ranges, no copies.
-func bucketize(segs []models.Segment, capBytes int) []span {
-	var out []span
-	cur := span{lo: -1}
-	for i := len(segs) - 1; i >= 0; i-- {
-		s := segs[i]
-		if s.Len == 0 {
-			continue
-		}
-		if cur.lo >= 0 && 4*(cur.hi-s.Offset) > capBytes {
-			out = append(out, cur)
-			cur = span{lo: -1}
-		}
-		if cur.lo < 0 {
-			cur = span{lo: s.Offset, hi: s.Offset + s.Len}
-			continue
-		}
-		if s.Offset+s.Len != cur.lo {
-			panic(fmt.Sprintf("worker: parameter segment %s is not contiguous with the next one", s.Name))
-		}
-		cur.lo = s.Offset
-	}
-	if cur.lo >= 0 {
-		out = append(out, cur)
-	}
-	return out
-}
 
 // ringSync is data-parallel training over a ring: each step every rank
 // all-reduces its gradient bucket by bucket, divides by the world size, and
@@ -74,11 +41,11 @@ type ringSync struct {
 	total   int64
 	optim   jobspec.Stepper
 	opt     aggregator.Options
-	buckets []span
+	reducer compress.Reducer
 	timeout time.Duration
 	skipBad bool
 
-	seq     int64 // collective sequence number: each collective's frame tag
+	seq     int64 // tags this type's own collectives: -1, -2, … (the reducer's are ≥ 0)
 	steps   int64 // optimiser steps taken
 	skipped int64
 	sums    []float32
@@ -95,36 +62,36 @@ func newRingSync(ctx context.Context, ring aggregator.Ring, closeFn func(), a *p
 		ring: ring, closeFn: closeFn, world: ring.Size(), spec: spec, total: totalSteps, metrics: reg, jobID: a.JobId,
 		optim:   jobspec.NewOptimizer(spec),
 		opt:     aggregator.Options{Generation: a.Generation},
-		buckets: bucketize(net.Segments(), capBytes),
 		timeout: time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second)),
 		skipBad: spec.GetNonfinitePolicy() == "skip",
 		sums:    make([]float32, 2*ring.Size()),
+		seq:     -1,
 	}
+	red, err := compress.New(spec.GetCompression(), ring, r.opt, net.Segments(), capBytes, spec.GetSeed())
+	if err != nil {
+		return nil, err
+	}
+	r.reducer = red
 	cctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	if err := aggregator.Broadcast(cctx, ring, net.Params(), 0, r.seq, r.opt); err != nil {
 		return nil, fmt.Errorf("broadcasting the initial parameters: %w", err)
 	}
-	r.seq++
+	r.seq--
 	return r, nil
 }
 
 func (r *ringSync) step(ctx context.Context, grads, params []float32) error {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	for _, b := range r.buckets {
-		if err := aggregator.AllReduce(ctx, r.ring, grads[b.lo:b.hi], r.seq, r.opt); err != nil {
-			return r.explain(ctx, err)
-		}
-		r.seq++
+	if err := r.reducer.Reduce(ctx, grads, r.steps); err != nil {
+		return r.explain(ctx, err)
 	}
-	inv := 1 / float32(r.world)
 	finite := true
-	for i, g := range grads {
-		g *= inv
-		grads[i] = g
+	for _, g := range grads {
 		if g-g != 0 {
 			finite = false
+			break
 		}
 	}
 	switch {
@@ -137,6 +104,11 @@ func (r *ringSync) step(ctx context.Context, grads, params []float32) error {
 		return fmt.Errorf("%w at step %d (nonfinite_policy fail)", aggregator.ErrNonFinite, r.steps)
 	}
 	r.steps++
+	if r.metrics != nil {
+		if st := r.reducer.Stats(); st.SentBytes > 0 {
+			r.metrics.SetCompressionRatio(r.jobID, float64(st.RawBytes)/float64(st.SentBytes))
+		}
+	}
 	if t, ok := r.ring.(trafficker); ok && r.metrics != nil {
 		sent, recv, right, left := t.Traffic()
 		r.metrics.AddBytesSent(r.jobID, right, int(sent-r.sent))
@@ -164,7 +136,7 @@ func (r *ringSync) checkInSync(ctx context.Context, params []float32) error {
 	if err := aggregator.AllGather(ctx, r.ring, r.sums, mine, r.seq, r.opt); err != nil {
 		return r.explain(ctx, err)
 	}
-	r.seq++
+	r.seq--
 	for rank := 0; rank < r.world; rank++ {
 		if r.sums[2*rank] != mine[0] || r.sums[2*rank+1] != mine[1] {
 			return fmt.Errorf("parameters diverged: rank %d's checksum differs from rank %d's after step %d", rank, r.ring.Rank(), r.steps)
@@ -183,6 +155,10 @@ func (r *ringSync) explain(ctx context.Context, err error) error {
 	}
 	return fmt.Errorf("step %d: %w", r.steps, err)
 }
+
+// compressStats reports the reducer's counters (the progress and result
+// carry them).
+func (r *ringSync) compressStats() compress.Stats { return r.reducer.Stats() }
 
 func (r *ringSync) close() {
 	if r.closeFn != nil {

@@ -17,29 +17,6 @@ import (
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
-func TestBucketize(t *testing.T) {
-	segs := []models.Segment{{Name: "a", Offset: 0, Len: 10}, {Name: "b", Offset: 10, Len: 5}, {Name: "c", Offset: 15, Len: 100}, {Name: "d", Offset: 115, Len: 3}}
-	cases := []struct {
-		capBytes int
-		want     []span
-	}{
-		{1 << 20, []span{{0, 118}}},
-		{4 * 103, []span{{15, 118}, {0, 15}}},
-		{4 * 5, []span{{115, 118}, {15, 115}, {10, 15}, {0, 10}}},
-	}
-	for _, c := range cases {
-		got := bucketize(segs, c.capBytes)
-		if len(got) != len(c.want) {
-			t.Fatalf("cap %d: got %v want %v", c.capBytes, got, c.want)
-		}
-		for i := range got {
-			if got[i] != c.want[i] {
-				t.Fatalf("cap %d: got %v want %v", c.capBytes, got, c.want)
-			}
-		}
-	}
-}
-
 // TestRingAndPSMatchSingleWorker trains the same model on the same global
 // batches three ways — one worker, two ranks over a ring, two ranks through
 // the synchronous parameter-server shard — and checks that the parameters

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/gradsync/gradsync/aggregator/ringrpc"
+	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/internal/eval"
 	"github.com/gradsync/gradsync/internal/metrics"
@@ -141,6 +142,12 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 					LearningRate:    jobspec.LearningRate(spec, step-1, totalSteps), ElapsedSeconds: elapsed,
 					EtaSeconds: elapsed / float64(step) * float64(totalSteps-step),
 				}
+				if cs, ok := sync.(compressStatser); ok {
+					if st := cs.compressStats(); st.Steps > 0 && st.SentBytes > 0 {
+						p.SentBytesPerStep = float64(st.SentBytes) / float64(st.Steps)
+						p.CompressionRatio = float64(st.RawBytes) / float64(st.SentBytes)
+					}
+				}
 				env.metrics.SetImagesPerSecond(a.JobId, rank, p.ImagesPerSecond)
 				rep.trySend(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Progress{Progress: &pb.TaskProgress{
 					JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, Progress: p}}})
@@ -159,6 +166,14 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 		}
 	}
 	res.Steps = step
+	if cs, ok := sync.(compressStatser); ok {
+		if st := cs.compressStats(); st.Steps > 0 && st.SentBytes > 0 {
+			res.RawBytesPerStep = float64(st.RawBytes) / float64(st.Steps)
+			res.SentBytesPerStep = float64(st.SentBytes) / float64(st.Steps)
+			res.CompressionRatio = float64(st.RawBytes) / float64(st.SentBytes)
+			res.CompressSeconds = st.CompressSeconds
+		}
+	}
 	wall := time.Since(start).Seconds()
 	res.ImagesPerSecond = float64(step) * float64(bs) / wall
 	if rank == 0 && !evaluated {
@@ -218,6 +233,9 @@ type synchronizer interface {
 	step(ctx context.Context, grads, params []float32) error
 	close()
 }
+
+// compressStatser is a synchronizer that compresses (ring mode).
+type compressStatser interface{ compressStats() compress.Stats }
 
 // startSync joins the job's synchroniser and brings the model's parameters
 // to the job's initial ones.

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
@@ -39,6 +41,7 @@ type specFlags struct {
 	mu          float64
 	partition   string
 	alpha       float64
+	compress    string
 }
 
 func (f *specFlags) register(c *cobra.Command) {
@@ -67,6 +70,7 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.Float64Var(&f.mu, "mu", 0, "fedavg: FedProx proximal term (default 0.01 with --strategy fedprox)")
 	fl.StringVar(&f.partition, "partition", "", "fedavg: iid, dirichlet, shards or label")
 	fl.Float64Var(&f.alpha, "alpha", 0, "fedavg: Dirichlet concentration (default 0.5)")
+	fl.StringVar(&f.compress, "compress", "", "ring mode: gradient compression, e.g. powersgd:rank=2,start_iter=10 | topk:ratio=0.01 | int8 | fp16 | bf16")
 }
 
 // build reads the job file (if any) and applies the flags that were set.
@@ -175,5 +179,54 @@ func (f *specFlags) build(c *cobra.Command) (*pb.JobSpec, error) {
 	if ch("alpha") {
 		part().Alpha = f.alpha
 	}
+	if ch("compress") {
+		c, err := parseCompress(f.compress)
+		if err != nil {
+			return nil, err
+		}
+		spec.Compression = c
+	}
 	return spec, nil
+}
+
+// parseCompress reads --compress TYPE[:KEY=VALUE,...].
+func parseCompress(v string) (*pb.CompressionSpec, error) {
+	typ, opts, _ := strings.Cut(v, ":")
+	c := &pb.CompressionSpec{Type: typ}
+	if opts == "" {
+		return c, nil
+	}
+	for _, kv := range strings.Split(opts, ",") {
+		k, val, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, fmt.Errorf("--compress %q: %q is not KEY=VALUE", v, kv)
+		}
+		var err error
+		switch k {
+		case "rank":
+			var n int64
+			n, err = strconv.ParseInt(val, 10, 32)
+			c.Rank = int32(n)
+		case "start_iter":
+			c.StartIter, err = strconv.ParseInt(val, 10, 64)
+		case "min_compression_rate":
+			c.MinCompressionRate, err = strconv.ParseFloat(val, 64)
+		case "ratio":
+			c.Ratio, err = strconv.ParseFloat(val, 64)
+		case "error_feedback", "warm_start":
+			var b bool
+			b, err = strconv.ParseBool(val)
+			if k == "error_feedback" {
+				c.ErrorFeedback = proto.Bool(b)
+			} else {
+				c.WarmStart = proto.Bool(b)
+			}
+		default:
+			return nil, fmt.Errorf("--compress %q: unknown key %q; allowed: rank, start_iter, min_compression_rate, error_feedback, warm_start, ratio", v, k)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("--compress %q: %s: %w", v, k, err)
+		}
+	}
+	return c, nil
 }

@@ -40,8 +40,13 @@ type Summary struct {
 	// ClassAccuracy and ConfusionMatrix ([true][predicted]) of the final
 	// evaluation; in summary.json only (omitted from the CLI's last line
 	// when empty).
-	ClassAccuracy   []float64 `json:"class_accuracy,omitempty"`
-	ConfusionMatrix [][]int64 `json:"confusion_matrix,omitempty"`
+	// Ring mode: gradient bytes per step before and after compression.
+	RawBytesPerStep  float64   `json:"raw_bytes_per_step,omitempty"`
+	SentBytesPerStep float64   `json:"sent_bytes_per_step,omitempty"`
+	CompressionRatio float64   `json:"compression_ratio,omitempty"`
+	CompressSeconds  float64   `json:"compress_seconds,omitempty"`
+	ClassAccuracy    []float64 `json:"class_accuracy,omitempty"`
+	ConfusionMatrix  [][]int64 `json:"confusion_matrix,omitempty"`
 }
 
 // StateName is the short name of a job state ("SUCCEEDED").
@@ -61,6 +66,8 @@ func SummaryOf(j *pb.Job) Summary {
 		s.TestAccuracy, s.TestLoss, s.TrainLoss = r.TestAccuracy, r.TestLoss, r.TrainLoss
 		s.WallSeconds, s.ImagesPerSecond, s.GemmBackend = r.WallSeconds, r.ImagesPerSecond, r.GemmBackend
 		s.ClassAccuracy = r.ClassAccuracy
+		s.RawBytesPerStep, s.SentBytesPerStep = r.RawBytesPerStep, r.SentBytesPerStep
+		s.CompressionRatio, s.CompressSeconds = r.CompressionRatio, r.CompressSeconds
 		if k := len(r.ClassAccuracy); k > 0 && len(r.ConfusionMatrix) == k*k {
 			for i := range k {
 				s.ConfusionMatrix = append(s.ConfusionMatrix, r.ConfusionMatrix[i*k:(i+1)*k])

@@ -299,8 +299,12 @@ type Progress struct {
 	EtaSeconds      float64                `protobuf:"fixed64,6,opt,name=eta_seconds,json=etaSeconds,proto3" json:"eta_seconds,omitempty"`
 	LearningRate    float64                `protobuf:"fixed64,7,opt,name=learning_rate,json=learningRate,proto3" json:"learning_rate,omitempty"`
 	ElapsedSeconds  float64                `protobuf:"fixed64,8,opt,name=elapsed_seconds,json=elapsedSeconds,proto3" json:"elapsed_seconds,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Ring mode: gradient bytes this rank contributed per step so far, and
+	// raw/sent.
+	SentBytesPerStep float64 `protobuf:"fixed64,9,opt,name=sent_bytes_per_step,json=sentBytesPerStep,proto3" json:"sent_bytes_per_step,omitempty"`
+	CompressionRatio float64 `protobuf:"fixed64,10,opt,name=compression_ratio,json=compressionRatio,proto3" json:"compression_ratio,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Progress) Reset() {
@@ -389,6 +393,20 @@ func (x *Progress) GetElapsedSeconds() float64 {
 	return 0
 }
 
+func (x *Progress) GetSentBytesPerStep() float64 {
+	if x != nil {
+		return x.SentBytesPerStep
+	}
+	return 0
+}
+
+func (x *Progress) GetCompressionRatio() float64 {
+	if x != nil {
+		return x.CompressionRatio
+	}
+	return 0
+}
+
 // JobResult is what a finished job achieved.
 type JobResult struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
@@ -405,8 +423,14 @@ type JobResult struct {
 	ClassAccuracy []float64 `protobuf:"fixed64,9,rep,packed,name=class_accuracy,json=classAccuracy,proto3" json:"class_accuracy,omitempty"`
 	// Test confusion matrix, row-major [true class][predicted class].
 	ConfusionMatrix []int64 `protobuf:"varint,10,rep,packed,name=confusion_matrix,json=confusionMatrix,proto3" json:"confusion_matrix,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Gradient traffic of rank 0 per step, before and after compression
+	// (ring mode), their ratio, and the seconds spent compressing.
+	RawBytesPerStep  float64 `protobuf:"fixed64,11,opt,name=raw_bytes_per_step,json=rawBytesPerStep,proto3" json:"raw_bytes_per_step,omitempty"`
+	SentBytesPerStep float64 `protobuf:"fixed64,12,opt,name=sent_bytes_per_step,json=sentBytesPerStep,proto3" json:"sent_bytes_per_step,omitempty"`
+	CompressionRatio float64 `protobuf:"fixed64,13,opt,name=compression_ratio,json=compressionRatio,proto3" json:"compression_ratio,omitempty"`
+	CompressSeconds  float64 `protobuf:"fixed64,14,opt,name=compress_seconds,json=compressSeconds,proto3" json:"compress_seconds,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *JobResult) Reset() {
@@ -507,6 +531,34 @@ func (x *JobResult) GetConfusionMatrix() []int64 {
 		return x.ConfusionMatrix
 	}
 	return nil
+}
+
+func (x *JobResult) GetRawBytesPerStep() float64 {
+	if x != nil {
+		return x.RawBytesPerStep
+	}
+	return 0
+}
+
+func (x *JobResult) GetSentBytesPerStep() float64 {
+	if x != nil {
+		return x.SentBytesPerStep
+	}
+	return 0
+}
+
+func (x *JobResult) GetCompressionRatio() float64 {
+	if x != nil {
+		return x.CompressionRatio
+	}
+	return 0
+}
+
+func (x *JobResult) GetCompressSeconds() float64 {
+	if x != nil {
+		return x.CompressSeconds
+	}
+	return 0
 }
 
 type SubmitJobRequest struct {
@@ -1042,7 +1094,7 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	" \x01(\v2\x15.gradsync.v1.ProgressR\bprogress\x12.\n" +
 	"\x06result\x18\v \x01(\v2\x16.gradsync.v1.JobResultR\x06result\x12\x17\n" +
 	"\arun_dir\x18\f \x01(\tR\x06runDir\x12+\n" +
-	"\x05ranks\x18\r \x03(\v2\x15.gradsync.v1.ProgressR\x05ranks\"\x84\x02\n" +
+	"\x05ranks\x18\r \x03(\v2\x15.gradsync.v1.ProgressR\x05ranks\"\xe0\x02\n" +
 	"\bProgress\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x05R\x05epoch\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1f\n" +
@@ -1053,7 +1105,10 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\veta_seconds\x18\x06 \x01(\x01R\n" +
 	"etaSeconds\x12#\n" +
 	"\rlearning_rate\x18\a \x01(\x01R\flearningRate\x12'\n" +
-	"\x0felapsed_seconds\x18\b \x01(\x01R\x0eelapsedSeconds\"\xde\x02\n" +
+	"\x0felapsed_seconds\x18\b \x01(\x01R\x0eelapsedSeconds\x12-\n" +
+	"\x13sent_bytes_per_step\x18\t \x01(\x01R\x10sentBytesPerStep\x12+\n" +
+	"\x11compression_ratio\x18\n" +
+	" \x01(\x01R\x10compressionRatio\"\x92\x04\n" +
 	"\tJobResult\x12#\n" +
 	"\rtest_accuracy\x18\x01 \x01(\x01R\ftestAccuracy\x12\x1b\n" +
 	"\ttest_loss\x18\x02 \x01(\x01R\btestLoss\x12\x1d\n" +
@@ -1066,7 +1121,11 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\fgemm_backend\x18\b \x01(\tR\vgemmBackend\x12%\n" +
 	"\x0eclass_accuracy\x18\t \x03(\x01R\rclassAccuracy\x12)\n" +
 	"\x10confusion_matrix\x18\n" +
-	" \x03(\x03R\x0fconfusionMatrix\"<\n" +
+	" \x03(\x03R\x0fconfusionMatrix\x12+\n" +
+	"\x12raw_bytes_per_step\x18\v \x01(\x01R\x0frawBytesPerStep\x12-\n" +
+	"\x13sent_bytes_per_step\x18\f \x01(\x01R\x10sentBytesPerStep\x12+\n" +
+	"\x11compression_ratio\x18\r \x01(\x01R\x10compressionRatio\x12)\n" +
+	"\x10compress_seconds\x18\x0e \x01(\x01R\x0fcompressSeconds\"<\n" +
 	"\x10SubmitJobRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.gradsync.v1.JobSpecR\x04spec\"7\n" +
 	"\x11SubmitJobResponse\x12\"\n" +

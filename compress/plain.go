@@ -1,0 +1,114 @@
+package compress
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/models"
+)
+
+// span is a bucket: grads[lo:hi].
+type span struct{ lo, hi int }
+
+// bucketize groups parameter segments into buckets of at most capBytes, in
+// reverse layer order (the order backward finishes them), as DDP does. A
+// segment larger than the cap is a bucket of its own. Empty segments are
+// skipped. The result is exactly what the worker's ring mode has always
+// used, so Plain reproduces its sums bit for bit (the ring chunks, and so
+// the order of the additions, depend on the bucket boundaries).
+func bucketize(segs []models.Segment, capBytes int) []span {
+	var out []span
+	cur := span{lo: -1}
+	for i := len(segs) - 1; i >= 0; i-- {
+		s := segs[i]
+		if s.Len == 0 {
+			continue
+		}
+		if cur.lo >= 0 && 4*(cur.hi-s.Offset) > capBytes {
+			out = append(out, cur)
+			cur = span{lo: -1}
+		}
+		if cur.lo < 0 {
+			cur = span{lo: s.Offset, hi: s.Offset + s.Len}
+			continue
+		}
+		if s.Offset+s.Len != cur.lo {
+			panic(fmt.Sprintf("compress: parameter segment %s is not contiguous with the next one", s.Name))
+		}
+		cur.lo = s.Offset
+	}
+	if cur.lo >= 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// DefaultBucketCapBytes is the bucket size used when NewPlain is given 0
+// (DDP's bucket_cap_mb default, 25 MiB).
+const DefaultBucketCapBytes = 25 << 20
+
+// Plain is the uncompressed reducer: a ring all-reduce per bucket, then a
+// multiplication by 1/n. It is what ring mode did before compression, bit
+// for bit, and the fallback every compressor uses before start_iter.
+type Plain struct {
+	*base
+	total   int
+	buckets []span
+}
+
+var (
+	_ Reducer  = (*Plain)(nil)
+	_ Stateful = (*Plain)(nil)
+)
+
+// NewPlain returns the plain reducer for a gradient laid out as segs
+// (which must tile the buffer in order, as models.Network.Segments does),
+// all-reduced in buckets of at most bucketCapBytes (0: 25 MiB). It panics
+// if segs are malformed.
+func NewPlain(ring aggregator.Ring, opts aggregator.Options, segs []models.Segment, bucketCapBytes int) *Plain {
+	return newPlain(newBase(ring, opts), segs, bucketCapBytes)
+}
+
+func newPlain(b *base, segs []models.Segment, capBytes int) *Plain {
+	total, err := checkSegments(segs)
+	if err != nil {
+		panic(err)
+	}
+	if capBytes <= 0 {
+		capBytes = DefaultBucketCapBytes
+	}
+	return &Plain{base: b, total: total, buckets: bucketize(segs, capBytes)}
+}
+
+// Reduce implements Reducer.
+func (p *Plain) Reduce(ctx context.Context, grads []float32, step int64) error {
+	c, err := p.begin(grads, p.total, step)
+	if err != nil {
+		return err
+	}
+	if err := p.reduce(ctx, c, grads); err != nil {
+		return err
+	}
+	c.done(4*int64(len(grads)), 4*int64(len(grads)))
+	return nil
+}
+
+// reduce averages grads over the ranks within the call c.
+func (p *Plain) reduce(ctx context.Context, c *call, grads []float32) error {
+	for _, b := range p.buckets {
+		if err := c.allReduce(ctx, grads[b.lo:b.hi]); err != nil {
+			return err
+		}
+	}
+	scale(grads, p.inv)
+	return nil
+}
+
+// State implements Stateful: Plain has none.
+func (p *Plain) State() map[string]models.Tensor { return map[string]models.Tensor{} }
+
+// SetState implements Stateful: only an empty state is accepted.
+func (p *Plain) SetState(st map[string]models.Tensor) error {
+	return checkStateNames(st, nil)
+}
