@@ -75,8 +75,7 @@ func (s *Sampler) EpochInto(dst []int, epoch int) []int {
 	// order[p mod n]: wrapping around is the padding.
 	var order []int
 	if s.shuffle {
-		r := newRNG(s.seed+int64(epoch), streamSampler)
-		order = r.perm(s.n)
+		order = epochOrder(s.n, s.seed, epoch)
 	}
 	for j := range dst {
 		p := (s.rank + j*s.world) % s.n
