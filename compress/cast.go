@@ -85,12 +85,8 @@ func (c *Cast) Reduce(ctx context.Context, grads []float32, step int64) error {
 		return err
 	}
 	raw := 4 * int64(len(grads))
-	if step < c.cfg.StartIter {
-		if err := c.plain.reduce(ctx, cl, grads); err != nil {
-			return err
-		}
-		cl.done(raw, raw)
-		return nil
+	if before, err := cl.beforeStart(ctx, c.plain, grads, step, c.cfg.StartIter); before {
+		return err
 	}
 	// The loops are written out per format so that the conversions inline.
 	if c.format == FP16 {

@@ -85,12 +85,8 @@ func (q *Int8) Reduce(ctx context.Context, grads []float32, step int64) error {
 		return err
 	}
 	raw := 4 * int64(len(grads))
-	if step < q.cfg.StartIter {
-		if err := q.plain.reduce(ctx, c, grads); err != nil {
-			return err
-		}
-		c.done(raw, raw)
-		return nil
+	if before, err := c.beforeStart(ctx, q.plain, grads, step, q.cfg.StartIter); before {
+		return err
 	}
 	rng := rand.NewPCG(uint64(q.cfg.Seed), uint64(q.ring.Rank())<<48^uint64(step))
 	quantize(q.msg, grads, q.cfg.ChunkSize, rng)

@@ -112,3 +112,17 @@ func (p *Plain) State() map[string]models.Tensor { return map[string]models.Tens
 func (p *Plain) SetState(st map[string]models.Tensor) error {
 	return checkStateNames(st, nil)
 }
+
+// beforeStart runs the plain all-reduce for the steps before a compressor's
+// start_iter and reports whether it handled the step.
+func (c *call) beforeStart(ctx context.Context, plain *Plain, grads []float32, step, start int64) (handled bool, err error) {
+	if step >= start {
+		return false, nil
+	}
+	if err := plain.reduce(ctx, c, grads); err != nil {
+		return true, err
+	}
+	raw := 4 * int64(len(grads))
+	c.done(raw, raw)
+	return true, nil
+}

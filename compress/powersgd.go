@@ -187,12 +187,8 @@ func (p *PowerSGD) Reduce(ctx context.Context, grads []float32, step int64) erro
 		return err
 	}
 	raw := 4 * int64(len(grads))
-	if step < p.cfg.StartIter {
-		if err := p.plain.reduce(ctx, c, grads); err != nil {
-			return err
-		}
-		c.done(raw, raw)
-		return nil
+	if before, err := c.beforeStart(ctx, p.plain, grads, step, p.cfg.StartIter); before {
+		return err
 	}
 	ef := !p.cfg.NoErrorFeedback
 	// delta is the matrix to compress: with error feedback, the gradient

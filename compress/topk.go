@@ -101,12 +101,8 @@ func (t *TopK) Reduce(ctx context.Context, grads []float32, step int64) error {
 		return err
 	}
 	raw := 4 * int64(len(grads))
-	if step < t.cfg.StartIter {
-		if err := t.plain.reduce(ctx, c, grads); err != nil {
-			return err
-		}
-		c.done(raw, raw)
-		return nil
+	if before, err := c.beforeStart(ctx, t.plain, grads, step, t.cfg.StartIter); before {
+		return err
 	}
 	w := t.work
 	copy(w, grads)
