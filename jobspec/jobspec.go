@@ -131,8 +131,8 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if d.Name == "" {
 		d.Name = DefaultDataset
 	}
-	if !slices.Contains(data.Names(), d.Name) {
-		return nil, errf("dataset.name", "unknown dataset %q; allowed: %s", d.Name, strings.Join(data.Names(), allowedListSeparator))
+	if !slices.Contains(DatasetNames(), d.Name) {
+		return nil, errf("dataset.name", "unknown dataset %q; allowed: %s", d.Name, strings.Join(DatasetNames(), allowedListSeparator))
 	}
 	if len(d.DataDir) > maxDataDirLen {
 		return nil, errf("dataset.data_dir", "is %d bytes long; at most %d allowed", len(d.DataDir), maxDataDirLen)
@@ -465,6 +465,9 @@ func normalizeFederated(s *pb.JobSpec) error {
 		}
 		return nil
 	}
+	if s.GetDataset().GetName() == MultiLabelMNIST {
+		return errf("dataset.name", "the multi-label task with mode fedavg %s", notImplementedSuffix)
+	}
 	if s.GetWorkers() != 1 {
 		return errf("workers", "fedavg with %d workers (clients spread over workers, or real clients with their own data) %s; "+
 			"use workers: 1 to simulate every client in one worker", s.GetWorkers(), notImplementedSuffix)
@@ -581,4 +584,23 @@ func normalizeFederated(s *pb.JobSpec) error {
 		return errf("federated.eval_every_rounds", "%d: must be at least 1", f.EvalEveryRounds)
 	}
 	return nil
+}
+
+// MultiLabelMNIST is the multi-label task built from MNIST: two digits side
+// by side (1×28×56), the target being the set of both.
+const MultiLabelMNIST = "mnist-pairs"
+
+// DatasetNames are the data sets a spec may name: data.Names() and the
+// multi-label task.
+func DatasetNames() []string {
+	return append(data.Names(), MultiLabelMNIST)
+}
+
+// InputShape is the model shape (channels, height, width, classes) a
+// normalized spec's data set needs.
+func InputShape(spec *pb.JobSpec) (c, h, w, classes int) {
+	if spec.GetDataset().GetName() == MultiLabelMNIST {
+		return 1, 28, 56, 10
+	}
+	return 1, 28, 28, 10
 }

@@ -231,6 +231,9 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		if e.run != nil {
 			rec := map[string]any{"kind": "eval", "time": now.UTC().Format(time.RFC3339Nano),
 				"epoch": ev.Epoch, "step": ev.Step, "test_accuracy": ev.TestAccuracy, "test_loss": ev.TestLoss, "train_loss": ev.TrainLoss}
+			if ev.MicroF1 != 0 || ev.MeanAveragePrecision != 0 { // multi-label
+				rec["micro_f1"], rec["macro_f1"], rec["mean_average_precision"] = ev.MicroF1, ev.MacroF1, ev.MeanAveragePrecision
+			}
 			if r := ev.Round; r != nil { // fedavg: the round's participants and what they held
 				hists := make([][]int32, len(r.LabelHistograms))
 				for i, h := range r.LabelHistograms {

@@ -349,10 +349,10 @@ func (s *Server) scheduleLocked() {
 func (s *Server) startJobLocked(e *jobEntry, workerIDs []string) {
 	j := e.job
 	spec := j.Spec
-	// Every built-in data set is 1×28×28 with 10 classes (models.Options'
-	// zero value); workers check that they build the same number of
-	// parameters, so a folder of other images fails with a clear error.
-	net, err := models.New(spec.Model, models.Options{Seed: spec.GetSeed()})
+	// Workers check that they build the same number of parameters, so a
+	// folder of images of another size fails with a clear error.
+	c, h, w, classes := jobspec.InputShape(spec)
+	net, err := models.New(spec.Model, models.Options{Channels: c, Height: h, Width: w, Classes: classes, Seed: spec.GetSeed()})
 	if err != nil {
 		s.setStateLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("building model: %v", err))
 		return

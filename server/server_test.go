@@ -555,3 +555,19 @@ func TestCompressedRingJob(t *testing.T) {
 		t.Errorf("compression figures %v", r)
 	}
 }
+
+// TestMultiLabelJobShape: a mnist-pairs job builds its model for 1×28×56
+// input on the server and the workers alike (the worker would refuse a
+// parameter-count mismatch).
+func TestMultiLabelJobShape(t *testing.T) {
+	if testing.Short() {
+		t.Skip("loads MNIST")
+	}
+	ctx := testCtx(t, 60*time.Second)
+	c := newCluster(t, server.Config{}, 1)
+	job := c.submit(ctx, &pb.JobSpec{Model: "mlp", Dataset: &pb.DatasetSpec{Name: "mnist-pairs"}, MaxSteps: 30})
+	final := c.waitState(ctx, job.Id, pb.JobState_JOB_STATE_SUCCEEDED, pb.JobState_JOB_STATE_FAILED)
+	if final.State != pb.JobState_JOB_STATE_SUCCEEDED || final.GetResult().GetMicroF1() <= 0 {
+		t.Fatalf("multi-label job: %v %q %v", final.State, final.Message, final.GetResult())
+	}
+}

@@ -13,7 +13,6 @@ import (
 	"github.com/gradsync/gradsync/aggregator/ringrpc"
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/data"
-	"github.com/gradsync/gradsync/internal/eval"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/tensor"
 	"github.com/gradsync/gradsync/internal/wire"
@@ -21,9 +20,6 @@ import (
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
-
-// evalBatch is the batch size used for evaluation (forward only).
-const evalBatch = 500
 
 // runTask trains rank a.Rank of a job in ps mode: each step it computes the
 // gradient of its batch, pushes it to the parameter server and receives the
@@ -49,7 +45,11 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	seed := spec.GetSeed()
 	ds := spec.GetDataset()
 	loadStart := time.Now()
-	train, test, err := data.Load(ctx, data.LoadOptions{Name: ds.GetName(), Dir: ds.GetDataDir(),
+	name := ds.GetName()
+	if name == jobspec.MultiLabelMNIST {
+		name = data.MNIST
+	}
+	train, test, err := data.Load(ctx, data.LoadOptions{Name: name, Dir: ds.GetDataDir(),
 		SyntheticTrain: int(ds.GetSyntheticTrain()), SyntheticTest: int(ds.GetSyntheticTest()), Seed: seed})
 	if err != nil {
 		return nil, err
@@ -58,7 +58,21 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	if spec.GetMode() == "fedavg" {
 		return runFederated(ctx, a, env, train, test)
 	}
-	net, err := models.New(spec.Model, models.Options{Channels: train.C, Height: train.H, Width: train.W, Classes: train.Classes, Seed: seed})
+	var obj objective = newClassification(train, test, spec)
+	if ds.GetName() == jobspec.MultiLabelMNIST {
+		mtrain, err := data.MultiDigit(train, train.Len(), seed)
+		if err != nil {
+			return nil, err
+		}
+		mtest, err := data.MultiDigit(test, test.Len(), seed+1)
+		if err != nil {
+			return nil, err
+		}
+		obj = newMultiLabel(mtrain, mtest)
+	}
+	opt := obj.shape()
+	opt.Seed = seed
+	net, err := models.New(spec.Model, opt)
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +80,7 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 		return nil, fmt.Errorf("model %s has %d parameters here but %d on the coordinator", spec.Model, net.NumParams(), a.NumParams)
 	}
 	rank, world := int(a.Rank), int(a.WorldSize)
-	sampler, err := data.NewSampler(train.Len(), rank, world, seed, true, false)
+	sampler, err := data.NewSampler(obj.trainLen(), rank, world, seed, true, false)
 	if err != nil {
 		return nil, err
 	}
@@ -83,16 +97,20 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	}
 	defer sync.close()
 
-	var aug *data.Augmenter
-	if a := spec.GetDataset().GetAugment(); a == "crop" || a == "crop-flip" {
-		aug = &data.Augmenter{Pad: 2, Flip: a == "crop-flip", Seed: seed}
-	}
-	inSize, classes := net.InputSize(), train.Classes
+	inSize, classes := net.InputSize(), opt.Classes
 	x := make([]float32, bs*inSize)
-	y := make([]uint8, bs)
 	dl := make([]float32, bs*classes)
 	idx := make([]int, sampler.Len())
 	res := &pb.JobResult{GemmBackend: tensor.Backend()}
+	evalAndReport := func(step int64) error {
+		if err := obj.evaluate(ctx, net, res); err != nil {
+			return err
+		}
+		rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Eval{Eval: &pb.TaskEval{JobId: a.JobId, Rank: a.Rank,
+			Epoch: res.Epochs, Step: step, TestAccuracy: res.TestAccuracy, TestLoss: res.TestLoss, TrainLoss: res.TrainLoss,
+			MicroF1: res.MicroF1, MacroF1: res.MacroF1, MeanAveragePrecision: res.MeanAveragePrecision}}})
+		return nil
+	}
 	start := time.Now()
 	var step int64
 	var lossSum float64
@@ -111,13 +129,10 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 			stepStart := time.Now()
 			batch := idx[b*bs : min((b+1)*bs, len(idx))]
 			n := len(batch)
-			train.Batch(batch, x[:n*inSize], y[:n])
-			if aug != nil {
-				aug.Apply(x[:n*inSize], n, train.C, train.H, train.W, batch, epoch, train.ZeroPixel())
-			}
+			obj.batch(batch, x[:n*inSize], epoch)
 			net.ZeroGrad()
 			logits := net.Forward(x[:n*inSize], n, true)
-			loss := models.SoftmaxCrossEntropy(logits, y[:n], classes, dl[:n*classes])
+			loss := obj.loss(logits, n, dl[:n*classes])
 			net.Backward(dl[:n*classes])
 			syncStart := time.Now()
 			if err := sync.step(ctx, net.Grads(), net.Params()); err != nil {
@@ -157,12 +172,10 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 		res.Epochs = int32(epoch + 1)
 		res.TrainLoss = epochLoss / float64(max(epochN, 1))
 		if rank == 0 && spec.GetEvalEveryEpoch() && epochN == stepsPerEpoch {
-			if err := evaluate(ctx, net, test, res); err != nil {
+			if err := evalAndReport(step); err != nil {
 				return nil, err
 			}
 			evaluated = true
-			rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Eval{Eval: &pb.TaskEval{JobId: a.JobId, Rank: a.Rank,
-				Epoch: res.Epochs, Step: step, TestAccuracy: res.TestAccuracy, TestLoss: res.TestLoss, TrainLoss: res.TrainLoss}}})
 		}
 	}
 	res.Steps = step
@@ -177,51 +190,11 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	wall := time.Since(start).Seconds()
 	res.ImagesPerSecond = float64(step) * float64(bs) / wall
 	if rank == 0 && !evaluated {
-		if err := evaluate(ctx, net, test, res); err != nil {
+		if err := evalAndReport(step); err != nil {
 			return nil, err
 		}
-		rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Eval{Eval: &pb.TaskEval{JobId: a.JobId, Rank: a.Rank,
-			Epoch: res.Epochs, Step: step, TestAccuracy: res.TestAccuracy, TestLoss: res.TestLoss, TrainLoss: res.TrainLoss}}})
 	}
 	return res, nil
-}
-
-// evaluate computes accuracy and mean loss on the whole test split.
-func evaluate(ctx context.Context, net *models.Network, test *data.Dataset, res *pb.JobResult) error {
-	inSize, classes := net.InputSize(), test.Classes
-	x := make([]float32, evalBatch*inSize)
-	y := make([]uint8, evalBatch)
-	idx := make([]int, evalBatch)
-	pred := make([]int, evalBatch)
-	conf := eval.NewConfusion(classes)
-	var lossSum float64
-	for lo := 0; lo < test.Len(); lo += evalBatch {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		n := min(evalBatch, test.Len()-lo)
-		for i := range n {
-			idx[i] = lo + i
-		}
-		test.Batch(idx[:n], x[:n*inSize], y[:n])
-		logits := net.Forward(x[:n*inSize], n, false)
-		lossSum += float64(models.SoftmaxCrossEntropy(logits, y[:n], classes, nil)) * float64(n)
-		models.Argmax(logits, classes, pred[:n])
-		conf.AddPredictions(pred[:n], y[:n])
-	}
-	res.TestAccuracy = conf.Accuracy()
-	res.TestLoss = lossSum / float64(test.Len())
-	res.ClassAccuracy = conf.ClassAccuracy(res.ClassAccuracy[:0])
-	for i, v := range res.ClassAccuracy {
-		if v != v { // no test example of this class
-			res.ClassAccuracy[i] = 0
-		}
-	}
-	res.ConfusionMatrix = res.ConfusionMatrix[:0]
-	for _, row := range conf.Matrix() {
-		res.ConfusionMatrix = append(res.ConfusionMatrix, row...)
-	}
-	return nil
 }
 
 // synchronizer turns this rank's gradient of each step into the job's next

@@ -171,7 +171,11 @@ func (p *printer) summary(j *pb.Job) {
 		fmt.Fprintf(p.out, "  model %s  dataset %s  mode %s  workers %d  epochs %d  steps %d\n", s.Model, s.Dataset, s.Mode, s.Workers, s.Epochs, s.Steps)
 	}
 	if s.State == "SUCCEEDED" {
-		fmt.Fprintf(p.out, "  test accuracy %.2f%%  test loss %.4f\n", 100*s.TestAccuracy, s.TestLoss)
+		if s.MicroF1 != 0 || s.MeanAveragePrecision != 0 {
+			fmt.Fprintf(p.out, "  micro-F1 %.4f  macro-F1 %.4f  mAP %.4f  exact-match accuracy %.2f%%\n", s.MicroF1, s.MacroF1, s.MeanAveragePrecision, 100*s.TestAccuracy)
+		} else {
+			fmt.Fprintf(p.out, "  test accuracy %.2f%%  test loss %.4f\n", 100*s.TestAccuracy, s.TestLoss)
+		}
 	}
 	fmt.Fprintf(p.out, "  wall %.1fs  throughput %s img/s", s.WallSeconds, thousands(s.ImagesPerSecond))
 	if s.GemmBackend != "" {

@@ -41,12 +41,16 @@ type Summary struct {
 	// evaluation; in summary.json only (omitted from the CLI's last line
 	// when empty).
 	// Ring mode: gradient bytes per step before and after compression.
-	RawBytesPerStep  float64   `json:"raw_bytes_per_step,omitempty"`
-	SentBytesPerStep float64   `json:"sent_bytes_per_step,omitempty"`
-	CompressionRatio float64   `json:"compression_ratio,omitempty"`
-	CompressSeconds  float64   `json:"compress_seconds,omitempty"`
-	ClassAccuracy    []float64 `json:"class_accuracy,omitempty"`
-	ConfusionMatrix  [][]int64 `json:"confusion_matrix,omitempty"`
+	RawBytesPerStep  float64 `json:"raw_bytes_per_step,omitempty"`
+	SentBytesPerStep float64 `json:"sent_bytes_per_step,omitempty"`
+	CompressionRatio float64 `json:"compression_ratio,omitempty"`
+	CompressSeconds  float64 `json:"compress_seconds,omitempty"`
+	// Multi-label tasks (test_accuracy is then the exact-match accuracy).
+	MicroF1              float64   `json:"micro_f1,omitempty"`
+	MacroF1              float64   `json:"macro_f1,omitempty"`
+	MeanAveragePrecision float64   `json:"mean_average_precision,omitempty"`
+	ClassAccuracy        []float64 `json:"class_accuracy,omitempty"`
+	ConfusionMatrix      [][]int64 `json:"confusion_matrix,omitempty"`
 }
 
 // StateName is the short name of a job state ("SUCCEEDED").
@@ -66,6 +70,7 @@ func SummaryOf(j *pb.Job) Summary {
 		s.TestAccuracy, s.TestLoss, s.TrainLoss = r.TestAccuracy, r.TestLoss, r.TrainLoss
 		s.WallSeconds, s.ImagesPerSecond, s.GemmBackend = r.WallSeconds, r.ImagesPerSecond, r.GemmBackend
 		s.ClassAccuracy = r.ClassAccuracy
+		s.MicroF1, s.MacroF1, s.MeanAveragePrecision = r.MicroF1, r.MacroF1, r.MeanAveragePrecision
 		s.RawBytesPerStep, s.SentBytesPerStep = r.RawBytesPerStep, r.SentBytesPerStep
 		s.CompressionRatio, s.CompressSeconds = r.CompressionRatio, r.CompressSeconds
 		if k := len(r.ClassAccuracy); k > 0 && len(r.ConfusionMatrix) == k*k {

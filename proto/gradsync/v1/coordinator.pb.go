@@ -654,9 +654,13 @@ type TaskEval struct {
 	TestLoss     float64                `protobuf:"fixed64,6,opt,name=test_loss,json=testLoss,proto3" json:"test_loss,omitempty"`
 	TrainLoss    float64                `protobuf:"fixed64,7,opt,name=train_loss,json=trainLoss,proto3" json:"train_loss,omitempty"`
 	// Set in fedavg mode: the round just closed.
-	Round         *RoundInfo `protobuf:"bytes,8,opt,name=round,proto3" json:"round,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Round *RoundInfo `protobuf:"bytes,8,opt,name=round,proto3" json:"round,omitempty"`
+	// Multi-label tasks.
+	MicroF1              float64 `protobuf:"fixed64,9,opt,name=micro_f1,json=microF1,proto3" json:"micro_f1,omitempty"`
+	MacroF1              float64 `protobuf:"fixed64,10,opt,name=macro_f1,json=macroF1,proto3" json:"macro_f1,omitempty"`
+	MeanAveragePrecision float64 `protobuf:"fixed64,11,opt,name=mean_average_precision,json=meanAveragePrecision,proto3" json:"mean_average_precision,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *TaskEval) Reset() {
@@ -743,6 +747,27 @@ func (x *TaskEval) GetRound() *RoundInfo {
 		return x.Round
 	}
 	return nil
+}
+
+func (x *TaskEval) GetMicroF1() float64 {
+	if x != nil {
+		return x.MicroF1
+	}
+	return 0
+}
+
+func (x *TaskEval) GetMacroF1() float64 {
+	if x != nil {
+		return x.MacroF1
+	}
+	return 0
+}
+
+func (x *TaskEval) GetMeanAveragePrecision() float64 {
+	if x != nil {
+		return x.MeanAveragePrecision
+	}
+	return 0
 }
 
 // RoundInfo describes one closed federated round.
@@ -991,7 +1016,7 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12\x12\n" +
 	"\x04rank\x18\x03 \x01(\x05R\x04rank\x121\n" +
-	"\bprogress\x18\x04 \x01(\v2\x15.gradsync.v1.ProgressR\bprogress\"\xee\x01\n" +
+	"\bprogress\x18\x04 \x01(\v2\x15.gradsync.v1.ProgressR\bprogress\"\xda\x02\n" +
 	"\bTaskEval\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x14\n" +
@@ -1001,7 +1026,11 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"\ttest_loss\x18\x06 \x01(\x01R\btestLoss\x12\x1d\n" +
 	"\n" +
 	"train_loss\x18\a \x01(\x01R\ttrainLoss\x12,\n" +
-	"\x05round\x18\b \x01(\v2\x16.gradsync.v1.RoundInfoR\x05round\"\xc8\x01\n" +
+	"\x05round\x18\b \x01(\v2\x16.gradsync.v1.RoundInfoR\x05round\x12\x19\n" +
+	"\bmicro_f1\x18\t \x01(\x01R\amicroF1\x12\x19\n" +
+	"\bmacro_f1\x18\n" +
+	" \x01(\x01R\amacroF1\x124\n" +
+	"\x16mean_average_precision\x18\v \x01(\x01R\x14meanAveragePrecision\"\xc8\x01\n" +
 	"\tRoundInfo\x12\x14\n" +
 	"\x05round\x18\x01 \x01(\x05R\x05round\x12\"\n" +
 	"\fparticipants\x18\x02 \x03(\x05R\fparticipants\x12\x18\n" +

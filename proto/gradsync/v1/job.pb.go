@@ -429,8 +429,13 @@ type JobResult struct {
 	SentBytesPerStep float64 `protobuf:"fixed64,12,opt,name=sent_bytes_per_step,json=sentBytesPerStep,proto3" json:"sent_bytes_per_step,omitempty"`
 	CompressionRatio float64 `protobuf:"fixed64,13,opt,name=compression_ratio,json=compressionRatio,proto3" json:"compression_ratio,omitempty"`
 	CompressSeconds  float64 `protobuf:"fixed64,14,opt,name=compress_seconds,json=compressSeconds,proto3" json:"compress_seconds,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Multi-label tasks (dataset mnist-pairs): test_accuracy is the
+	// exact-match accuracy; these are the usual figures.
+	MicroF1              float64 `protobuf:"fixed64,15,opt,name=micro_f1,json=microF1,proto3" json:"micro_f1,omitempty"`
+	MacroF1              float64 `protobuf:"fixed64,16,opt,name=macro_f1,json=macroF1,proto3" json:"macro_f1,omitempty"`
+	MeanAveragePrecision float64 `protobuf:"fixed64,17,opt,name=mean_average_precision,json=meanAveragePrecision,proto3" json:"mean_average_precision,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *JobResult) Reset() {
@@ -557,6 +562,27 @@ func (x *JobResult) GetCompressionRatio() float64 {
 func (x *JobResult) GetCompressSeconds() float64 {
 	if x != nil {
 		return x.CompressSeconds
+	}
+	return 0
+}
+
+func (x *JobResult) GetMicroF1() float64 {
+	if x != nil {
+		return x.MicroF1
+	}
+	return 0
+}
+
+func (x *JobResult) GetMacroF1() float64 {
+	if x != nil {
+		return x.MacroF1
+	}
+	return 0
+}
+
+func (x *JobResult) GetMeanAveragePrecision() float64 {
+	if x != nil {
+		return x.MeanAveragePrecision
 	}
 	return 0
 }
@@ -1108,7 +1134,7 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\x0felapsed_seconds\x18\b \x01(\x01R\x0eelapsedSeconds\x12-\n" +
 	"\x13sent_bytes_per_step\x18\t \x01(\x01R\x10sentBytesPerStep\x12+\n" +
 	"\x11compression_ratio\x18\n" +
-	" \x01(\x01R\x10compressionRatio\"\x92\x04\n" +
+	" \x01(\x01R\x10compressionRatio\"\xfe\x04\n" +
 	"\tJobResult\x12#\n" +
 	"\rtest_accuracy\x18\x01 \x01(\x01R\ftestAccuracy\x12\x1b\n" +
 	"\ttest_loss\x18\x02 \x01(\x01R\btestLoss\x12\x1d\n" +
@@ -1125,7 +1151,10 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\x12raw_bytes_per_step\x18\v \x01(\x01R\x0frawBytesPerStep\x12-\n" +
 	"\x13sent_bytes_per_step\x18\f \x01(\x01R\x10sentBytesPerStep\x12+\n" +
 	"\x11compression_ratio\x18\r \x01(\x01R\x10compressionRatio\x12)\n" +
-	"\x10compress_seconds\x18\x0e \x01(\x01R\x0fcompressSeconds\"<\n" +
+	"\x10compress_seconds\x18\x0e \x01(\x01R\x0fcompressSeconds\x12\x19\n" +
+	"\bmicro_f1\x18\x0f \x01(\x01R\amicroF1\x12\x19\n" +
+	"\bmacro_f1\x18\x10 \x01(\x01R\amacroF1\x124\n" +
+	"\x16mean_average_precision\x18\x11 \x01(\x01R\x14meanAveragePrecision\"<\n" +
 	"\x10SubmitJobRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.gradsync.v1.JobSpecR\x04spec\"7\n" +
 	"\x11SubmitJobResponse\x12\"\n" +

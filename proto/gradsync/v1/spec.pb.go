@@ -287,7 +287,9 @@ func (x *JobSpec) GetNonfinitePolicy() string {
 // DatasetSpec names a dataset and where to find it.
 type DatasetSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// mnist | fashion-mnist | synthetic. Default mnist.
+	// mnist | fashion-mnist | synthetic | mnist-pairs (multi-label: two
+	// MNIST digits side by side, 1×28×56, the target is the set of both).
+	// Default mnist.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// A folder holding the four IDX files (gzipped or not). Empty: the
 	// built-in locations (the GoMNIST module, /usr/share/datasets/fashion-mnist).
