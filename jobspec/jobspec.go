@@ -272,8 +272,8 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if s.Compression.Type != defaultCompression && s.Mode != "ring" {
 		return nil, errf("compression.type", "%s compression in mode %s %s; use mode ring", s.Compression.Type, s.Mode, notImplementedSuffix)
 	}
-	if c := s.Checkpoint; c != nil && (c.EveryEpochs != 0 || c.EverySteps != 0 || c.EverySeconds != 0 || c.Keep != 0) {
-		return nil, errf("checkpoint", "checkpointing %s", notImplementedSuffix)
+	if err := normalizeCheckpoint(s); err != nil {
+		return nil, err
 	}
 	if err := normalizeFederated(s); err != nil {
 		return nil, err
@@ -603,4 +603,40 @@ func InputShape(spec *pb.JobSpec) (c, h, w, classes int) {
 		return 1, 28, 56, 10
 	}
 	return 1, 28, 28, 10
+}
+
+// CheckpointsOn reports whether a normalized spec asks for checkpoints.
+func CheckpointsOn(s *pb.JobSpec) bool {
+	c := s.GetCheckpoint()
+	return c.GetEverySteps() > 0 || c.GetEveryEpochs() > 0 || c.GetEverySeconds() > 0
+}
+
+func normalizeCheckpoint(s *pb.JobSpec) error {
+	c := s.Checkpoint
+	if c == nil {
+		return nil
+	}
+	switch {
+	case c.EverySteps < 0:
+		return errf("checkpoint.every_steps", "%d is negative", c.EverySteps)
+	case c.EveryEpochs < 0:
+		return errf("checkpoint.every_epochs", "%d is negative", c.EveryEpochs)
+	case c.EverySeconds < 0 || math.IsNaN(c.EverySeconds) || math.IsInf(c.EverySeconds, 0):
+		return errf("checkpoint.every_seconds", "%v must be a number >= 0", c.EverySeconds)
+	case c.Keep < 0 || c.Keep > 1000:
+		return errf("checkpoint.keep", "%d out of range; allowed 1..1000 (0: default 3)", c.Keep)
+	}
+	if !CheckpointsOn(s) {
+		if c.Keep != 0 {
+			return errf("checkpoint.keep", "needs every_steps, every_epochs or every_seconds")
+		}
+		return nil
+	}
+	if s.Mode != "ring" {
+		return errf("checkpoint", "checkpointing in mode %s %s; use mode ring", s.Mode, notImplementedSuffix)
+	}
+	if c.Keep == 0 {
+		c.Keep = 3
+	}
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sort"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/internal/runlog"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
@@ -173,12 +175,16 @@ func (s *Server) endJobLocked(e *jobEntry, st pb.JobState, msg string) {
 
 // SubmitJob validates the spec, stores the job as PENDING and schedules.
 func (s *Server) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*pb.SubmitJobResponse, error) {
-	spec, err := jobspec.Normalize(req.GetSpec(), models.Names())
+	in, resumeFrom, err := s.resumeSpec(req)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := jobspec.Normalize(in, models.Names())
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "invalid job spec: %v", err)
 	}
 	now := s.cfg.Now()
-	j := &pb.Job{Id: newJobID(now), Spec: spec, State: pb.JobState_JOB_STATE_PENDING, CreatedAt: tsNow(now)}
+	j := &pb.Job{Id: newJobID(now), Spec: spec, State: pb.JobState_JOB_STATE_PENDING, CreatedAt: tsNow(now), ResumeFrom: resumeFrom}
 	j.RunDir = s.runDir(j.Id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -377,6 +383,10 @@ func (s *Server) startJobLocked(e *jobEntry, workerIDs []string) {
 	if spec.Mode == "ps" {
 		e.ps = newPSJob(j.Id, j.Generation, world, net.Params(), spec)
 	}
+	ckptDir := ""
+	if jobspec.CheckpointsOn(spec) {
+		ckptDir = checkpointDir(j.RunDir)
+	}
 	peers := make([]string, world)
 	for r, id := range workerIDs {
 		peers[r] = s.workers[id].info.Address
@@ -389,6 +399,47 @@ func (s *Server) startJobLocked(e *jobEntry, workerIDs []string) {
 		w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Assignment{Assignment: &pb.Assignment{
 			JobId: j.Id, Generation: j.Generation, Rank: int32(r), WorldSize: int32(world),
 			Spec: spec, Peers: peers, NumParams: int64(net.NumParams()),
+			CheckpointDir: ckptDir, ResumeFrom: j.ResumeFrom,
 		}}})
 	}
+}
+
+// checkpointDir is where a job's checkpoints go.
+func checkpointDir(runDir string) string { return filepath.Join(runDir, "checkpoints") }
+
+// resumeSpec returns the spec to submit and, for a resume, the checkpoint
+// to start from: the old job's spec (its workers may be changed) and its
+// latest checkpoint that verifies.
+func (s *Server) resumeSpec(req *pb.SubmitJobRequest) (*pb.JobSpec, string, error) {
+	if req.GetResumeJobId() == "" {
+		return req.GetSpec(), "", nil
+	}
+	s.mu.Lock()
+	e := s.jobs[req.ResumeJobId]
+	var old *pb.Job
+	if e != nil {
+		old = proto.Clone(e.job).(*pb.Job)
+	}
+	s.mu.Unlock()
+	if old == nil {
+		return nil, "", status.Errorf(codes.NotFound, "job %q not found", req.ResumeJobId)
+	}
+	if !isFinal(old.State) {
+		return nil, "", status.Errorf(codes.FailedPrecondition, "job %s is %s; only an ended job can be resumed", old.Id, runlog.StateName(old.State))
+	}
+	if !jobspec.CheckpointsOn(old.Spec) {
+		return nil, "", status.Errorf(codes.FailedPrecondition, "job %s wrote no checkpoints (its spec has no checkpoint settings)", old.Id)
+	}
+	_, path, skipped, err := checkpoint.Latest(checkpointDir(old.RunDir))
+	for _, sk := range skipped {
+		s.log.Warn("checkpoint skipped", "job", old.Id, "reason", sk.String())
+	}
+	if err != nil {
+		return nil, "", status.Errorf(codes.FailedPrecondition, "job %s has no usable checkpoint: %v", old.Id, err)
+	}
+	spec := proto.Clone(old.Spec).(*pb.JobSpec)
+	if w := req.GetSpec().Workers; w != nil {
+		spec.Workers, spec.MinWorkers, spec.MaxWorkers = w, 0, 0
+	}
+	return spec, path, nil
 }

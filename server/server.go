@@ -21,11 +21,13 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/plot"
 	"github.com/gradsync/gradsync/internal/rpc"
 	"github.com/gradsync/gradsync/internal/runlog"
 	"github.com/gradsync/gradsync/internal/security"
+	"github.com/gradsync/gradsync/jobspec"
 
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -166,9 +168,17 @@ func New(cfg Config) (*Server, error) {
 		case pb.JobState_JOB_STATE_PENDING:
 			s.queue = append(s.queue, j.Id)
 		case pb.JobState_JOB_STATE_RUNNING:
-			j.State = pb.JobState_JOB_STATE_FAILED
-			j.Message = "the server stopped while the job was running (resuming needs checkpoints, not implemented yet)"
-			j.FinishedAt = tsNow(cfg.Now())
+			if path := latestCheckpoint(j); path != "" {
+				// Run it again from its latest checkpoint once workers are back.
+				j.State, j.ResumeFrom = pb.JobState_JOB_STATE_PENDING, path
+				j.Message = "the server restarted while the job was running; it resumes from " + path
+				j.WorkerIds, j.StartedAt = nil, nil
+				s.queue = append(s.queue, j.Id)
+			} else {
+				j.State = pb.JobState_JOB_STATE_FAILED
+				j.Message = "the server stopped while the job was running, and the job has no checkpoint to resume from"
+				j.FinishedAt = tsNow(cfg.Now())
+			}
 			if err := st.putJob(j); err != nil {
 				st.close()
 				return nil, err
@@ -363,4 +373,16 @@ func (s *Server) countJobsLocked() {
 		counts[runlog.StateName(e.job.State)]++
 	}
 	s.cfg.Metrics.SetJobCounts(counts)
+}
+
+// latestCheckpoint is the newest checkpoint of a job that verifies, or "".
+func latestCheckpoint(j *pb.Job) string {
+	if !jobspec.CheckpointsOn(j.GetSpec()) {
+		return ""
+	}
+	_, path, _, err := checkpoint.Latest(checkpointDir(j.RunDir))
+	if err != nil {
+		return ""
+	}
+	return path
 }

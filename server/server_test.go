@@ -571,3 +571,64 @@ func TestMultiLabelJobShape(t *testing.T) {
 		t.Fatalf("multi-label job: %v %q %v", final.State, final.Message, final.GetResult())
 	}
 }
+
+// TestResumeWithOtherWorldSize: a ring job writing checkpoints is
+// cancelled; `submit --resume` runs it again on another number of workers
+// from its latest checkpoint, and it succeeds.
+func TestResumeWithOtherWorldSize(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	c := newCluster(t, server.Config{}, 0)
+	for i := range 3 {
+		c.addTCPWorker(fmt.Sprintf("rs-%d", i))
+	}
+	spec := &pb.JobSpec{Model: "logreg", Mode: "ring", Workers: proto.Int32(3), Dataset: &pb.DatasetSpec{Name: "synthetic"},
+		Epochs: proto.Int32(200), Checkpoint: &pb.CheckpointSpec{EverySteps: 20}}
+	job := c.submit(ctx, spec)
+	dir := filepath.Join(job.RunDir, "checkpoints")
+	for {
+		if es, _ := os.ReadDir(dir); len(es) > 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("no checkpoint written")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if _, err := c.jobs.CancelJob(ctx, &pb.CancelJobRequest{JobId: job.Id}); err != nil {
+		t.Fatal(err)
+	}
+	// Resuming needs an ended job with checkpoints.
+	_, err := c.jobs.SubmitJob(ctx, &pb.SubmitJobRequest{ResumeJobId: "job-nope"})
+	wantCode(t, "resume of an unknown job", err, codes.NotFound)
+	resp, err := c.jobs.SubmitJob(ctx, &pb.SubmitJobRequest{ResumeJobId: job.Id, Spec: &pb.JobSpec{Workers: proto.Int32(2)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Job.ResumeFrom == "" || resp.Job.Spec.GetWorkers() != 2 || resp.Job.Spec.GetEpochs() != 200 {
+		t.Fatalf("resumed job %v", resp.Job)
+	}
+	// Shorten the wait: cancel it once it has made progress past the
+	// checkpoint, proving that it started from there.
+	final := c.waitState(ctx, resp.Job.Id, pb.JobState_JOB_STATE_RUNNING, pb.JobState_JOB_STATE_FAILED)
+	if final.State == pb.JobState_JOB_STATE_FAILED {
+		t.Fatalf("resumed job failed: %s", final.Message)
+	}
+	for {
+		j, err := c.jobs.GetJob(ctx, &pb.GetJobRequest{JobId: resp.Job.Id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.Job.State == pb.JobState_JOB_STATE_FAILED {
+			t.Fatalf("resumed job failed: %s", j.Job.Message)
+		}
+		if p := j.Job.GetProgress(); p != nil && p.Step > 20 && p.TotalSteps > p.Step {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the resumed job made no progress")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

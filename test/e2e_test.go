@@ -174,3 +174,46 @@ func TestKillRingRank(t *testing.T) {
 		t.Errorf("the survivors' next ring job: exit %d, %+v", code, sum)
 	}
 }
+
+// TestServerCrashResumesFromCheckpoint kills the server with SIGKILL in the
+// middle of a ring job that writes checkpoints; after a restart the job is
+// queued again, the workers reconnect, and it resumes from its latest
+// checkpoint and succeeds.
+func TestServerCrashResumesFromCheckpoint(t *testing.T) {
+	skipIfShort(t)
+	ctx := testCtx(t, 120*time.Second)
+	dir := t.TempDir()
+	dataDir, runsDir := filepath.Join(dir, "data"), filepath.Join(dir, "runs")
+	s := startServer(ctx, t, "127.0.0.1:0", dataDir, runsDir)
+	s.startWorker(ctx, t, "ck-0")
+	s.startWorker(ctx, t, "ck-1")
+	spec := filepath.Join(dir, "job.yaml")
+	if err := os.WriteFile(spec, []byte("model: mlp\nmode: ring\nworkers: 2\nepochs: 40\ndataset: {name: synthetic}\ncheckpoint: {every_steps: 50}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	job := s.submit(ctx, t, "-f", spec)
+	ckpts := filepath.Join(runsDir, job.ID, "checkpoints")
+	tk := time.NewTicker(50 * time.Millisecond)
+	defer tk.Stop()
+	for {
+		if es, _ := os.ReadDir(ckpts); len(es) >= 2 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("no checkpoints written")
+		case <-tk.C:
+		}
+	}
+	s.signal(t, syscall.SIGKILL)
+	s.wait(ctx, t)
+	s2 := startServer(ctx, t, s.addr, dataDir, runsDir)
+	out, code := gradsync(ctx, t, "watch", job.ID, "--json", "--server", s2.addr)
+	sum := parseSummary(t, out)
+	if code != 0 || sum.State != "SUCCEEDED" {
+		t.Fatalf("after the server crash: exit %d, %+v", code, sum)
+	}
+	if j := s2.jobs(ctx, t)[job.ID]; j.State != "JOB_STATE_SUCCEEDED" {
+		t.Errorf("job after resume: %+v", j)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/gradsync/gradsync/aggregator/ringrpc"
+	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/internal/metrics"
@@ -86,7 +87,33 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	}
 	bs := int(spec.GetBatchSize())
 	stepsPerEpoch := sampler.NumBatches(bs)
-	totalSteps := int64(stepsPerEpoch) * int64(spec.GetEpochs())
+	epochs := int(spec.GetEpochs())
+	nTrain := obj.trainLen()
+
+	// Where training starts: from scratch, or where a checkpoint stopped
+	// (possibly with another world size: the rest of that epoch is dealt
+	// out again so that no sample is lost or repeated).
+	var step int64
+	startEpoch, consumed := 0, int64(0)
+	var resumeMeta *checkpoint.Meta
+	if a.ResumeFrom != "" {
+		st, err := checkpoint.Load(a.ResumeFrom)
+		if err != nil {
+			return nil, err
+		}
+		resumeMeta = &st.Meta
+		step, startEpoch, consumed = st.Meta.Step, st.Meta.Epoch, st.Meta.EpochConsumed
+	}
+	stepsIn := func(epoch int) int {
+		if epoch == startEpoch && consumed > 0 {
+			return data.ResumeSteps(nTrain, int(consumed), world, bs)
+		}
+		return stepsPerEpoch
+	}
+	totalSteps := step
+	for e := startEpoch; e < epochs; e++ {
+		totalSteps += int64(stepsIn(e))
+	}
 	if spec.MaxSteps > 0 && spec.MaxSteps < totalSteps {
 		totalSteps = spec.MaxSteps
 	}
@@ -96,11 +123,35 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 		return nil, err
 	}
 	defer sync.close()
+	var ckpt *checkpointer
+	rs, isRing := sync.(*ringSync)
+	if resumeMeta != nil {
+		if !isRing {
+			return nil, errors.New("resuming from a checkpoint needs mode ring")
+		}
+		if _, err := resume(a.ResumeFrom, spec, net, rs.optim); err != nil {
+			return nil, err
+		}
+		rs.steps = step
+		log.Info("resumed from a checkpoint", "job", a.JobId, "path", a.ResumeFrom, "step", step, "epoch", startEpoch, "consumed", consumed)
+	}
+	if isRing && rank == 0 && a.CheckpointDir != "" {
+		ckpt = &checkpointer{dir: a.CheckpointDir, spec: spec, jobID: a.JobId, world: world, lastSave: time.Now()}
+	}
+	saveCheckpoint := func(epoch int, consumed int64) error {
+		path, err := ckpt.save(net, rs.optim, step, epoch, consumed, time.Now())
+		if err != nil {
+			return fmt.Errorf("writing a checkpoint: %w", err)
+		}
+		log.Debug("checkpoint written", "job", a.JobId, "path", path)
+		return nil
+	}
 
 	inSize, classes := net.InputSize(), opt.Classes
 	x := make([]float32, bs*inSize)
 	dl := make([]float32, bs*classes)
-	idx := make([]int, sampler.Len())
+	epochIdx := make([]int, sampler.Len())
+	var idx []int
 	res := &pb.JobResult{GemmBackend: tensor.Backend()}
 	evalAndReport := func(step int64) error {
 		if err := obj.evaluate(ctx, net, res); err != nil {
@@ -112,28 +163,38 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 		return nil
 	}
 	start := time.Now()
-	var step int64
+	firstStep := step
 	var lossSum float64
 	var lossN, imagesSince int
 	lastReport := start
 	evaluated := false
 	logEvery := int64(spec.LogEverySteps)
-	for epoch := 0; epoch < int(spec.GetEpochs()) && step < totalSteps; epoch++ {
-		idx = sampler.EpochInto(idx, epoch)
+	for epoch := startEpoch; epoch < epochs && step < totalSteps; epoch++ {
+		epochStart := int64(0) // positions of this epoch's order consumed before it (re)started
+		if epoch == startEpoch && consumed > 0 {
+			idx = data.ResumeSampler(nTrain, seed, epoch, int(consumed), rank, world)
+			epochStart = consumed
+		} else {
+			idx = sampler.EpochInto(epochIdx, epoch)
+		}
+		nb := stepsIn(epoch)
 		var epochLoss float64
 		var epochN int
-		for b := 0; b < stepsPerEpoch && step < totalSteps; b++ {
+		for b := 0; b < nb && step < totalSteps; b++ {
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
 			stepStart := time.Now()
-			batch := idx[b*bs : min((b+1)*bs, len(idx))]
+			batch := idx[min(b*bs, len(idx)):min((b+1)*bs, len(idx))]
 			n := len(batch)
-			obj.batch(batch, x[:n*inSize], epoch)
 			net.ZeroGrad()
-			logits := net.Forward(x[:n*inSize], n, true)
-			loss := obj.loss(logits, n, dl[:n*classes])
-			net.Backward(dl[:n*classes])
+			var loss float32
+			if n > 0 { // after a resume a rank may have nothing left in its last step: it contributes zeros
+				obj.batch(batch, x[:n*inSize], epoch)
+				logits := net.Forward(x[:n*inSize], n, true)
+				loss = obj.loss(logits, n, dl[:n*classes])
+				net.Backward(dl[:n*classes])
+			}
 			syncStart := time.Now()
 			if err := sync.step(ctx, net.Grads(), net.Params()); err != nil {
 				return nil, fmt.Errorf("step %d: %w", step, err)
@@ -155,7 +216,7 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 					Epoch: int32(epoch + 1), Step: step, TotalSteps: totalSteps, Loss: lossSum / float64(lossN),
 					ImagesPerSecond: float64(imagesSince) / now.Sub(lastReport).Seconds(),
 					LearningRate:    jobspec.LearningRate(spec, step-1, totalSteps), ElapsedSeconds: elapsed,
-					EtaSeconds: elapsed / float64(step) * float64(totalSteps-step),
+					EtaSeconds: elapsed / float64(step-firstStep) * float64(totalSteps-step),
 				}
 				if cs, ok := sync.(compressStatser); ok {
 					if st := cs.compressStats(); st.Steps > 0 && st.SentBytes > 0 {
@@ -168,10 +229,21 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 					JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, Progress: p}}})
 				lossSum, lossN, imagesSince, lastReport = 0, 0, 0, now
 			}
+			if ckpt != nil && b+1 < nb && ckpt.due(step, false, epoch, time.Now()) {
+				done := min(epochStart+int64((b+1)*bs*world), int64(nTrain))
+				if err := saveCheckpoint(epoch, done); err != nil {
+					return nil, err
+				}
+			}
+		}
+		if ckpt != nil && epochN == nb && ckpt.due(step, true, epoch, time.Now()) {
+			if err := saveCheckpoint(epoch+1, 0); err != nil {
+				return nil, err
+			}
 		}
 		res.Epochs = int32(epoch + 1)
 		res.TrainLoss = epochLoss / float64(max(epochN, 1))
-		if rank == 0 && spec.GetEvalEveryEpoch() && epochN == stepsPerEpoch {
+		if rank == 0 && spec.GetEvalEveryEpoch() && epochN == nb {
 			if err := evalAndReport(step); err != nil {
 				return nil, err
 			}
@@ -188,7 +260,7 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 		}
 	}
 	wall := time.Since(start).Seconds()
-	res.ImagesPerSecond = float64(step) * float64(bs) / wall
+	res.ImagesPerSecond = float64(step-firstStep) * float64(bs) / wall
 	if rank == 0 && !evaluated {
 		if err := evalAndReport(step); err != nil {
 			return nil, err

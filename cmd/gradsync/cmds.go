@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -112,7 +113,7 @@ func newLocalCmd(g *globals) *cobra.Command {
 			if !g.json {
 				fmt.Fprintf(c.OutOrStdout(), "gradsync local: coordinator on %s, %d worker(s)\n", addr, n)
 			}
-			return submitAndWatch(c.Context(), addr, clientOpts, spec, p, true)
+			return submitAndWatch(c.Context(), addr, clientOpts, &pb.SubmitJobRequest{Spec: spec}, p, true)
 		},
 	}
 	sf.register(c)
@@ -146,7 +147,7 @@ func startMetrics(ctx context.Context, addr string, log *slog.Logger, reg **metr
 // submitAndWatch submits spec to the server at addr; with wait it follows the
 // job to its end, prints the summary, and turns a job that did not succeed
 // into exit status 1. Interrupting (Ctrl-C) cancels the job.
-func submitAndWatch(ctx context.Context, addr string, dialOpts []grpc.DialOption, spec *pb.JobSpec, p *printer, wait bool) error {
+func submitAndWatch(ctx context.Context, addr string, dialOpts []grpc.DialOption, req *pb.SubmitJobRequest, p *printer, wait bool) error {
 	conn, err := dial(addr, dialOpts)
 	if err != nil {
 		return err
@@ -154,7 +155,7 @@ func submitAndWatch(ctx context.Context, addr string, dialOpts []grpc.DialOption
 	defer conn.Close()
 	jc := pb.NewJobServiceClient(conn)
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	resp, err := jc.SubmitJob(sctx, &pb.SubmitJobRequest{Spec: spec})
+	resp, err := jc.SubmitJob(sctx, req)
 	cancel()
 	if err != nil {
 		return err
@@ -273,6 +274,7 @@ func newWorkerCmd(g *globals) *cobra.Command {
 func newSubmitCmd(g *globals) *cobra.Command {
 	var sf specFlags
 	var wait bool
+	var resumeJob string
 	c := &cobra.Command{
 		Use:   "submit [job.yaml]",
 		Short: "Submit a job (from a YAML/JSON file and/or flags)",
@@ -290,15 +292,30 @@ func newSubmitCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			req := &pb.SubmitJobRequest{Spec: spec}
+			if resumeJob != "" {
+				// The old job's spec is used; only --workers may change it.
+				var other []string
+				c.LocalNonPersistentFlags().Visit(func(f *pflag.Flag) {
+					if f.Name != "resume" && f.Name != "watch" && f.Name != "workers" {
+						other = append(other, "--"+f.Name)
+					}
+				})
+				if len(other) > 0 || len(args) > 0 {
+					return fmt.Errorf("--resume runs the old job's spec: only --workers may be given with it, not %v", append(other, args...))
+				}
+				req = &pb.SubmitJobRequest{ResumeJobId: resumeJob, Spec: &pb.JobSpec{Workers: spec.Workers}}
+			}
 			opts, err := g.sec.clientDialOptions()
 			if err != nil {
 				return err
 			}
-			return submitAndWatch(c.Context(), g.server, opts, spec, &printer{out: c.OutOrStdout(), json: g.json}, wait)
+			return submitAndWatch(c.Context(), g.server, opts, req, &printer{out: c.OutOrStdout(), json: g.json}, wait)
 		},
 	}
 	sf.register(c)
 	c.Flags().BoolVarP(&wait, "watch", "w", false, "follow the job until it ends and print its summary")
+	c.Flags().StringVar(&resumeJob, "resume", "", "run an ended job again from its latest checkpoint (ring mode with checkpoint settings); --workers may change")
 	return c
 }
 

@@ -433,7 +433,12 @@ type Assignment struct {
 	PsAddresses []string `protobuf:"bytes,7,rep,name=ps_addresses,json=psAddresses,proto3" json:"ps_addresses,omitempty"`
 	// Number of parameters of the model, so every rank checks it builds the
 	// same one.
-	NumParams     int64 `protobuf:"varint,8,opt,name=num_params,json=numParams,proto3" json:"num_params,omitempty"`
+	NumParams int64 `protobuf:"varint,8,opt,name=num_params,json=numParams,proto3" json:"num_params,omitempty"`
+	// Where rank 0 writes checkpoints (empty: none); a folder every rank
+	// can reach (one host, or a shared file system).
+	CheckpointDir string `protobuf:"bytes,9,opt,name=checkpoint_dir,json=checkpointDir,proto3" json:"checkpoint_dir,omitempty"`
+	// A checkpoint to resume from (empty: start fresh).
+	ResumeFrom    string `protobuf:"bytes,10,opt,name=resume_from,json=resumeFrom,proto3" json:"resume_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -522,6 +527,20 @@ func (x *Assignment) GetNumParams() int64 {
 		return x.NumParams
 	}
 	return 0
+}
+
+func (x *Assignment) GetCheckpointDir() string {
+	if x != nil {
+		return x.CheckpointDir
+	}
+	return ""
+}
+
+func (x *Assignment) GetResumeFrom() string {
+	if x != nil {
+		return x.ResumeFrom
+	}
+	return ""
 }
 
 type CancelTask struct {
@@ -991,7 +1010,7 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"\aWelcome\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12<\n" +
 	"\x1aheartbeat_interval_seconds\x18\x02 \x01(\x01R\x18heartbeatIntervalSeconds\"\v\n" +
-	"\tHeartbeat\"\xf8\x01\n" +
+	"\tHeartbeat\"\xc0\x02\n" +
 	"\n" +
 	"Assignment\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1e\n" +
@@ -1005,7 +1024,11 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"\x05peers\x18\x06 \x03(\tR\x05peers\x12!\n" +
 	"\fps_addresses\x18\a \x03(\tR\vpsAddresses\x12\x1d\n" +
 	"\n" +
-	"num_params\x18\b \x01(\x03R\tnumParams\";\n" +
+	"num_params\x18\b \x01(\x03R\tnumParams\x12%\n" +
+	"\x0echeckpoint_dir\x18\t \x01(\tR\rcheckpointDir\x12\x1f\n" +
+	"\vresume_from\x18\n" +
+	" \x01(\tR\n" +
+	"resumeFrom\";\n" +
 	"\n" +
 	"CancelTask\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +

@@ -162,7 +162,9 @@ type Job struct {
 	RunDir string `protobuf:"bytes,12,opt,name=run_dir,json=runDir,proto3" json:"run_dir,omitempty"`
 	// The latest progress of each rank, by rank (progress is rank 0's with
 	// images_per_second summed over ranks).
-	Ranks         []*Progress `protobuf:"bytes,13,rep,name=ranks,proto3" json:"ranks,omitempty"`
+	Ranks []*Progress `protobuf:"bytes,13,rep,name=ranks,proto3" json:"ranks,omitempty"`
+	// The checkpoint the job resumes from (empty: it starts fresh).
+	ResumeFrom    string `protobuf:"bytes,14,opt,name=resume_from,json=resumeFrom,proto3" json:"resume_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -286,6 +288,13 @@ func (x *Job) GetRanks() []*Progress {
 		return x.Ranks
 	}
 	return nil
+}
+
+func (x *Job) GetResumeFrom() string {
+	if x != nil {
+		return x.ResumeFrom
+	}
+	return ""
 }
 
 // Progress is the latest training progress of a running job.
@@ -588,8 +597,11 @@ func (x *JobResult) GetMeanAveragePrecision() float64 {
 }
 
 type SubmitJobRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Spec          *JobSpec               `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Spec  *JobSpec               `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	// Resume this (ended) job from its latest checkpoint: the new job runs
+	// the old job's spec; spec, if set, may only change workers.
+	ResumeJobId   string `protobuf:"bytes,2,opt,name=resume_job_id,json=resumeJobId,proto3" json:"resume_job_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -629,6 +641,13 @@ func (x *SubmitJobRequest) GetSpec() *JobSpec {
 		return x.Spec
 	}
 	return nil
+}
+
+func (x *SubmitJobRequest) GetResumeJobId() string {
+	if x != nil {
+		return x.ResumeJobId
+	}
+	return ""
 }
 
 type SubmitJobResponse struct {
@@ -1099,7 +1118,7 @@ var File_gradsync_v1_job_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x15gradsync/v1/job.proto\x12\vgradsync.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16gradsync/v1/spec.proto\"\xa1\x04\n" +
+	"\x15gradsync/v1/job.proto\x12\vgradsync.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16gradsync/v1/spec.proto\"\xc2\x04\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12(\n" +
 	"\x04spec\x18\x02 \x01(\v2\x14.gradsync.v1.JobSpecR\x04spec\x12+\n" +
@@ -1120,7 +1139,9 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	" \x01(\v2\x15.gradsync.v1.ProgressR\bprogress\x12.\n" +
 	"\x06result\x18\v \x01(\v2\x16.gradsync.v1.JobResultR\x06result\x12\x17\n" +
 	"\arun_dir\x18\f \x01(\tR\x06runDir\x12+\n" +
-	"\x05ranks\x18\r \x03(\v2\x15.gradsync.v1.ProgressR\x05ranks\"\xe0\x02\n" +
+	"\x05ranks\x18\r \x03(\v2\x15.gradsync.v1.ProgressR\x05ranks\x12\x1f\n" +
+	"\vresume_from\x18\x0e \x01(\tR\n" +
+	"resumeFrom\"\xe0\x02\n" +
 	"\bProgress\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x05R\x05epoch\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1f\n" +
@@ -1154,9 +1175,10 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\x10compress_seconds\x18\x0e \x01(\x01R\x0fcompressSeconds\x12\x19\n" +
 	"\bmicro_f1\x18\x0f \x01(\x01R\amicroF1\x12\x19\n" +
 	"\bmacro_f1\x18\x10 \x01(\x01R\amacroF1\x124\n" +
-	"\x16mean_average_precision\x18\x11 \x01(\x01R\x14meanAveragePrecision\"<\n" +
+	"\x16mean_average_precision\x18\x11 \x01(\x01R\x14meanAveragePrecision\"`\n" +
 	"\x10SubmitJobRequest\x12(\n" +
-	"\x04spec\x18\x01 \x01(\v2\x14.gradsync.v1.JobSpecR\x04spec\"7\n" +
+	"\x04spec\x18\x01 \x01(\v2\x14.gradsync.v1.JobSpecR\x04spec\x12\"\n" +
+	"\rresume_job_id\x18\x02 \x01(\tR\vresumeJobId\"7\n" +
 	"\x11SubmitJobResponse\x12\"\n" +
 	"\x03job\x18\x01 \x01(\v2\x10.gradsync.v1.JobR\x03job\"&\n" +
 	"\rGetJobRequest\x12\x15\n" +

@@ -643,7 +643,9 @@ func (x *CompressionSpec) GetRatio() float64 {
 	return 0
 }
 
-// CheckpointSpec says when to write checkpoints.
+// CheckpointSpec says when to write checkpoints (ring mode): rank 0
+// writes runs/<job-id>/checkpoints/ckpt-<step>/ whenever any of the
+// conditions holds. All zero: no checkpoints.
 type CheckpointSpec struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	EverySteps   int64                  `protobuf:"varint,1,opt,name=every_steps,json=everySteps,proto3" json:"every_steps,omitempty"`
