@@ -198,8 +198,11 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if s.MaxWorkers == 0 {
 		s.MaxWorkers = s.GetWorkers()
 	}
-	if s.MinWorkers != s.GetWorkers() || s.MaxWorkers != s.GetWorkers() {
-		return nil, errf("min_workers", "elastic jobs (min_workers %d, max_workers %d differing from workers %d) are %s", s.MinWorkers, s.MaxWorkers, s.GetWorkers(), notImplementedSuffix)
+	if s.MaxWorkers != s.GetWorkers() {
+		return nil, errf("max_workers", "growing a job beyond workers (max_workers %d > workers %d) %s", s.MaxWorkers, s.GetWorkers(), notImplementedSuffix)
+	}
+	if s.MinWorkers > s.GetWorkers() || s.MinWorkers < 1 {
+		return nil, errf("min_workers", "%d out of range; allowed 1..%d (workers)", s.MinWorkers, s.GetWorkers())
 	}
 	// Batches and epochs.
 	if s.BatchSize == nil {
@@ -273,6 +276,9 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 		return nil, errf("compression.type", "%s compression in mode %s %s; use mode ring", s.Compression.Type, s.Mode, notImplementedSuffix)
 	}
 	if err := normalizeCheckpoint(s); err != nil {
+		return nil, err
+	}
+	if err := checkElastic(s); err != nil {
 		return nil, err
 	}
 	if err := normalizeFederated(s); err != nil {
@@ -637,6 +643,22 @@ func normalizeCheckpoint(s *pb.JobSpec) error {
 	}
 	if c.Keep == 0 {
 		c.Keep = 3
+	}
+	return nil
+}
+
+// checkElastic: a job that may lose workers (min_workers < workers)
+// recovers from its checkpoints, so it must be a ring job that writes
+// them.
+func checkElastic(s *pb.JobSpec) error {
+	if s.MinWorkers >= s.GetWorkers() {
+		return nil
+	}
+	if s.Mode != "ring" {
+		return errf("min_workers", "elastic jobs (min_workers %d < workers %d) in mode %s %s; use mode ring", s.MinWorkers, s.GetWorkers(), s.Mode, notImplementedSuffix)
+	}
+	if !CheckpointsOn(s) {
+		return errf("min_workers", "an elastic job recovers from its checkpoints: set checkpoint.every_steps (or every_epochs, every_seconds)")
 	}
 	return nil
 }

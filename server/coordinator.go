@@ -173,6 +173,9 @@ func (s *Server) loseWorkerLocked(w *workerEntry, reason string) {
 	if jobID := w.info.JobId; jobID != "" && !s.closed {
 		w.info.JobId = ""
 		if e := s.jobs[jobID]; e != nil && !e.final() {
+			if s.recoverLocked(e, w, reason) {
+				return
+			}
 			rank := -1
 			for r, id := range e.job.WorkerIds {
 				if id == w.info.Id {
@@ -199,8 +202,24 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		if e == nil || m.Progress.Progress == nil {
 			return
 		}
+		if m.Progress.Generation != e.job.Generation {
+			return // from a generation the job has left behind
+		}
 		p := m.Progress.Progress
 		r := m.Progress.Rank
+		if rc := e.recovering; rc != nil {
+			e.recovering = nil
+			took := now.Sub(rc.lostAt).Seconds()
+			msg := fmt.Sprintf("recovered from the loss of %s in %.1fs: generation %d training again from step %d (about %d steps redone)",
+				rc.lost, took, e.job.Generation, rc.fromStep, max(rc.lastStep-rc.fromStep, 0))
+			if e.run != nil {
+				_ = e.run.Log(map[string]any{"kind": "recovered", "time": now.UTC().Format(time.RFC3339Nano), "lost_worker": rc.lost,
+					"recovery_seconds": took, "generation": e.job.Generation, "last_step_before": rc.lastStep, "checkpoint": rc.from,
+					"steps_redone": max(rc.lastStep-rc.fromStep, 0)})
+			}
+			s.log.Info("job recovered", "job", e.job.Id, "seconds", took, "generation", e.job.Generation)
+			s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, msg, nil)
+		}
 		e.rankIPS[r] = p.ImagesPerSecond
 		s.cfg.Metrics.SetImagesPerSecond(e.job.Id, int(r), p.ImagesPerSecond)
 		e.job.Ranks[r] = proto.Clone(p).(*pb.Progress)
@@ -224,7 +243,7 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 	case *pb.ConnectRequest_Eval:
 		ev := m.Eval
 		e := s.runningJobLocked(w, ev.GetJobId(), ev.GetRank())
-		if e == nil {
+		if e == nil || ev.Generation != e.job.Generation {
 			return
 		}
 		e.lastEval = ev
@@ -260,11 +279,21 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		}
 		d := m.Done
 		e := s.runningJobLocked(w, d.GetJobId(), d.GetRank())
-		if e == nil {
+		if e == nil || d.Generation != e.job.Generation {
 			return
 		}
 		if d.Error != "" {
-			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("rank %d (worker %s): %s", d.Rank, w.info.Id, d.Error))
+			msg := fmt.Sprintf("rank %d (worker %s): %s", d.Rank, w.info.Id, d.Error)
+			if elastic(e.job.Spec) {
+				// A broken ring is usually a lost peer, which the
+				// coordinator sees a moment later and recovers from; fail
+				// only if no recovery comes within the heartbeat timeout.
+				if e.failAt.IsZero() {
+					e.failAt, e.failMsg, e.failGen = now.Add(s.cfg.HeartbeatTimeout), msg, e.job.Generation
+				}
+				return
+			}
+			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg)
 			return
 		}
 		e.ranksDone[d.Rank] = true

@@ -42,6 +42,19 @@ type jobEntry struct {
 	results   []*pb.JobResult
 	lastEval  *pb.TaskEval
 	started   time.Time
+	// recovering is set between a lost worker and the new generation's
+	// first progress report.
+	recovering *recovery
+	// failAt: an elastic job whose rank failed ends FAILED (failMsg) then,
+	// unless a recovery to a generation after failGen happened first.
+	failAt  time.Time
+	failMsg string
+	failGen uint64
+}
+
+// elastic reports whether a job recovers from lost workers.
+func elastic(spec *pb.JobSpec) bool {
+	return spec.GetMode() == "ring" && spec.GetMinWorkers() < spec.GetWorkers() && jobspec.CheckpointsOn(spec)
 }
 
 func newJobEntry(j *pb.Job) *jobEntry {
@@ -354,23 +367,33 @@ func (s *Server) scheduleLocked() {
 // opens its run directory, and sends every worker its assignment.
 func (s *Server) startJobLocked(e *jobEntry, workerIDs []string) {
 	j := e.job
+	run, err := runlog.Create(j.RunDir, j.Spec)
+	if err != nil {
+		s.setStateLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("creating run directory: %v", err))
+		return
+	}
+	e.run = run
+	e.started = s.cfg.Now()
+	j.Generation = 1
+	j.WorkerIds = workerIDs
+	s.setStateLocked(e, pb.JobState_JOB_STATE_RUNNING, fmt.Sprintf("running on %d worker(s)", len(workerIDs)))
+	s.assignLocked(e, workerIDs)
+}
+
+// assignLocked gives a running job's current generation to workerIDs, by
+// rank: the parameter server for ps mode, and every worker its assignment.
+func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
+	j := e.job
 	spec := j.Spec
 	// Workers check that they build the same number of parameters, so a
 	// folder of images of another size fails with a clear error.
 	c, h, w, classes := jobspec.InputShape(spec)
 	net, err := models.New(spec.Model, models.Options{Channels: c, Height: h, Width: w, Classes: classes, Seed: spec.GetSeed()})
 	if err != nil {
-		s.setStateLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("building model: %v", err))
+		s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("building model: %v", err))
 		return
 	}
-	run, err := runlog.Create(j.RunDir, spec)
-	if err != nil {
-		s.setStateLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("creating run directory: %v", err))
-		return
-	}
-	e.run = run
 	j.WorkerIds = workerIDs
-	j.Generation = 1
 	world := len(workerIDs)
 	e.ranksDone = make([]bool, world)
 	e.rankIPS = make([]float64, world)
@@ -379,7 +402,6 @@ func (s *Server) startJobLocked(e *jobEntry, workerIDs []string) {
 		j.Ranks[r] = &pb.Progress{}
 	}
 	e.results = make([]*pb.JobResult, world)
-	e.started = s.cfg.Now()
 	if spec.Mode == "ps" {
 		e.ps = newPSJob(j.Id, j.Generation, world, net.Params(), spec)
 	}
@@ -391,7 +413,6 @@ func (s *Server) startJobLocked(e *jobEntry, workerIDs []string) {
 	for r, id := range workerIDs {
 		peers[r] = s.workers[id].info.Address
 	}
-	s.setStateLocked(e, pb.JobState_JOB_STATE_RUNNING, fmt.Sprintf("running on %d worker(s)", world))
 	for r, id := range workerIDs {
 		w := s.workers[id]
 		w.info.State = pb.WorkerState_WORKER_STATE_BUSY
@@ -402,6 +423,77 @@ func (s *Server) startJobLocked(e *jobEntry, workerIDs []string) {
 			CheckpointDir: ckptDir, ResumeFrom: j.ResumeFrom,
 		}}})
 	}
+}
+
+// recoverLocked keeps an elastic ring job (min_workers < workers) going
+// after it lost a worker: the survivors (and idle workers, up to the
+// job's size) stop the broken step, the generation is bumped, and they
+// resume from the latest checkpoint. It reports whether it did.
+func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bool {
+	j := e.job
+	spec := j.Spec
+	if !elastic(spec) {
+		return false
+	}
+	path := latestCheckpoint(j)
+	if path == "" {
+		return false
+	}
+	var ids []string
+	for _, id := range j.WorkerIds {
+		if w := s.workers[id]; w != nil && id != lost.info.Id && w.info.State != pb.WorkerState_WORKER_STATE_LOST {
+			ids = append(ids, id)
+		}
+	}
+	for _, w := range s.workers { // idle workers may take the lost one's place
+		if len(ids) >= int(spec.GetWorkers()) {
+			break
+		}
+		if w.info.State == pb.WorkerState_WORKER_STATE_IDLE {
+			ids = append(ids, w.info.Id)
+		}
+	}
+	if len(ids) < int(spec.GetMinWorkers()) {
+		return false
+	}
+	now := s.cfg.Now()
+	var lastStep int64
+	for _, p := range j.Ranks {
+		lastStep = max(lastStep, p.GetStep())
+	}
+	for _, id := range j.WorkerIds { // stop the broken generation's tasks
+		if w := s.workers[id]; w != nil && id != lost.info.Id {
+			w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: j.Id,
+				Reason: "recovering: generation " + fmt.Sprint(j.Generation+1)}}})
+		}
+	}
+	j.Generation++
+	j.ResumeFrom = path
+	e.failAt = time.Time{}
+	var fromStep int64
+	fmt.Sscanf(filepath.Base(path), "ckpt-%d", &fromStep)
+	e.recovering = &recovery{lost: lost.info.Id, lostAt: now, lastStep: lastStep, from: path, fromStep: fromStep}
+	msg := fmt.Sprintf("worker %s (%s) lost: %s; recovering on %d worker(s) from %s (generation %d)",
+		lost.info.Id, lost.info.Address, reason, len(ids), path, j.Generation)
+	s.log.Warn("job recovering", "job", j.Id, "lost", lost.info.Id, "workers", len(ids), "from", path, "generation", j.Generation)
+	if e.run != nil {
+		_ = e.run.Log(map[string]any{"kind": "recovery", "time": now.UTC().Format(time.RFC3339Nano), "lost_worker": lost.info.Id,
+			"reason": reason, "generation": j.Generation, "workers": len(ids), "checkpoint": path, "last_step": lastStep})
+	}
+	s.cfg.Metrics.Recovered()
+	s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, msg, nil)
+	s.assignLocked(e, ids)
+	return true
+}
+
+// recovery is an elastic recovery in progress, until the new generation
+// reports its first progress.
+type recovery struct {
+	lost     string
+	lostAt   time.Time
+	lastStep int64
+	from     string
+	fromStep int64
 }
 
 // checkpointDir is where a job's checkpoints go.

@@ -314,6 +314,15 @@ func (s *Server) monitor(ctx context.Context) {
 				s.loseWorkerLocked(w, fmt.Sprintf("no heartbeat for %.1fs (timeout %v)", now.Sub(w.lastSeen).Seconds(), s.cfg.HeartbeatTimeout))
 			}
 		}
+		for _, e := range s.jobs {
+			if !e.failAt.IsZero() && now.After(e.failAt) && !e.final() {
+				msg := e.failMsg
+				if e.job.Generation != e.failGen {
+					msg += " (no recovery)"
+				}
+				s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg)
+			}
+		}
 		s.mu.Unlock()
 	}
 }

@@ -217,3 +217,59 @@ func TestServerCrashResumesFromCheckpoint(t *testing.T) {
 		t.Errorf("job after resume: %+v", j)
 	}
 }
+
+// TestElasticRingRecovers kills one of three worker processes of an
+// elastic ring job (min_workers 2): the survivors recover from the latest
+// checkpoint within seconds and the job succeeds.
+func TestElasticRingRecovers(t *testing.T) {
+	skipIfShort(t)
+	ctx := testCtx(t, 120*time.Second)
+	dir := t.TempDir()
+	runsDir := filepath.Join(dir, "runs")
+	s := startServer(ctx, t, "127.0.0.1:0", filepath.Join(dir, "data"), runsDir)
+	s.startWorker(ctx, t, "el-0")
+	victim := s.startWorker(ctx, t, "el-1")
+	s.startWorker(ctx, t, "el-2")
+	spec := filepath.Join(dir, "job.yaml")
+	if err := os.WriteFile(spec, []byte("model: mlp\nmode: ring\nworkers: 3\nmin_workers: 2\nepochs: 30\ndataset: {name: synthetic}\ncheckpoint: {every_steps: 20}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	job := s.submit(ctx, t, "-f", spec)
+	tk := time.NewTicker(50 * time.Millisecond)
+	defer tk.Stop()
+	for {
+		if es, _ := os.ReadDir(filepath.Join(runsDir, job.ID, "checkpoints")); len(es) > 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("no checkpoint written")
+		case <-tk.C:
+		}
+	}
+	victim.signal(t, syscall.SIGKILL)
+	out, code := gradsync(ctx, t, "watch", job.ID, "--json", "--server", s.addr)
+	if sum := parseSummary(t, out); code != 0 || sum.State != "SUCCEEDED" {
+		t.Fatalf("elastic job after kill -9 of el-1: exit %d, %+v", code, sum)
+	}
+	b, err := os.ReadFile(filepath.Join(runsDir, job.ID, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct {
+		Kind            string  `json:"kind"`
+		LostWorker      string  `json:"lost_worker"`
+		RecoverySeconds float64 `json:"recovery_seconds"`
+	}
+	found := false
+	for _, l := range strings.Split(string(b), "\n") {
+		if json.Unmarshal([]byte(l), &rec) == nil && rec.Kind == "recovered" {
+			found = true
+			break
+		}
+	}
+	if !found || rec.LostWorker != "el-1" || rec.RecoverySeconds > 10 {
+		t.Errorf("recovery record %+v (found %v); want el-1 recovered within 10s", rec, found)
+	}
+	t.Logf("recovered from the loss of %s in %.2fs", rec.LostWorker, rec.RecoverySeconds)
+}

@@ -82,7 +82,7 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 				}
 				info.LabelHistograms = append(info.LabelHistograms, lh)
 			}
-			env.rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Eval{Eval: &pb.TaskEval{JobId: a.JobId, Rank: a.Rank,
+			env.rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Eval{Eval: &pb.TaskEval{JobId: a.JobId, Rank: a.Rank, Generation: a.Generation,
 				Epoch: int32(r.Round), Step: done, TestAccuracy: r.TestAcc, TestLoss: r.TestLoss, TrainLoss: r.TrainLoss, Round: info}}})
 			res.Epochs, res.Steps = int32(r.Round), done
 		},

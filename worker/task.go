@@ -157,7 +157,7 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 		if err := obj.evaluate(ctx, net, res); err != nil {
 			return err
 		}
-		rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Eval{Eval: &pb.TaskEval{JobId: a.JobId, Rank: a.Rank,
+		rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Eval{Eval: &pb.TaskEval{JobId: a.JobId, Rank: a.Rank, Generation: a.Generation,
 			Epoch: res.Epochs, Step: step, TestAccuracy: res.TestAccuracy, TestLoss: res.TestLoss, TrainLoss: res.TrainLoss,
 			MicroF1: res.MicroF1, MacroF1: res.MacroF1, MeanAveragePrecision: res.MeanAveragePrecision}}})
 		return nil

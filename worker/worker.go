@@ -303,7 +303,7 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 				w.log.Info("task assigned", "job", a.JobId, "rank", a.Rank, "world", a.WorldSize, "model", a.Spec.GetModel())
 				res, err := safeRunTask(tctx, a, &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics,
 					ring: w.ring, peerDial: w.peerDialOptions()})
-				done := &pb.TaskDone{JobId: a.JobId, Rank: a.Rank, Result: res}
+				done := &pb.TaskDone{JobId: a.JobId, Rank: a.Rank, Result: res, Generation: a.Generation}
 				if err != nil {
 					if tctx.Err() != nil {
 						w.log.Info("task stopped", "job", a.JobId, "rank", a.Rank, "err", err)

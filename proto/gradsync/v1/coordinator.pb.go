@@ -678,6 +678,7 @@ type TaskEval struct {
 	MicroF1              float64 `protobuf:"fixed64,9,opt,name=micro_f1,json=microF1,proto3" json:"micro_f1,omitempty"`
 	MacroF1              float64 `protobuf:"fixed64,10,opt,name=macro_f1,json=macroF1,proto3" json:"macro_f1,omitempty"`
 	MeanAveragePrecision float64 `protobuf:"fixed64,11,opt,name=mean_average_precision,json=meanAveragePrecision,proto3" json:"mean_average_precision,omitempty"`
+	Generation           uint64  `protobuf:"varint,12,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields        protoimpl.UnknownFields
 	sizeCache            protoimpl.SizeCache
 }
@@ -785,6 +786,13 @@ func (x *TaskEval) GetMacroF1() float64 {
 func (x *TaskEval) GetMeanAveragePrecision() float64 {
 	if x != nil {
 		return x.MeanAveragePrecision
+	}
+	return 0
+}
+
+func (x *TaskEval) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
 	}
 	return 0
 }
@@ -918,8 +926,11 @@ type TaskDone struct {
 	JobId string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	Rank  int32                  `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
 	// Empty when the task succeeded.
-	Error         string     `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
-	Result        *JobResult `protobuf:"bytes,4,opt,name=result,proto3" json:"result,omitempty"`
+	Error  string     `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	Result *JobResult `protobuf:"bytes,4,opt,name=result,proto3" json:"result,omitempty"`
+	// The assignment's generation: reports of a generation the job has left
+	// behind (after an elastic recovery) are ignored.
+	Generation    uint64 `protobuf:"varint,5,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -982,6 +993,13 @@ func (x *TaskDone) GetResult() *JobResult {
 	return nil
 }
 
+func (x *TaskDone) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 var File_gradsync_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_coordinator_proto_rawDesc = "" +
@@ -1039,7 +1057,7 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12\x12\n" +
 	"\x04rank\x18\x03 \x01(\x05R\x04rank\x121\n" +
-	"\bprogress\x18\x04 \x01(\v2\x15.gradsync.v1.ProgressR\bprogress\"\xda\x02\n" +
+	"\bprogress\x18\x04 \x01(\v2\x15.gradsync.v1.ProgressR\bprogress\"\xfa\x02\n" +
 	"\bTaskEval\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x14\n" +
@@ -1053,7 +1071,10 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"\bmicro_f1\x18\t \x01(\x01R\amicroF1\x12\x19\n" +
 	"\bmacro_f1\x18\n" +
 	" \x01(\x01R\amacroF1\x124\n" +
-	"\x16mean_average_precision\x18\v \x01(\x01R\x14meanAveragePrecision\"\xc8\x01\n" +
+	"\x16mean_average_precision\x18\v \x01(\x01R\x14meanAveragePrecision\x12\x1e\n" +
+	"\n" +
+	"generation\x18\f \x01(\x04R\n" +
+	"generation\"\xc8\x01\n" +
 	"\tRoundInfo\x12\x14\n" +
 	"\x05round\x18\x01 \x01(\x05R\x05round\x12\"\n" +
 	"\fparticipants\x18\x02 \x03(\x05R\fparticipants\x12\x18\n" +
@@ -1062,12 +1083,15 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"updateNorm\x12F\n" +
 	"\x10label_histograms\x18\x05 \x03(\v2\x1b.gradsync.v1.LabelHistogramR\x0flabelHistograms\"(\n" +
 	"\x0eLabelHistogram\x12\x16\n" +
-	"\x06counts\x18\x01 \x03(\x05R\x06counts\"{\n" +
+	"\x06counts\x18\x01 \x03(\x05R\x06counts\"\x9b\x01\n" +
 	"\bTaskDone\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12.\n" +
-	"\x06result\x18\x04 \x01(\v2\x16.gradsync.v1.JobResultR\x06result2W\n" +
+	"\x06result\x18\x04 \x01(\v2\x16.gradsync.v1.JobResultR\x06result\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x05 \x01(\x04R\n" +
+	"generation2W\n" +
 	"\vCoordinator\x12H\n" +
 	"\aConnect\x12\x1b.gradsync.v1.ConnectRequest\x1a\x1c.gradsync.v1.ConnectResponse(\x010\x01B;Z9github.com/gradsync/gradsync/proto/gradsync/v1;gradsyncv1b\x06proto3"
 
