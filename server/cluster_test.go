@@ -79,6 +79,9 @@ func newCluster(t *testing.T, cfg server.Config, n int) *cluster {
 	if cfg.TLS == nil {
 		cfg.Insecure = true // bufconn in one process: plaintext on purpose
 	}
+	if cfg.APIRate == 0 {
+		cfg.APIRate = -1 // tests poll fast; TestAPIRateLimit sets its own
+	}
 	c := &cluster{t: t, cfg: cfg}
 	c.startServer()
 	conn, err := grpc.NewClient("passthrough:///bufnet", c.dialOptions()...)

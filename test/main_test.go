@@ -209,7 +209,9 @@ type server struct {
 // returns once it is listening.
 func startServer(ctx context.Context, t *testing.T, addr, dataDir, runsDir string, extra ...string) *server {
 	t.Helper()
-	args := append([]string{"server", "--json", "--addr", addr, "--data-dir", dataDir, "--runs-dir", runsDir}, extra...)
+	// Every test process calls from 127.0.0.1, and the tests poll: no rate
+	// limit here (server/TestAPIRateLimit checks it).
+	args := append([]string{"server", "--json", "--addr", addr, "--data-dir", dataDir, "--runs-dir", runsDir, "--api-rate", "-1"}, extra...)
 	p := start(t, "server", args...)
 	line, err := p.stdout.wait(ctx, p.exited, func(s string) bool { return strings.Contains(s, `"listening"`) })
 	if err != nil {
