@@ -284,10 +284,12 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		}
 		if d.Error != "" {
 			msg := fmt.Sprintf("rank %d (worker %s): %s", d.Rank, w.info.Id, d.Error)
-			if elastic(e.job.Spec) {
+			if e.job.Spec.GetMode() == "ring" {
 				// A broken ring is usually a lost peer, which the
-				// coordinator sees a moment later and recovers from; fail
-				// only if no recovery comes within the heartbeat timeout.
+				// coordinator sees a moment later: it then names the lost
+				// worker (or, for an elastic job, recovers). Fail with the
+				// rank's own error only if nothing else happens within the
+				// heartbeat timeout.
 				if e.failAt.IsZero() {
 					e.failAt, e.failMsg, e.failGen = now.Add(s.cfg.HeartbeatTimeout), msg, e.job.Generation
 				}

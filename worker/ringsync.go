@@ -149,11 +149,11 @@ func (r *ringSync) explain(ctx context.Context, err error) error {
 	var pe *aggregator.PeerError
 	switch {
 	case errors.As(err, &pe):
-		return fmt.Errorf("step %d: peer rank %d: %w", r.steps, pe.Rank, err)
+		return fmt.Errorf("peer rank %d: %w", pe.Rank, err)
 	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
-		return fmt.Errorf("step %d: all-reduce did not finish within the step timeout of %v: %w", r.steps, r.timeout, err)
+		return fmt.Errorf("all-reduce did not finish within the step timeout of %v: %w", r.timeout, err)
 	}
-	return fmt.Errorf("step %d: %w", r.steps, err)
+	return err
 }
 
 // compressStats reports the reducer's counters (the progress and result
