@@ -382,6 +382,14 @@ func normalizeOptimizer(s *pb.JobSpec) error {
 	if lr := o.GetLr(); !(lr > 0 && lr <= maxLearningRate) {
 		return errf("optimizer.lr", "%v out of range; the learning rate must be in (0, %v]", lr, maxLearningRate)
 	}
+	if s.Mode == "fedavg" {
+		// Clients run plain SGD at federated.client_lr (default: lr); the
+		// server's optimiser is federated.strategy's.
+		if o.Name != defaultOptimizer || o.Momentum != nil || o.Nesterov || o.WeightDecay != 0 || o.Beta1 != 0 || o.Beta2 != 0 || o.Eps != 0 {
+			return errf("optimizer", "mode fedavg clients run plain SGD: only optimizer.lr applies (server optimisers are federated.strategy)")
+		}
+		return nil
+	}
 	if o.Name != defaultOptimizer {
 		if o.Momentum != nil || o.Nesterov {
 			return errf("optimizer.momentum", "momentum and nesterov are SGD settings; optimizer %q uses beta1/beta2", o.Name)
@@ -538,6 +546,22 @@ func normalizeFederated(s *pb.JobSpec) error {
 	}
 	if f.ServerMomentum != 0 && f.Strategy != "fedavgm" {
 		return errf("federated.server_momentum", "server momentum is FedAvgM's; set strategy fedavgm")
+	}
+	// Fill the server optimiser's defaults so spec.json says what ran
+	// (federated/serveropt.go: FedAvgM η 0.1, β 0.9; FedAdam/FedYogi η 0.01;
+	// the others η 1).
+	if f.ServerLr == 0 {
+		switch f.Strategy {
+		case "fedavgm":
+			f.ServerLr = 0.1
+		case "fedadam", "fedyogi":
+			f.ServerLr = 0.01
+		default:
+			f.ServerLr = 1
+		}
+	}
+	if f.Strategy == "fedavgm" && f.ServerMomentum == 0 {
+		f.ServerMomentum = 0.9
 	}
 	if f.RoundDeadlineSeconds == 0 {
 		f.RoundDeadlineSeconds = DefaultRoundDeadline

@@ -137,6 +137,7 @@ func TestNormalizeRejects(t *testing.T) {
 		{"elastic ring without checkpoints", &pb.JobSpec{Mode: "ring", Workers: proto.Int32(3), MinWorkers: 2}, "min_workers", "checkpoint"},
 		{"growing job", &pb.JobSpec{Mode: "ring", Workers: proto.Int32(2), MaxWorkers: 3}, "max_workers", "not implemented"},
 		{"fedavg on several workers", &pb.JobSpec{Mode: "fedavg", Workers: proto.Int32(2)}, "workers", "not implemented"},
+		{"fedavg with momentum", &pb.JobSpec{Mode: "fedavg", Optimizer: &pb.OptimizerSpec{Momentum: proto.Float64(0.9)}}, "optimizer", "plain SGD"},
 		{"fedavg with epochs", &pb.JobSpec{Mode: "fedavg", Epochs: proto.Int32(2)}, "epochs", "federated.rounds"},
 		{"fedavg with batch size", &pb.JobSpec{Mode: "fedavg", BatchSize: proto.Int32(2)}, "batch_size", "local_batch_size"},
 		{"fedavg bad fraction", &pb.JobSpec{Mode: "fedavg", Federated: &pb.FederatedSpec{Fraction: 1.5}}, "federated.fraction", "(0, 1]"},
