@@ -42,6 +42,10 @@ type specFlags struct {
 	partition   string
 	alpha       float64
 	compress    string
+	reweighting string
+	weighting   string
+	serverLR    float64
+	serverMom   float64
 }
 
 func (f *specFlags) register(c *cobra.Command) {
@@ -56,7 +60,7 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.Int32Var(&f.batchSize, "batch-size", 0, "examples per worker per step (default 32)")
 	fl.Int32Var(&f.epochs, "epochs", 0, "passes over the training set (default 1)")
 	fl.Int64Var(&f.maxSteps, "max-steps", 0, "stop after this many steps (default: no limit)")
-	fl.Float64Var(&f.lr, "lr", 0, "learning rate (default 0.05)")
+	fl.Float64Var(&f.lr, "lr", 0, "learning rate (default 0.05; in fedavg mode the clients')")
 	fl.Float64Var(&f.momentum, "momentum", 0, "SGD momentum (default 0.9)")
 	fl.Int64Var(&f.seed, "seed", 0, "random seed (default 1)")
 	fl.Int32Var(&f.logEvery, "log-every", 0, "report progress every N steps (default 20)")
@@ -70,6 +74,10 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.Float64Var(&f.mu, "mu", 0, "fedavg: FedProx proximal term (default 0.01 with --strategy fedprox)")
 	fl.StringVar(&f.partition, "partition", "", "fedavg: iid, dirichlet, shards or label")
 	fl.Float64Var(&f.alpha, "alpha", 0, "fedavg: Dirichlet concentration (default 0.5)")
+	fl.StringVar(&f.reweighting, "reweighting", "", "fedavg: client loss reweighting: none or class-balanced")
+	fl.StringVar(&f.weighting, "weighting", "", "fedavg: aggregation weights: examples, uniform or label-balanced")
+	fl.Float64Var(&f.serverLR, "server-lr", 0, "fedavg: server learning rate (default: the strategy's)")
+	fl.Float64Var(&f.serverMom, "server-momentum", 0, "fedavg: FedAvgM server momentum (default 0.9)")
 	fl.StringVar(&f.compress, "compress", "", "ring mode: gradient compression, e.g. powersgd:rank=2,start_iter=10 | topk:ratio=0.01 | int8 | fp16 | bf16")
 }
 
@@ -175,6 +183,18 @@ func (f *specFlags) build(c *cobra.Command) (*pb.JobSpec, error) {
 	}
 	if ch("partition") {
 		part().Type = f.partition
+	}
+	if ch("reweighting") {
+		fed().Reweighting = f.reweighting
+	}
+	if ch("weighting") {
+		fed().Weighting = f.weighting
+	}
+	if ch("server-lr") {
+		fed().ServerLr = f.serverLR
+	}
+	if ch("server-momentum") {
+		fed().ServerMomentum = f.serverMom
 	}
 	if ch("alpha") {
 		part().Alpha = f.alpha
