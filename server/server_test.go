@@ -632,3 +632,42 @@ func TestResumeWithOtherWorldSize(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckpointOnCancel: cancelling a ring job that writes checkpoints
+// leaves one at the step it stopped, so --resume loses nothing.
+func TestCheckpointOnCancel(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	c := newCluster(t, server.Config{}, 0)
+	c.addTCPWorker("cc-0")
+	c.addTCPWorker("cc-1")
+	job := c.submit(ctx, &pb.JobSpec{Model: "logreg", Mode: "ring", Workers: proto.Int32(2), Dataset: &pb.DatasetSpec{Name: "synthetic"},
+		Epochs: proto.Int32(500), LogEverySteps: 5, Checkpoint: &pb.CheckpointSpec{EverySteps: 1 << 40}})
+	for {
+		j, err := c.jobs.GetJob(ctx, &pb.GetJobRequest{JobId: job.Id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.Job.GetProgress().GetStep() > 10 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("no progress")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if _, err := c.jobs.CancelJob(ctx, &pb.CancelJobRequest{JobId: job.Id}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(job.RunDir, "checkpoints")
+	for {
+		if es, _ := os.ReadDir(dir); len(es) > 0 && strings.HasPrefix(es[0].Name(), "ckpt-") {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("no checkpoint written at cancellation")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

@@ -164,6 +164,18 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	}
 	start := time.Now()
 	firstStep := step
+	// saveOnCancel writes rank 0's state when the task stops early (a user
+	// cancel, or the job ending elsewhere), so that --resume loses nothing:
+	// epochStart + b·bs·world positions of the epoch's order are done.
+	saveOnCancel := func(epoch int, epochStart int64, b int) {
+		if ckpt == nil || step == firstStep {
+			return
+		}
+		done := min(epochStart+int64(b*bs*world), int64(nTrain))
+		if err := saveCheckpoint(epoch, done); err != nil {
+			log.Warn("checkpoint at cancellation failed", "job", a.JobId, "err", err)
+		}
+	}
 	var lossSum float64
 	var lossN, imagesSince int
 	lastReport := start
@@ -182,6 +194,7 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 		var epochN int
 		for b := 0; b < nb && step < totalSteps; b++ {
 			if err := ctx.Err(); err != nil {
+				saveOnCancel(epoch, epochStart, b)
 				return nil, err
 			}
 			stepStart := time.Now()
@@ -197,6 +210,10 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 			}
 			syncStart := time.Now()
 			if err := sync.step(ctx, net.Grads(), net.Params()); err != nil {
+				// The step failed (cancelled, or the ring broke as the job
+				// was ended elsewhere): the parameters are still those after
+				// the last step, a consistent state to resume from.
+				saveOnCancel(epoch, epochStart, b)
 				return nil, fmt.Errorf("step %d: %w", step, err)
 			}
 			now := time.Now()
