@@ -212,6 +212,10 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 			took := now.Sub(rc.lostAt).Seconds()
 			msg := fmt.Sprintf("recovered from the loss of %s in %.1fs: generation %d training again from step %d (about %d steps redone)",
 				rc.lost, took, e.job.Generation, rc.fromStep, max(rc.lastStep-rc.fromStep, 0))
+			if rc.lost == "" {
+				msg = fmt.Sprintf("grew to %d workers in %.1fs: generation %d training again from step %d (about %d steps redone)",
+					len(e.job.WorkerIds), took, e.job.Generation, rc.fromStep, max(rc.lastStep-rc.fromStep, 0))
+			}
 			if e.run != nil {
 				_ = e.run.Log(map[string]any{"kind": "recovered", "time": now.UTC().Format(time.RFC3339Nano), "lost_worker": rc.lost,
 					"recovery_seconds": took, "generation": e.job.Generation, "last_step_before": rc.lastStep, "checkpoint": rc.from,

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sort"
 	"time"
 
@@ -361,6 +362,16 @@ func (s *Server) scheduleLocked() {
 		s.queue = s.queue[1:]
 		s.startJobLocked(s.jobs[p.jobID], p.workers)
 	}
+	// Idle workers nobody queued for: elastic jobs running below their
+	// size grow onto them (from their latest checkpoint).
+	if len(s.queue) == 0 {
+		for _, e := range s.jobs {
+			if e.job.State == pb.JobState_JOB_STATE_RUNNING && e.recovering == nil && !slices.Contains(e.ranksDone, true) &&
+				len(e.job.WorkerIds) < int(e.job.Spec.GetWorkers()) && elastic(e.job.Spec) {
+				s.recoverLocked(e, nil, "")
+			}
+		}
+	}
 }
 
 // startJobLocked builds the job's initial parameters and parameter server,
@@ -428,7 +439,9 @@ func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
 // recoverLocked keeps an elastic ring job (min_workers < workers) going
 // after it lost a worker: the survivors (and idle workers, up to the
 // job's size) stop the broken step, the generation is bumped, and they
-// resume from the latest checkpoint. It reports whether it did.
+// resume from the latest checkpoint. With lost nil it grows a job that
+// runs below its size onto idle workers the same way. It reports whether
+// it did.
 func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bool {
 	j := e.job
 	spec := j.Spec
@@ -439,21 +452,34 @@ func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bo
 	if path == "" {
 		return false
 	}
+	// The new generation's ranks load a pinned copy: the old generation's
+	// rank 0 may still be writing or replacing checkpoints.
+	pinned, err := checkpoint.Pin(checkpointDir(j.RunDir), path, fmt.Sprintf("g%d", j.Generation+1), 4)
+	if err != nil {
+		s.log.Warn("pinning the checkpoint to resume from failed", "job", j.Id, "err", err)
+		return false
+	}
+	path = pinned
+	lostID := ""
+	if lost != nil {
+		lostID = lost.info.Id
+	}
 	var ids []string
 	for _, id := range j.WorkerIds {
-		if w := s.workers[id]; w != nil && id != lost.info.Id && w.info.State != pb.WorkerState_WORKER_STATE_LOST {
+		if w := s.workers[id]; w != nil && id != lostID && w.info.State != pb.WorkerState_WORKER_STATE_LOST {
 			ids = append(ids, id)
 		}
 	}
+	before := len(ids)
 	for _, w := range s.workers { // idle workers may take the lost one's place
 		if len(ids) >= int(spec.GetWorkers()) {
 			break
 		}
-		if w.info.State == pb.WorkerState_WORKER_STATE_IDLE {
+		if w.info.State == pb.WorkerState_WORKER_STATE_IDLE && !slices.Contains(ids, w.info.Id) {
 			ids = append(ids, w.info.Id)
 		}
 	}
-	if len(ids) < int(spec.GetMinWorkers()) {
+	if len(ids) < int(spec.GetMinWorkers()) || (lost == nil && len(ids) == before) {
 		return false
 	}
 	now := s.cfg.Now()
@@ -461,8 +487,8 @@ func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bo
 	for _, p := range j.Ranks {
 		lastStep = max(lastStep, p.GetStep())
 	}
-	for _, id := range j.WorkerIds { // stop the broken generation's tasks
-		if w := s.workers[id]; w != nil && id != lost.info.Id {
+	for _, id := range j.WorkerIds { // stop the current generation's tasks
+		if w := s.workers[id]; w != nil && id != lostID {
 			w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: j.Id,
 				Reason: "recovering: generation " + fmt.Sprint(j.Generation+1)}}})
 		}
@@ -472,15 +498,25 @@ func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bo
 	e.failAt = time.Time{}
 	var fromStep int64
 	fmt.Sscanf(filepath.Base(path), "ckpt-%d", &fromStep)
-	e.recovering = &recovery{lost: lost.info.Id, lostAt: now, lastStep: lastStep, from: path, fromStep: fromStep}
-	msg := fmt.Sprintf("worker %s (%s) lost: %s; recovering on %d worker(s) from %s (generation %d)",
-		lost.info.Id, lost.info.Address, reason, len(ids), path, j.Generation)
-	s.log.Warn("job recovering", "job", j.Id, "lost", lost.info.Id, "workers", len(ids), "from", path, "generation", j.Generation)
+	e.recovering = &recovery{lost: lostID, lostAt: now, lastStep: lastStep, from: path, fromStep: fromStep}
+	var msg string
+	if lost != nil {
+		msg = fmt.Sprintf("worker %s (%s) lost: %s; recovering on %d worker(s) from %s (generation %d)",
+			lost.info.Id, lost.info.Address, reason, len(ids), path, j.Generation)
+		s.log.Warn("job recovering", "job", j.Id, "lost", lostID, "workers", len(ids), "from", path, "generation", j.Generation)
+		s.cfg.Metrics.Recovered()
+	} else {
+		msg = fmt.Sprintf("growing from %d to %d worker(s) from %s (generation %d)", before, len(ids), path, j.Generation)
+		s.log.Info("job growing", "job", j.Id, "workers", len(ids), "from", path, "generation", j.Generation)
+	}
 	if e.run != nil {
-		_ = e.run.Log(map[string]any{"kind": "recovery", "time": now.UTC().Format(time.RFC3339Nano), "lost_worker": lost.info.Id,
+		kind := "recovery"
+		if lost == nil {
+			kind = "grow"
+		}
+		_ = e.run.Log(map[string]any{"kind": kind, "time": now.UTC().Format(time.RFC3339Nano), "lost_worker": lostID,
 			"reason": reason, "generation": j.Generation, "workers": len(ids), "checkpoint": path, "last_step": lastStep})
 	}
-	s.cfg.Metrics.Recovered()
 	s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, msg, nil)
 	s.assignLocked(e, ids)
 	return true

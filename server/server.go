@@ -168,7 +168,7 @@ func New(cfg Config) (*Server, error) {
 		case pb.JobState_JOB_STATE_PENDING:
 			s.queue = append(s.queue, j.Id)
 		case pb.JobState_JOB_STATE_RUNNING:
-			if path := latestCheckpoint(j); path != "" {
+			if path := pinnedLatest(j, "restart-"+cfg.Now().UTC().Format("20060102T150405.000000000")); path != "" {
 				// Run it again from its latest checkpoint once workers are back.
 				j.State, j.ResumeFrom = pb.JobState_JOB_STATE_PENDING, path
 				j.Message = "the server restarted while the job was running; it resumes from " + path
@@ -394,4 +394,18 @@ func latestCheckpoint(j *pb.Job) string {
 		return ""
 	}
 	return path
+}
+
+// pinnedLatest is latestCheckpoint pinned (see checkpoint.Pin) for a job
+// that is about to be resumed while its old tasks may still write.
+func pinnedLatest(j *pb.Job, tag string) string {
+	path := latestCheckpoint(j)
+	if path == "" {
+		return ""
+	}
+	pinned, err := checkpoint.Pin(checkpointDir(j.RunDir), path, tag, 4)
+	if err != nil {
+		return ""
+	}
+	return pinned
 }

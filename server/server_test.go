@@ -671,3 +671,50 @@ func TestCheckpointOnCancel(t *testing.T) {
 		}
 	}
 }
+
+// TestElasticShrinkAndGrow: an elastic ring job loses a worker and goes on
+// with two; when a new worker connects it grows back to three; it ends
+// SUCCEEDED (the parameter checksum every 50 steps would catch ranks that
+// resumed from different states).
+func TestElasticShrinkAndGrow(t *testing.T) {
+	ctx := testCtx(t, 90*time.Second)
+	c := newCluster(t, server.Config{}, 0)
+	c.addTCPWorker("eg-0")
+	c.addTCPWorker("eg-1")
+	victim := c.addTCPWorker("eg-2")
+	job := c.submit(ctx, &pb.JobSpec{Model: "logreg", Mode: "ring", Workers: proto.Int32(3), MinWorkers: 2,
+		Dataset: &pb.DatasetSpec{Name: "synthetic"}, Epochs: proto.Int32(40), Checkpoint: &pb.CheckpointSpec{EverySteps: 10}})
+	stream, err := c.jobs.WatchJob(ctx, &pb.WatchJobRequest{JobId: job.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped, added := false, false
+	var logs []string
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("watch ended: %v (logs %q)", err, logs)
+		}
+		j := ev.GetJob()
+		if ev.Kind == pb.EventKind_EVENT_KIND_LOG {
+			logs = append(logs, ev.Message)
+		}
+		switch {
+		case !stopped && ev.Kind == pb.EventKind_EVENT_KIND_PROGRESS && j.GetProgress().GetStep() > 20:
+			victim.stop(t) // its stream ends: the job shrinks to two workers
+			stopped = true
+		case stopped && !added && len(j.GetWorkerIds()) == 2 && ev.Kind == pb.EventKind_EVENT_KIND_PROGRESS:
+			c.addTCPWorker("eg-3") // an idle worker: the job grows back to three
+			added = true
+		}
+		if j.GetState() == pb.JobState_JOB_STATE_SUCCEEDED || j.GetState() == pb.JobState_JOB_STATE_FAILED {
+			if j.GetState() != pb.JobState_JOB_STATE_SUCCEEDED {
+				t.Fatalf("elastic job: %v %q (logs %q)", j.GetState(), j.GetMessage(), logs)
+			}
+			if len(j.GetWorkerIds()) != 3 || !added {
+				t.Errorf("ended on %v (added %v); logs %q", j.GetWorkerIds(), added, logs)
+			}
+			return
+		}
+	}
+}
