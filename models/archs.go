@@ -10,6 +10,7 @@ import (
 func init() {
 	archs["lenet5"] = lenet5
 	archs["cnn"] = kerasCNN
+	archs["fedcnn"] = fedCNN
 	archs["resnet8"] = resnet8
 	archs["vit-tiny"] = vitTiny
 }
@@ -112,6 +113,30 @@ func kerasCNN(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
 	d2 := b.dropout(0.5)
 	f2 := b.fc("10", 128, opt.Classes)
 	return []Layer{c1, c2, p, d1, &Flatten{}, f1, &ReLU{}, d2, f2}, b.initAll
+}
+
+// fedCNN is the MNIST CNN of McMahan et al. 2017 ("Communication-Efficient
+// Learning of Deep Networks from Decentralized Data", section 3): two 5×5
+// convolutions with 32 and 64 channels, each followed by ReLU and 2×2 max
+// pooling, a fully connected layer of 512 units with ReLU and a softmax
+// output. With "same" padding it has the paper's 1,663,370 parameters on
+// 1×28×28 with 10 classes. Named by nn.Sequential indices:
+//
+//	0 Conv2d(C, 32, 5, padding=2), 1 ReLU, 2 MaxPool2d(2),
+//	3 Conv2d(32, 64, 5, padding=2), 4 ReLU, 5 MaxPool2d(2), 6 Flatten,
+//	7 Linear(64·7·7, 512), 8 ReLU, 9 Linear(512, classes)
+//
+// Each ReLU before a pool is fused into the pool.
+func fedCNN(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
+	c1 := b.conv("0", geom(opt.Channels, opt.Height, opt.Width, 5, 1, 2), 32, true)
+	c1.SkipInputGrad = true
+	p1 := NewMaxPool2D(PoolGeom{C: 32, H: c1.Geom.OutH(), W: c1.Geom.OutW(), K: 2, Stride: 2})
+	c2 := b.conv("3", geom(32, p1.Geom.OutH(), p1.Geom.OutW(), 5, 1, 2), 64, true)
+	p2 := NewMaxPool2D(PoolGeom{C: 64, H: c2.Geom.OutH(), W: c2.Geom.OutW(), K: 2, Stride: 2})
+	p1.ReLU, p2.ReLU = true, true
+	f1 := b.fc("7", p2.Geom.OutSize(), 512)
+	f2 := b.fc("9", 512, opt.Classes)
+	return []Layer{c1, p1, c2, p2, &Flatten{}, f1, &ReLU{}, f2}, b.initAll
 }
 
 // resnet8 is a small residual network for 28×28 inputs, laid out and named

@@ -13,8 +13,8 @@
 // state_dict, which ReadSafetensors and WriteSafetensors store.
 //
 // Architectures (New, Names): logreg, mlp, lenet5 and cnn (named by the
-// nn.Sequential indices of anchors/pytorch/common.py's models), resnet8
-// and vit-tiny (torchvision- and timm-style names). scripts/
+// nn.Sequential indices of anchors/pytorch/common.py's models), fedcnn
+// (McMahan et al. 2017's MNIST CNN, named likewise), resnet8 and vit-tiny (torchvision- and timm-style names). scripts/
 // torch_fixtures.py builds the same networks in PyTorch, and
 // parity_test.go checks logits and gradients against them.
 //

@@ -246,6 +246,8 @@ func smallOptions(name string) Options {
 		opt.Height, opt.Width = 12, 13 // 12→6→2→1 and 13→6→2→1
 	case "cnn":
 		opt.Height, opt.Width, opt.Channels = 7, 6, 2 // 5×4 → 3×2 → 1×1
+	case "fedcnn":
+		opt.Height, opt.Width = 5, 6 // 5×6 → 2×3 → 1×1
 	case "resnet8":
 		opt.Height, opt.Width, opt.Channels = 5, 4, 2 // 5×4 → 3×2 → 2×1
 	case "vit-tiny":

@@ -16,7 +16,7 @@ import (
 // the largest magnitude in each tensor, on every GEMM backend.
 // Regenerate with: /usr/bin/python3 scripts/torch_fixtures.py
 func TestTorchParity(t *testing.T) {
-	for _, arch := range []string{"mlp", "lenet5", "cnn", "resnet8", "vit-tiny"} {
+	for _, arch := range []string{"mlp", "lenet5", "cnn", "fedcnn", "resnet8", "vit-tiny"} {
 		t.Run(arch, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T) { checkParity(t, arch) })
 		})

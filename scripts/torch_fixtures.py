@@ -96,6 +96,16 @@ def cnn(c, h, w, classes):
         nn.Dropout(0.5), nn.Linear(128, classes))
 
 
+def fedcnn(c, h, w, classes):
+    # McMahan et al. 2017's MNIST CNN ("same" padding: 1,663,370 parameters on 1x28x28)
+    fh, fw = h // 4, w // 4
+    return nn.Sequential(
+        nn.Conv2d(c, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * fh * fw, 512), nn.ReLU(),
+        nn.Linear(512, classes))
+
+
 def mlp(c, h, w, classes):
     return nn.Sequential(collections.OrderedDict([
         ("flatten", nn.Flatten()),
@@ -190,6 +200,7 @@ ARCHS = {
     "mlp": (lambda c, h, w, k: mlp(c, h, w, k), (1, 6, 5), "train"),
     "lenet5": (lambda c, h, w, k: lenet5(c, h, w, k), (1, 28, 28), "train"),
     "cnn": (lambda c, h, w, k: cnn(c, h, w, k), (1, 10, 10), "eval"),
+    "fedcnn": (lambda c, h, w, k: fedcnn(c, h, w, k), (1, 12, 12), "train"),
     "resnet8": (lambda c, h, w, k: ResNet8(c, k), (1, 28, 28), "train"),
     "vit-tiny": (lambda c, h, w, k: ViTTiny(c, h, w, k), (1, 28, 28), "train"),
 }

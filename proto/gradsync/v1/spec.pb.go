@@ -31,7 +31,7 @@ type JobSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Human-readable name; defaults to the model and dataset.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// Architecture: logreg | mlp | lenet5 | cnn | resnet8 | vit-tiny.
+	// Architecture: logreg | mlp | lenet5 | cnn | fedcnn | resnet8 | vit-tiny.
 	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
 	// Where the examples come from.
 	Dataset *DatasetSpec `protobuf:"bytes,3,opt,name=dataset,proto3" json:"dataset,omitempty"`
