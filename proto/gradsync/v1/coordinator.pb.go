@@ -930,7 +930,10 @@ type TaskDone struct {
 	Result *JobResult `protobuf:"bytes,4,opt,name=result,proto3" json:"result,omitempty"`
 	// The assignment's generation: reports of a generation the job has left
 	// behind (after an elastic recovery) are ignored.
-	Generation    uint64 `protobuf:"varint,5,opt,name=generation,proto3" json:"generation,omitempty"`
+	Generation uint64 `protobuf:"varint,5,opt,name=generation,proto3" json:"generation,omitempty"`
+	// Ring mode, on failure: this rank's frame counts on its ring links, so
+	// that the coordinator can tell which link lost frames.
+	RingLinks     *RingLinks `protobuf:"bytes,6,opt,name=ring_links,json=ringLinks,proto3" json:"ring_links,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -996,6 +999,71 @@ func (x *TaskDone) GetResult() *JobResult {
 func (x *TaskDone) GetGeneration() uint64 {
 	if x != nil {
 		return x.Generation
+	}
+	return 0
+}
+
+func (x *TaskDone) GetRingLinks() *RingLinks {
+	if x != nil {
+		return x.RingLinks
+	}
+	return nil
+}
+
+// RingLinks counts the frames of one rank's ring (one generation): every
+// frame rank r sends arrives at rank r+1, so frames_sent of r greater than
+// frames_received of r+1 (both reported after the ring stalled) means the
+// link r → r+1 lost them.
+type RingLinks struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Frames handed to the link to the right neighbour.
+	FramesSent int64 `protobuf:"varint,1,opt,name=frames_sent,json=framesSent,proto3" json:"frames_sent,omitempty"`
+	// Frames that arrived from the left neighbour.
+	FramesReceived int64 `protobuf:"varint,2,opt,name=frames_received,json=framesReceived,proto3" json:"frames_received,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RingLinks) Reset() {
+	*x = RingLinks{}
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RingLinks) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RingLinks) ProtoMessage() {}
+
+func (x *RingLinks) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RingLinks.ProtoReflect.Descriptor instead.
+func (*RingLinks) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RingLinks) GetFramesSent() int64 {
+	if x != nil {
+		return x.FramesSent
+	}
+	return 0
+}
+
+func (x *RingLinks) GetFramesReceived() int64 {
+	if x != nil {
+		return x.FramesReceived
 	}
 	return 0
 }
@@ -1083,7 +1151,7 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"updateNorm\x12F\n" +
 	"\x10label_histograms\x18\x05 \x03(\v2\x1b.gradsync.v1.LabelHistogramR\x0flabelHistograms\"(\n" +
 	"\x0eLabelHistogram\x12\x16\n" +
-	"\x06counts\x18\x01 \x03(\x05R\x06counts\"\x9b\x01\n" +
+	"\x06counts\x18\x01 \x03(\x05R\x06counts\"\xd2\x01\n" +
 	"\bTaskDone\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x14\n" +
@@ -1091,7 +1159,13 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"\x06result\x18\x04 \x01(\v2\x16.gradsync.v1.JobResultR\x06result\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x05 \x01(\x04R\n" +
-	"generation2W\n" +
+	"generation\x125\n" +
+	"\n" +
+	"ring_links\x18\x06 \x01(\v2\x16.gradsync.v1.RingLinksR\tringLinks\"U\n" +
+	"\tRingLinks\x12\x1f\n" +
+	"\vframes_sent\x18\x01 \x01(\x03R\n" +
+	"framesSent\x12'\n" +
+	"\x0fframes_received\x18\x02 \x01(\x03R\x0eframesReceived2W\n" +
 	"\vCoordinator\x12H\n" +
 	"\aConnect\x12\x1b.gradsync.v1.ConnectRequest\x1a\x1c.gradsync.v1.ConnectResponse(\x010\x01B;Z9github.com/gradsync/gradsync/proto/gradsync/v1;gradsyncv1b\x06proto3"
 
@@ -1107,7 +1181,7 @@ func file_gradsync_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_gradsync_v1_coordinator_proto_rawDescData
 }
 
-var file_gradsync_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_gradsync_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_gradsync_v1_coordinator_proto_goTypes = []any{
 	(*ConnectRequest)(nil),  // 0: gradsync.v1.ConnectRequest
 	(*ConnectResponse)(nil), // 1: gradsync.v1.ConnectResponse
@@ -1121,10 +1195,11 @@ var file_gradsync_v1_coordinator_proto_goTypes = []any{
 	(*RoundInfo)(nil),       // 9: gradsync.v1.RoundInfo
 	(*LabelHistogram)(nil),  // 10: gradsync.v1.LabelHistogram
 	(*TaskDone)(nil),        // 11: gradsync.v1.TaskDone
-	(*Resources)(nil),       // 12: gradsync.v1.Resources
-	(*JobSpec)(nil),         // 13: gradsync.v1.JobSpec
-	(*Progress)(nil),        // 14: gradsync.v1.Progress
-	(*JobResult)(nil),       // 15: gradsync.v1.JobResult
+	(*RingLinks)(nil),       // 12: gradsync.v1.RingLinks
+	(*Resources)(nil),       // 13: gradsync.v1.Resources
+	(*JobSpec)(nil),         // 14: gradsync.v1.JobSpec
+	(*Progress)(nil),        // 15: gradsync.v1.Progress
+	(*JobResult)(nil),       // 16: gradsync.v1.JobResult
 }
 var file_gradsync_v1_coordinator_proto_depIdxs = []int32{
 	2,  // 0: gradsync.v1.ConnectRequest.hello:type_name -> gradsync.v1.Hello
@@ -1135,19 +1210,20 @@ var file_gradsync_v1_coordinator_proto_depIdxs = []int32{
 	3,  // 5: gradsync.v1.ConnectResponse.welcome:type_name -> gradsync.v1.Welcome
 	5,  // 6: gradsync.v1.ConnectResponse.assignment:type_name -> gradsync.v1.Assignment
 	6,  // 7: gradsync.v1.ConnectResponse.cancel:type_name -> gradsync.v1.CancelTask
-	12, // 8: gradsync.v1.Hello.resources:type_name -> gradsync.v1.Resources
-	13, // 9: gradsync.v1.Assignment.spec:type_name -> gradsync.v1.JobSpec
-	14, // 10: gradsync.v1.TaskProgress.progress:type_name -> gradsync.v1.Progress
+	13, // 8: gradsync.v1.Hello.resources:type_name -> gradsync.v1.Resources
+	14, // 9: gradsync.v1.Assignment.spec:type_name -> gradsync.v1.JobSpec
+	15, // 10: gradsync.v1.TaskProgress.progress:type_name -> gradsync.v1.Progress
 	9,  // 11: gradsync.v1.TaskEval.round:type_name -> gradsync.v1.RoundInfo
 	10, // 12: gradsync.v1.RoundInfo.label_histograms:type_name -> gradsync.v1.LabelHistogram
-	15, // 13: gradsync.v1.TaskDone.result:type_name -> gradsync.v1.JobResult
-	0,  // 14: gradsync.v1.Coordinator.Connect:input_type -> gradsync.v1.ConnectRequest
-	1,  // 15: gradsync.v1.Coordinator.Connect:output_type -> gradsync.v1.ConnectResponse
-	15, // [15:16] is the sub-list for method output_type
-	14, // [14:15] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	16, // 13: gradsync.v1.TaskDone.result:type_name -> gradsync.v1.JobResult
+	12, // 14: gradsync.v1.TaskDone.ring_links:type_name -> gradsync.v1.RingLinks
+	0,  // 15: gradsync.v1.Coordinator.Connect:input_type -> gradsync.v1.ConnectRequest
+	1,  // 16: gradsync.v1.Coordinator.Connect:output_type -> gradsync.v1.ConnectResponse
+	16, // [16:17] is the sub-list for method output_type
+	15, // [15:16] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_coordinator_proto_init() }
@@ -1176,7 +1252,7 @@ func file_gradsync_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gradsync_v1_coordinator_proto_rawDesc), len(file_gradsync_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

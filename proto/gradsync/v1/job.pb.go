@@ -312,8 +312,15 @@ type Progress struct {
 	// raw/sent.
 	SentBytesPerStep float64 `protobuf:"fixed64,9,opt,name=sent_bytes_per_step,json=sentBytesPerStep,proto3" json:"sent_bytes_per_step,omitempty"`
 	CompressionRatio float64 `protobuf:"fixed64,10,opt,name=compression_ratio,json=compressionRatio,proto3" json:"compression_ratio,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Ring mode: seconds per step (mean since the last report) this rank
+	// waited, once ready, for its left neighbour's first frame of each
+	// collective: how late the left neighbour is.
+	LeftWaitSeconds float64 `protobuf:"fixed64,11,opt,name=left_wait_seconds,json=leftWaitSeconds,proto3" json:"left_wait_seconds,omitempty"`
+	// Seconds per step (mean since the last report) of forward and backward
+	// (and any injected --debug-step-delay).
+	ComputeSeconds float64 `protobuf:"fixed64,12,opt,name=compute_seconds,json=computeSeconds,proto3" json:"compute_seconds,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Progress) Reset() {
@@ -412,6 +419,20 @@ func (x *Progress) GetSentBytesPerStep() float64 {
 func (x *Progress) GetCompressionRatio() float64 {
 	if x != nil {
 		return x.CompressionRatio
+	}
+	return 0
+}
+
+func (x *Progress) GetLeftWaitSeconds() float64 {
+	if x != nil {
+		return x.LeftWaitSeconds
+	}
+	return 0
+}
+
+func (x *Progress) GetComputeSeconds() float64 {
+	if x != nil {
+		return x.ComputeSeconds
 	}
 	return 0
 }
@@ -1141,7 +1162,7 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\arun_dir\x18\f \x01(\tR\x06runDir\x12+\n" +
 	"\x05ranks\x18\r \x03(\v2\x15.gradsync.v1.ProgressR\x05ranks\x12\x1f\n" +
 	"\vresume_from\x18\x0e \x01(\tR\n" +
-	"resumeFrom\"\xe0\x02\n" +
+	"resumeFrom\"\xb5\x03\n" +
 	"\bProgress\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x05R\x05epoch\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1f\n" +
@@ -1155,7 +1176,9 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\x0felapsed_seconds\x18\b \x01(\x01R\x0eelapsedSeconds\x12-\n" +
 	"\x13sent_bytes_per_step\x18\t \x01(\x01R\x10sentBytesPerStep\x12+\n" +
 	"\x11compression_ratio\x18\n" +
-	" \x01(\x01R\x10compressionRatio\"\xfe\x04\n" +
+	" \x01(\x01R\x10compressionRatio\x12*\n" +
+	"\x11left_wait_seconds\x18\v \x01(\x01R\x0fleftWaitSeconds\x12'\n" +
+	"\x0fcompute_seconds\x18\f \x01(\x01R\x0ecomputeSeconds\"\xfe\x04\n" +
 	"\tJobResult\x12#\n" +
 	"\rtest_accuracy\x18\x01 \x01(\x01R\ftestAccuracy\x12\x1b\n" +
 	"\ttest_loss\x18\x02 \x01(\x01R\btestLoss\x12\x1d\n" +
