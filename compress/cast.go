@@ -45,6 +45,7 @@ type CastConfig struct {
 // only the rounding of each rank's contribution is lost.
 type Cast struct {
 	*base
+	stateless // no state to snapshot
 	format Format
 	cfg    CastConfig
 	total  int

@@ -2,9 +2,11 @@ package compress
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +40,70 @@ type Stateful interface {
 	// built with the same configuration and segments. On error nothing is
 	// changed.
 	SetState(map[string]models.Tensor) error
+	// FlatLen, CopyState and RestoreState give the same state as flat
+	// buffers, for snapshots taken at every step without allocating
+	// (worker in-memory recovery): FlatLen is the length of the Shared
+	// and Own buffers a Flat must have.
+	FlatLen() (shared, own int)
+	// CopyState copies the state into dst (buffers of FlatLen's lengths).
+	CopyState(dst *Flat)
+	// RestoreState replaces the shared part with src.Shared (forgotten
+	// when src.SharedSet is false) and the own part with src.Own (zero
+	// when src.Own is nil). Wrong lengths are an error and change nothing.
+	RestoreState(src *Flat) error
+}
+
+// Flat is a reducer's state as two flat buffers.
+//
+// Shared is identical on every rank of a ring (PowerSGD's warm-start Q
+// matrices, concatenated), so any rank's copy serves all: a checkpoint
+// stores it once and a new rank may take it from another. SharedSet is
+// false while there is none (before PowerSGD's first compressed step).
+//
+// Own belongs to this rank: error-feedback residuals (PowerSGD's
+// per-matrix errors, top-k's residual), the part of this rank's past
+// gradients not yet sent. It cannot be rebuilt from other ranks.
+type Flat struct {
+	Shared    []float32
+	SharedSet bool
+	Own       []float32
+}
+
+// SharedStateName reports whether a State tensor name is part of the
+// shared state (identical on every rank) rather than the rank's own.
+func SharedStateName(name string) bool { return strings.HasPrefix(name, "powersgd.q.") }
+
+// restoreFlat checks src against the lengths (shared, own) and copies it
+// into shared and own; it reports whether the shared part is set.
+func restoreFlat(src *Flat, shared, own []float32) (bool, error) {
+	if src.SharedSet && len(src.Shared) != len(shared) {
+		return false, fmt.Errorf("compress: RestoreState: %d shared values, want %d", len(src.Shared), len(shared))
+	}
+	if src.Own != nil && len(src.Own) != len(own) {
+		return false, fmt.Errorf("compress: RestoreState: %d own values, want %d", len(src.Own), len(own))
+	}
+	if src.SharedSet {
+		copy(shared, src.Shared)
+	}
+	if src.Own != nil {
+		copy(own, src.Own)
+	} else {
+		clear(own)
+	}
+	return src.SharedSet, nil
+}
+
+// stateless implements the flat half of Stateful for reducers without
+// state.
+type stateless struct{}
+
+func (stateless) FlatLen() (int, int) { return 0, 0 }
+func (stateless) CopyState(*Flat)     {}
+func (stateless) RestoreState(src *Flat) error {
+	if len(src.Shared) != 0 || len(src.Own) != 0 {
+		return errors.New("compress: RestoreState: this reducer has no state")
+	}
+	return nil
 }
 
 // Stats are cumulative counters over the successful Reduce calls.

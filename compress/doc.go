@@ -87,7 +87,11 @@
 // here) expose what a checkpoint must carry: "powersgd.q.<param>" (cols×r)
 // and "powersgd.error.<param>" (the parameter's shape), or
 // "topk.residual" ([n]). Int8 and the casts are stateless: their
-// randomness is a function of (seed, rank, step).
+// randomness is a function of (seed, rank, step). The Q matrices are
+// identical on every rank (SharedStateName); the residuals are the rank's
+// own. FlatLen/CopyState/RestoreState give the same state as two flat
+// buffers (Flat: Shared and Own) for copies at every step without
+// allocation, as the worker's in-memory snapshots take them.
 //
 // The k-th collective of Reduce at step s is tagged Frame.Step =
 // s<<20 | k, so a frame left over from another step is rejected. If Reduce

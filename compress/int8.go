@@ -41,6 +41,7 @@ const int8Levels = 127
 // so every rank ends bit-identical.
 type Int8 struct {
 	*base
+	stateless // no state to snapshot
 	cfg     Int8Config
 	total   int
 	nchunks int

@@ -399,3 +399,52 @@ func typeName(v any) string {
 	}
 	return "?"
 }
+
+// TestFlatState: CopyState/RestoreState carry the same state as
+// State/SetState, a restored reducer continues exactly, SharedSet follows
+// PowerSGD's warm start, and wrong lengths are refused.
+func TestFlatState(t *testing.T) {
+	l := total(testSegs)
+	for kind, mk := range kinds(testSegs) {
+		t.Run(kind, func(t *testing.T) {
+			a := newWorld(t, 1, mk)
+			rng := rand.New(rand.NewPCG(5, 5))
+			for step := range int64(3) {
+				a.step(t, [][]float32{randVec(rng, l)}, step)
+			}
+			sa := a.reds[0].(compress.Stateful)
+			ns, no := sa.FlatLen()
+			fl := &compress.Flat{Shared: make([]float32, ns), Own: make([]float32, no)}
+			sa.CopyState(fl)
+			if want := kind == "powersgd"; fl.SharedSet != want || (ns > 0) != want {
+				t.Errorf("SharedSet %v with %d shared values; want %v", fl.SharedSet, ns, want)
+			}
+			var shared, own int
+			for name, tn := range sa.State() {
+				if compress.SharedStateName(name) {
+					shared += len(tn.Data) / 4
+				} else {
+					own += len(tn.Data) / 4
+				}
+			}
+			if shared != ns || own != no {
+				t.Errorf("FlatLen (%d, %d), State holds (%d, %d)", ns, no, shared, own)
+			}
+			b := newWorld(t, 1, mk)
+			sb := b.reds[0].(compress.Stateful)
+			if err := sb.RestoreState(fl); err != nil {
+				t.Fatal(err)
+			}
+			g := randVec(rng, l)
+			ga, gb := [][]float32{slices.Clone(g)}, [][]float32{slices.Clone(g)}
+			a.step(t, ga, 3)
+			b.step(t, gb, 3)
+			if !slices.Equal(ga[0], gb[0]) {
+				t.Fatal("restored reducer diverged")
+			}
+			if err := sb.RestoreState(&compress.Flat{Shared: make([]float32, ns+1), SharedSet: true, Own: make([]float32, no+1)}); err == nil {
+				t.Error("RestoreState accepted wrong lengths")
+			}
+		})
+	}
+}

@@ -53,6 +53,7 @@ const DefaultBucketCapBytes = 25 << 20
 // for bit, and the fallback every compressor uses before start_iter.
 type Plain struct {
 	*base
+	stateless // no state to snapshot
 	total   int
 	buckets []span
 }

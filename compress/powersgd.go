@@ -472,3 +472,35 @@ func (p *PowerSGD) SetState(st map[string]models.Tensor) error {
 	p.qInit = nq > 0
 	return nil
 }
+
+// FlatLen implements Stateful: Shared is every Q (concatenated as in
+// State), Own the error-feedback residuals (0 without error feedback).
+func (p *PowerSGD) FlatLen() (shared, own int) {
+	if p.cfg.NoWarmStart {
+		return 0, len(p.err)
+	}
+	return len(p.q), len(p.err)
+}
+
+// CopyState implements Stateful.
+func (p *PowerSGD) CopyState(dst *Flat) {
+	dst.SharedSet = p.qInit && !p.cfg.NoWarmStart
+	if !p.cfg.NoWarmStart {
+		copy(dst.Shared[:len(p.q)], p.q)
+	}
+	copy(dst.Own[:len(p.err)], p.err)
+}
+
+// RestoreState implements Stateful.
+func (p *PowerSGD) RestoreState(src *Flat) error {
+	var q []float32
+	if !p.cfg.NoWarmStart {
+		q = p.q
+	}
+	set, err := restoreFlat(src, q, p.err)
+	if err != nil {
+		return err
+	}
+	p.qInit = set
+	return nil
+}

@@ -210,3 +210,18 @@ func (t *TopK) SetState(st map[string]models.Tensor) error {
 	}
 	return nil
 }
+
+// FlatLen implements Stateful: no shared state; Own is the residual.
+func (t *TopK) FlatLen() (shared, own int) { return 0, len(t.res) }
+
+// CopyState implements Stateful.
+func (t *TopK) CopyState(dst *Flat) {
+	dst.SharedSet = false
+	copy(dst.Own[:len(t.res)], t.res)
+}
+
+// RestoreState implements Stateful.
+func (t *TopK) RestoreState(src *Flat) error {
+	_, err := restoreFlat(src, nil, t.res)
+	return err
+}
