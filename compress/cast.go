@@ -46,12 +46,12 @@ type CastConfig struct {
 type Cast struct {
 	*base
 	stateless // no state to snapshot
-	format Format
-	cfg    CastConfig
-	total  int
-	plain  *Plain
-	msg    []float32
-	all    []float32
+	format    Format
+	cfg       CastConfig
+	total     int
+	plain     *Plain
+	msg       []float32
+	all       []float32
 }
 
 var (

@@ -42,12 +42,12 @@ const int8Levels = 127
 type Int8 struct {
 	*base
 	stateless // no state to snapshot
-	cfg     Int8Config
-	total   int
-	nchunks int
-	plain   *Plain
-	msg     []float32 // nchunks scales, then ⌈total/4⌉ packed words
-	all     []float32
+	cfg       Int8Config
+	total     int
+	nchunks   int
+	plain     *Plain
+	msg       []float32 // nchunks scales, then ⌈total/4⌉ packed words
+	all       []float32
 }
 
 var (

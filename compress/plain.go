@@ -54,8 +54,8 @@ const DefaultBucketCapBytes = 25 << 20
 type Plain struct {
 	*base
 	stateless // no state to snapshot
-	total   int
-	buckets []span
+	total     int
+	buckets   []span
 }
 
 var (
