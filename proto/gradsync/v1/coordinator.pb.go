@@ -30,6 +30,7 @@ type ConnectRequest struct {
 	//	*ConnectRequest_Progress
 	//	*ConnectRequest_Eval
 	//	*ConnectRequest_Done
+	//	*ConnectRequest_Started
 	Msg           isConnectRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -117,6 +118,15 @@ func (x *ConnectRequest) GetDone() *TaskDone {
 	return nil
 }
 
+func (x *ConnectRequest) GetStarted() *TaskStarted {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectRequest_Started); ok {
+			return x.Started
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Msg interface {
 	isConnectRequest_Msg()
 }
@@ -141,6 +151,10 @@ type ConnectRequest_Done struct {
 	Done *TaskDone `protobuf:"bytes,5,opt,name=done,proto3,oneof"`
 }
 
+type ConnectRequest_Started struct {
+	Started *TaskStarted `protobuf:"bytes,6,opt,name=started,proto3,oneof"`
+}
+
 func (*ConnectRequest_Hello) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Heartbeat) isConnectRequest_Msg() {}
@@ -150,6 +164,8 @@ func (*ConnectRequest_Progress) isConnectRequest_Msg() {}
 func (*ConnectRequest_Eval) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Done) isConnectRequest_Msg() {}
+
+func (*ConnectRequest_Started) isConnectRequest_Msg() {}
 
 type ConnectResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -437,8 +453,16 @@ type Assignment struct {
 	// Where rank 0 writes checkpoints (empty: none); a folder every rank
 	// can reach (one host, or a shared file system).
 	CheckpointDir string `protobuf:"bytes,9,opt,name=checkpoint_dir,json=checkpointDir,proto3" json:"checkpoint_dir,omitempty"`
-	// A checkpoint to resume from (empty: start fresh).
-	ResumeFrom    string `protobuf:"bytes,10,opt,name=resume_from,json=resumeFrom,proto3" json:"resume_from,omitempty"`
+	// A checkpoint to resume from (empty: start fresh). In ring mode the
+	// ranks first look for a newer state in their in-memory snapshots
+	// (kept by workers of the job's earlier generations) and use the
+	// checkpoint only when none is at least as new.
+	ResumeFrom string `protobuf:"bytes,10,opt,name=resume_from,json=resumeFrom,proto3" json:"resume_from,omitempty"`
+	// Steps the job's earlier generations are known to have trained (the
+	// last progress the coordinator saw; 0 for a first generation). A ring
+	// generation that finds neither a snapshot nor a checkpoint fails
+	// rather than silently starting over when this is > 0.
+	TrainedSteps  int64 `protobuf:"varint,11,opt,name=trained_steps,json=trainedSteps,proto3" json:"trained_steps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -543,10 +567,21 @@ func (x *Assignment) GetResumeFrom() string {
 	return ""
 }
 
+func (x *Assignment) GetTrainedSteps() int64 {
+	if x != nil {
+		return x.TrainedSteps
+	}
+	return 0
+}
+
 type CancelTask struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	JobId  string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Reason string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The job goes on in a new generation (elastic recovery or growth): the
+	// worker keeps its in-memory snapshots of the job for that generation.
+	// False: the job ended; they are dropped.
+	KeepState     bool `protobuf:"varint,3,opt,name=keep_state,json=keepState,proto3" json:"keep_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -595,6 +630,129 @@ func (x *CancelTask) GetReason() string {
 	return ""
 }
 
+func (x *CancelTask) GetKeepState() bool {
+	if x != nil {
+		return x.KeepState
+	}
+	return false
+}
+
+// TaskStarted is sent by rank 0 of a ring generation once the ranks have
+// agreed on the state they start from, before the first step.
+type TaskStarted struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	JobId      string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Generation uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	Rank       int32                  `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	// The step training starts from (steps already taken).
+	Step int64 `protobuf:"varint,4,opt,name=step,proto3" json:"step,omitempty"`
+	// Where that state came from: "memory" (an in-memory snapshot of rank
+	// source_rank), "checkpoint" (checkpoint), or "scratch".
+	Source     string `protobuf:"bytes,5,opt,name=source,proto3" json:"source,omitempty"`
+	SourceRank int32  `protobuf:"varint,6,opt,name=source_rank,json=sourceRank,proto3" json:"source_rank,omitempty"`
+	Checkpoint string `protobuf:"bytes,7,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	// The newest step any rank of this generation held a snapshot of (-1:
+	// none): newest_step - step steps are done again.
+	NewestStep int64 `protobuf:"varint,8,opt,name=newest_step,json=newestStep,proto3" json:"newest_step,omitempty"`
+	// Seconds the agreement and the state's broadcast took.
+	AgreeSeconds  float64 `protobuf:"fixed64,9,opt,name=agree_seconds,json=agreeSeconds,proto3" json:"agree_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskStarted) Reset() {
+	*x = TaskStarted{}
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskStarted) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskStarted) ProtoMessage() {}
+
+func (x *TaskStarted) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskStarted.ProtoReflect.Descriptor instead.
+func (*TaskStarted) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *TaskStarted) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *TaskStarted) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *TaskStarted) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *TaskStarted) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *TaskStarted) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *TaskStarted) GetSourceRank() int32 {
+	if x != nil {
+		return x.SourceRank
+	}
+	return 0
+}
+
+func (x *TaskStarted) GetCheckpoint() string {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return ""
+}
+
+func (x *TaskStarted) GetNewestStep() int64 {
+	if x != nil {
+		return x.NewestStep
+	}
+	return 0
+}
+
+func (x *TaskStarted) GetAgreeSeconds() float64 {
+	if x != nil {
+		return x.AgreeSeconds
+	}
+	return 0
+}
+
 type TaskProgress struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
@@ -607,7 +765,7 @@ type TaskProgress struct {
 
 func (x *TaskProgress) Reset() {
 	*x = TaskProgress{}
-	mi := &file_gradsync_v1_coordinator_proto_msgTypes[7]
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -619,7 +777,7 @@ func (x *TaskProgress) String() string {
 func (*TaskProgress) ProtoMessage() {}
 
 func (x *TaskProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_coordinator_proto_msgTypes[7]
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -632,7 +790,7 @@ func (x *TaskProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskProgress.ProtoReflect.Descriptor instead.
 func (*TaskProgress) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{7}
+	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TaskProgress) GetJobId() string {
@@ -685,7 +843,7 @@ type TaskEval struct {
 
 func (x *TaskEval) Reset() {
 	*x = TaskEval{}
-	mi := &file_gradsync_v1_coordinator_proto_msgTypes[8]
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -697,7 +855,7 @@ func (x *TaskEval) String() string {
 func (*TaskEval) ProtoMessage() {}
 
 func (x *TaskEval) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_coordinator_proto_msgTypes[8]
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -710,7 +868,7 @@ func (x *TaskEval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskEval.ProtoReflect.Descriptor instead.
 func (*TaskEval) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{8}
+	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TaskEval) GetJobId() string {
@@ -814,7 +972,7 @@ type RoundInfo struct {
 
 func (x *RoundInfo) Reset() {
 	*x = RoundInfo{}
-	mi := &file_gradsync_v1_coordinator_proto_msgTypes[9]
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -826,7 +984,7 @@ func (x *RoundInfo) String() string {
 func (*RoundInfo) ProtoMessage() {}
 
 func (x *RoundInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_coordinator_proto_msgTypes[9]
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -839,7 +997,7 @@ func (x *RoundInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoundInfo.ProtoReflect.Descriptor instead.
 func (*RoundInfo) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{9}
+	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RoundInfo) GetRound() int32 {
@@ -886,7 +1044,7 @@ type LabelHistogram struct {
 
 func (x *LabelHistogram) Reset() {
 	*x = LabelHistogram{}
-	mi := &file_gradsync_v1_coordinator_proto_msgTypes[10]
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +1056,7 @@ func (x *LabelHistogram) String() string {
 func (*LabelHistogram) ProtoMessage() {}
 
 func (x *LabelHistogram) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_coordinator_proto_msgTypes[10]
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1069,7 @@ func (x *LabelHistogram) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LabelHistogram.ProtoReflect.Descriptor instead.
 func (*LabelHistogram) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{10}
+	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LabelHistogram) GetCounts() []int32 {
@@ -940,7 +1098,7 @@ type TaskDone struct {
 
 func (x *TaskDone) Reset() {
 	*x = TaskDone{}
-	mi := &file_gradsync_v1_coordinator_proto_msgTypes[11]
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1110,7 @@ func (x *TaskDone) String() string {
 func (*TaskDone) ProtoMessage() {}
 
 func (x *TaskDone) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_coordinator_proto_msgTypes[11]
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1123,7 @@ func (x *TaskDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskDone.ProtoReflect.Descriptor instead.
 func (*TaskDone) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{11}
+	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TaskDone) GetJobId() string {
@@ -1026,7 +1184,7 @@ type RingLinks struct {
 
 func (x *RingLinks) Reset() {
 	*x = RingLinks{}
-	mi := &file_gradsync_v1_coordinator_proto_msgTypes[12]
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1038,7 +1196,7 @@ func (x *RingLinks) String() string {
 func (*RingLinks) ProtoMessage() {}
 
 func (x *RingLinks) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_coordinator_proto_msgTypes[12]
+	mi := &file_gradsync_v1_coordinator_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1051,7 +1209,7 @@ func (x *RingLinks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RingLinks.ProtoReflect.Descriptor instead.
 func (*RingLinks) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{12}
+	return file_gradsync_v1_coordinator_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RingLinks) GetFramesSent() int64 {
@@ -1072,13 +1230,14 @@ var File_gradsync_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
-	"\x1dgradsync/v1/coordinator.proto\x12\vgradsync.v1\x1a\x19gradsync/v1/cluster.proto\x1a\x15gradsync/v1/job.proto\x1a\x16gradsync/v1/spec.proto\"\x8e\x02\n" +
+	"\x1dgradsync/v1/coordinator.proto\x12\vgradsync.v1\x1a\x19gradsync/v1/cluster.proto\x1a\x15gradsync/v1/job.proto\x1a\x16gradsync/v1/spec.proto\"\xc4\x02\n" +
 	"\x0eConnectRequest\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.gradsync.v1.HelloH\x00R\x05hello\x126\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x16.gradsync.v1.HeartbeatH\x00R\theartbeat\x127\n" +
 	"\bprogress\x18\x03 \x01(\v2\x19.gradsync.v1.TaskProgressH\x00R\bprogress\x12+\n" +
 	"\x04eval\x18\x04 \x01(\v2\x15.gradsync.v1.TaskEvalH\x00R\x04eval\x12+\n" +
-	"\x04done\x18\x05 \x01(\v2\x15.gradsync.v1.TaskDoneH\x00R\x04doneB\x05\n" +
+	"\x04done\x18\x05 \x01(\v2\x15.gradsync.v1.TaskDoneH\x00R\x04done\x124\n" +
+	"\astarted\x18\x06 \x01(\v2\x18.gradsync.v1.TaskStartedH\x00R\astartedB\x05\n" +
 	"\x03msg\"\xb8\x01\n" +
 	"\x0fConnectResponse\x120\n" +
 	"\awelcome\x18\x01 \x01(\v2\x14.gradsync.v1.WelcomeH\x00R\awelcome\x129\n" +
@@ -1096,7 +1255,7 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"\aWelcome\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12<\n" +
 	"\x1aheartbeat_interval_seconds\x18\x02 \x01(\x01R\x18heartbeatIntervalSeconds\"\v\n" +
-	"\tHeartbeat\"\xc0\x02\n" +
+	"\tHeartbeat\"\xe5\x02\n" +
 	"\n" +
 	"Assignment\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1e\n" +
@@ -1114,11 +1273,30 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"\x0echeckpoint_dir\x18\t \x01(\tR\rcheckpointDir\x12\x1f\n" +
 	"\vresume_from\x18\n" +
 	" \x01(\tR\n" +
-	"resumeFrom\";\n" +
+	"resumeFrom\x12#\n" +
+	"\rtrained_steps\x18\v \x01(\x03R\ftrainedSteps\"Z\n" +
 	"\n" +
 	"CancelTask\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8c\x01\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"keep_state\x18\x03 \x01(\bR\tkeepState\"\x8b\x02\n" +
+	"\vTaskStarted\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\x05R\x04rank\x12\x12\n" +
+	"\x04step\x18\x04 \x01(\x03R\x04step\x12\x16\n" +
+	"\x06source\x18\x05 \x01(\tR\x06source\x12\x1f\n" +
+	"\vsource_rank\x18\x06 \x01(\x05R\n" +
+	"sourceRank\x12\x1e\n" +
+	"\n" +
+	"checkpoint\x18\a \x01(\tR\n" +
+	"checkpoint\x12\x1f\n" +
+	"\vnewest_step\x18\b \x01(\x03R\n" +
+	"newestStep\x12#\n" +
+	"\ragree_seconds\x18\t \x01(\x01R\fagreeSeconds\"\x8c\x01\n" +
 	"\fTaskProgress\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1e\n" +
 	"\n" +
@@ -1181,7 +1359,7 @@ func file_gradsync_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_gradsync_v1_coordinator_proto_rawDescData
 }
 
-var file_gradsync_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_gradsync_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_gradsync_v1_coordinator_proto_goTypes = []any{
 	(*ConnectRequest)(nil),  // 0: gradsync.v1.ConnectRequest
 	(*ConnectResponse)(nil), // 1: gradsync.v1.ConnectResponse
@@ -1190,40 +1368,42 @@ var file_gradsync_v1_coordinator_proto_goTypes = []any{
 	(*Heartbeat)(nil),       // 4: gradsync.v1.Heartbeat
 	(*Assignment)(nil),      // 5: gradsync.v1.Assignment
 	(*CancelTask)(nil),      // 6: gradsync.v1.CancelTask
-	(*TaskProgress)(nil),    // 7: gradsync.v1.TaskProgress
-	(*TaskEval)(nil),        // 8: gradsync.v1.TaskEval
-	(*RoundInfo)(nil),       // 9: gradsync.v1.RoundInfo
-	(*LabelHistogram)(nil),  // 10: gradsync.v1.LabelHistogram
-	(*TaskDone)(nil),        // 11: gradsync.v1.TaskDone
-	(*RingLinks)(nil),       // 12: gradsync.v1.RingLinks
-	(*Resources)(nil),       // 13: gradsync.v1.Resources
-	(*JobSpec)(nil),         // 14: gradsync.v1.JobSpec
-	(*Progress)(nil),        // 15: gradsync.v1.Progress
-	(*JobResult)(nil),       // 16: gradsync.v1.JobResult
+	(*TaskStarted)(nil),     // 7: gradsync.v1.TaskStarted
+	(*TaskProgress)(nil),    // 8: gradsync.v1.TaskProgress
+	(*TaskEval)(nil),        // 9: gradsync.v1.TaskEval
+	(*RoundInfo)(nil),       // 10: gradsync.v1.RoundInfo
+	(*LabelHistogram)(nil),  // 11: gradsync.v1.LabelHistogram
+	(*TaskDone)(nil),        // 12: gradsync.v1.TaskDone
+	(*RingLinks)(nil),       // 13: gradsync.v1.RingLinks
+	(*Resources)(nil),       // 14: gradsync.v1.Resources
+	(*JobSpec)(nil),         // 15: gradsync.v1.JobSpec
+	(*Progress)(nil),        // 16: gradsync.v1.Progress
+	(*JobResult)(nil),       // 17: gradsync.v1.JobResult
 }
 var file_gradsync_v1_coordinator_proto_depIdxs = []int32{
 	2,  // 0: gradsync.v1.ConnectRequest.hello:type_name -> gradsync.v1.Hello
 	4,  // 1: gradsync.v1.ConnectRequest.heartbeat:type_name -> gradsync.v1.Heartbeat
-	7,  // 2: gradsync.v1.ConnectRequest.progress:type_name -> gradsync.v1.TaskProgress
-	8,  // 3: gradsync.v1.ConnectRequest.eval:type_name -> gradsync.v1.TaskEval
-	11, // 4: gradsync.v1.ConnectRequest.done:type_name -> gradsync.v1.TaskDone
-	3,  // 5: gradsync.v1.ConnectResponse.welcome:type_name -> gradsync.v1.Welcome
-	5,  // 6: gradsync.v1.ConnectResponse.assignment:type_name -> gradsync.v1.Assignment
-	6,  // 7: gradsync.v1.ConnectResponse.cancel:type_name -> gradsync.v1.CancelTask
-	13, // 8: gradsync.v1.Hello.resources:type_name -> gradsync.v1.Resources
-	14, // 9: gradsync.v1.Assignment.spec:type_name -> gradsync.v1.JobSpec
-	15, // 10: gradsync.v1.TaskProgress.progress:type_name -> gradsync.v1.Progress
-	9,  // 11: gradsync.v1.TaskEval.round:type_name -> gradsync.v1.RoundInfo
-	10, // 12: gradsync.v1.RoundInfo.label_histograms:type_name -> gradsync.v1.LabelHistogram
-	16, // 13: gradsync.v1.TaskDone.result:type_name -> gradsync.v1.JobResult
-	12, // 14: gradsync.v1.TaskDone.ring_links:type_name -> gradsync.v1.RingLinks
-	0,  // 15: gradsync.v1.Coordinator.Connect:input_type -> gradsync.v1.ConnectRequest
-	1,  // 16: gradsync.v1.Coordinator.Connect:output_type -> gradsync.v1.ConnectResponse
-	16, // [16:17] is the sub-list for method output_type
-	15, // [15:16] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	8,  // 2: gradsync.v1.ConnectRequest.progress:type_name -> gradsync.v1.TaskProgress
+	9,  // 3: gradsync.v1.ConnectRequest.eval:type_name -> gradsync.v1.TaskEval
+	12, // 4: gradsync.v1.ConnectRequest.done:type_name -> gradsync.v1.TaskDone
+	7,  // 5: gradsync.v1.ConnectRequest.started:type_name -> gradsync.v1.TaskStarted
+	3,  // 6: gradsync.v1.ConnectResponse.welcome:type_name -> gradsync.v1.Welcome
+	5,  // 7: gradsync.v1.ConnectResponse.assignment:type_name -> gradsync.v1.Assignment
+	6,  // 8: gradsync.v1.ConnectResponse.cancel:type_name -> gradsync.v1.CancelTask
+	14, // 9: gradsync.v1.Hello.resources:type_name -> gradsync.v1.Resources
+	15, // 10: gradsync.v1.Assignment.spec:type_name -> gradsync.v1.JobSpec
+	16, // 11: gradsync.v1.TaskProgress.progress:type_name -> gradsync.v1.Progress
+	10, // 12: gradsync.v1.TaskEval.round:type_name -> gradsync.v1.RoundInfo
+	11, // 13: gradsync.v1.RoundInfo.label_histograms:type_name -> gradsync.v1.LabelHistogram
+	17, // 14: gradsync.v1.TaskDone.result:type_name -> gradsync.v1.JobResult
+	13, // 15: gradsync.v1.TaskDone.ring_links:type_name -> gradsync.v1.RingLinks
+	0,  // 16: gradsync.v1.Coordinator.Connect:input_type -> gradsync.v1.ConnectRequest
+	1,  // 17: gradsync.v1.Coordinator.Connect:output_type -> gradsync.v1.ConnectResponse
+	17, // [17:18] is the sub-list for method output_type
+	16, // [16:17] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_coordinator_proto_init() }
@@ -1240,6 +1420,7 @@ func file_gradsync_v1_coordinator_proto_init() {
 		(*ConnectRequest_Progress)(nil),
 		(*ConnectRequest_Eval)(nil),
 		(*ConnectRequest_Done)(nil),
+		(*ConnectRequest_Started)(nil),
 	}
 	file_gradsync_v1_coordinator_proto_msgTypes[1].OneofWrappers = []any{
 		(*ConnectResponse_Welcome)(nil),
@@ -1252,7 +1433,7 @@ func file_gradsync_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gradsync_v1_coordinator_proto_rawDesc), len(file_gradsync_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
