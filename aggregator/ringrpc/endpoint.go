@@ -202,6 +202,7 @@ func (r *Ring) serve(stream pb.Collective_SendFramesServer, fast bool) error {
 			r.leftEnded(r.peerGone(r.left, err), false)
 			return err
 		}
+		r.framesIn.Add(1)
 		select {
 		case r.inbox <- in:
 			count++

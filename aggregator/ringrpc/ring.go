@@ -162,6 +162,36 @@ type Ring struct {
 
 	// Data bytes handed to SendRight and returned by RecvLeft.
 	sentBytes, recvBytes atomic.Int64
+	// Frames handed to SendRight, and frames that arrived from the left
+	// neighbour (accepted by the inbound handler, taken or not).
+	framesOut, framesIn atomic.Int64
+
+	// Left waits: how long RecvLeft blocked for the first frame of each
+	// collective (a frame whose op or step differs from the previous
+	// one's). Only RecvLeft writes curOp and curStep.
+	curOp       aggregator.OpKind
+	curStep     int64
+	waitNanos   atomic.Int64
+	collectives atomic.Int64
+}
+
+// WaitStats reports over how many collectives this rank has received
+// frames, and how long in all it waited for the left neighbour's first
+// frame of each: RecvLeft is first called when this rank is ready (it has
+// queued its own first frames), so the wait measures how much later than
+// this rank the left neighbour became ready — in a reduce-scatter a rank
+// sends its first chunk at once and needs only the left neighbour's.
+// The cost is one clock reading per RecvLeft that has to block.
+func (r *Ring) WaitStats() (collectives int64, waited time.Duration) {
+	return r.collectives.Load(), time.Duration(r.waitNanos.Load())
+}
+
+// FrameCounts reports the frames handed to SendRight and the frames that
+// arrived from the left neighbour. Every frame rank r sends is one that
+// rank r+1 receives, so once a ring has stalled, r's sent count above
+// r+1's arrived count says the link r → r+1 lost frames.
+func (r *Ring) FrameCounts() (sent, arrived int64) {
+	return r.framesOut.Load(), r.framesIn.Load()
 }
 
 // Traffic reports the tensor bytes this rank has sent to its right
@@ -458,6 +488,7 @@ func (r *Ring) SendRight(ctx context.Context, f aggregator.Frame) error {
 	}
 	o.encode(r.job, r.rank, f)
 	r.sentBytes.Add(int64(4 * len(f.Data)))
+	r.framesOut.Add(1)
 	r.out <- o // never blocks: out has room for every outFrame
 	return nil
 }
@@ -477,12 +508,13 @@ func (r *Ring) RecvLeft(ctx context.Context) (aggregator.Frame, error) {
 	}
 	select {
 	case in := <-r.inbox:
-		return r.take(in), nil
+		return r.take(in, 0), nil
 	default:
 	}
+	start := time.Now()
 	select {
 	case in := <-r.inbox:
-		return r.take(in), nil
+		return r.take(in, time.Since(start)), nil
 	case <-ctx.Done():
 		return aggregator.Frame{}, ctx.Err()
 	case <-r.ctx.Done():
@@ -490,17 +522,24 @@ func (r *Ring) RecvLeft(ctx context.Context) (aggregator.Frame, error) {
 	case <-r.leftDone:
 		select {
 		case in := <-r.inbox:
-			return r.take(in), nil
+			return r.take(in, time.Since(start)), nil
 		default:
 		}
 		return aggregator.Frame{}, r.leftErr
 	}
 }
 
-func (r *Ring) take(in *inFrame) aggregator.Frame {
+// take hands in to the caller; waited is how long RecvLeft blocked for it.
+func (r *Ring) take(in *inFrame, waited time.Duration) aggregator.Frame {
 	r.last = in
 	r.recvBytes.Add(int64(in.nbytes))
-	return in.frame()
+	f := in.frame()
+	if f.Op != r.curOp || f.Step != r.curStep { // the first frame of a collective
+		r.curOp, r.curStep = f.Op, f.Step
+		r.collectives.Add(1)
+		r.waitNanos.Add(int64(waited))
+	}
+	return f
 }
 
 // Shutdown ends the ring in order, when every rank calls it after the

@@ -440,3 +440,59 @@ func TestNewGenerationReplacesOld(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestWaitStatsFindLateLeftNeighbour: rank 1 enters every all-reduce
+// 150 ms after the others, so its right neighbour (rank 2) waits about
+// that long for its first frame and the others hardly at all; frame counts
+// match link by link.
+func TestWaitStatsFindLateLeftNeighbour(t *testing.T) {
+	const rounds, late = 3, 150 * time.Millisecond
+	c := newCluster(t, 3, true)
+	rings := c.join(t, 1)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	errs := make([]error, len(rings))
+	var wg sync.WaitGroup
+	for i, r := range rings {
+		wg.Go(func() {
+			buf := make([]float32, 10007)
+			for round := range rounds {
+				if i == 1 {
+					time.Sleep(late) // the injected lateness, not synchronisation
+				}
+				if err := aggregator.AllReduce(ctx, r, buf, int64(round), aggregator.Options{Generation: 1}); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	var waited [3]time.Duration
+	for i, r := range rings {
+		n, w := r.WaitStats()
+		if n != rounds {
+			t.Errorf("rank %d: %d collectives counted, want %d", i, n, rounds)
+		}
+		waited[i] = w
+	}
+	t.Logf("waits for the left neighbour: %v", waited)
+	if waited[2] < rounds*late*2/3 {
+		t.Errorf("rank 2 waited %v for late rank 1 over %d rounds; want about %v", waited[2], rounds, rounds*late)
+	}
+	for _, i := range []int{0, 1} {
+		if waited[i] > waited[2]/3 {
+			t.Errorf("rank %d waited %v, rank 2 %v: only rank 2's left neighbour was late", i, waited[i], waited[2])
+		}
+	}
+	for i, r := range rings {
+		sent, _ := r.FrameCounts()
+		_, arrived := rings[(i+1)%3].FrameCounts()
+		if sent == 0 || sent != arrived {
+			t.Errorf("link %d → %d: %d frames sent, %d arrived", i, (i+1)%3, sent, arrived)
+		}
+	}
+}
