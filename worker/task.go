@@ -35,6 +35,9 @@ type taskEnv struct {
 	// ring is this worker's peer endpoint; peerDial secures its links.
 	ring     *ringrpc.Endpoint
 	peerDial []grpc.DialOption
+	// stepDelay is injected before every step's forward pass
+	// (Config.DebugStepDelay: a slow worker, for fault-injection tests).
+	stepDelay time.Duration
 }
 
 func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult, error) {
@@ -179,6 +182,7 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	var lossSum float64
 	var lossN, imagesSince int
 	lastReport := start
+	times := newStepTimes(sync)
 	evaluated := false
 	logEvery := int64(spec.LogEverySteps)
 	for epoch := startEpoch; epoch < epochs && step < totalSteps; epoch++ {
@@ -198,6 +202,7 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 				return nil, err
 			}
 			stepStart := time.Now()
+			injectDelay(ctx, env.stepDelay)
 			batch := idx[min(b*bs, len(idx)):min((b+1)*bs, len(idx))]
 			n := len(batch)
 			net.ZeroGrad()
@@ -209,12 +214,13 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 				net.Backward(dl[:n*classes])
 			}
 			syncStart := time.Now()
+			times.step(syncStart.Sub(stepStart))
 			if err := sync.step(ctx, net.Grads(), net.Params()); err != nil {
 				// The step failed (cancelled, or the ring broke as the job
 				// was ended elsewhere): the parameters are still those after
 				// the last step, a consistent state to resume from.
 				saveOnCancel(epoch, epochStart, b)
-				return nil, fmt.Errorf("step %d: %w", step, err)
+				return nil, withRingLinks(sync, fmt.Errorf("step %d: %w", step, err))
 			}
 			now := time.Now()
 			env.metrics.ObserveCollective(spec.Mode, now.Sub(syncStart))
@@ -241,6 +247,7 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 						p.CompressionRatio = float64(st.RawBytes) / float64(st.SentBytes)
 					}
 				}
+				times.report(p)
 				env.metrics.SetImagesPerSecond(a.JobId, rank, p.ImagesPerSecond)
 				rep.trySend(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Progress{Progress: &pb.TaskProgress{
 					JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, Progress: p}}})

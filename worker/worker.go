@@ -70,6 +70,10 @@ type Config struct {
 	Metrics *metrics.Registry
 	// MaxBackoff caps the wait between reconnect attempts. Default 5s.
 	MaxBackoff time.Duration
+	// DebugStepDelay is fault injection: every training step waits this
+	// long before its forward pass, making this a slow worker (a
+	// straggler). 0, the default, for real use.
+	DebugStepDelay time.Duration
 }
 
 // Validate fills defaults and checks the config.
@@ -85,6 +89,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = 5 * time.Second
+	}
+	if c.DebugStepDelay < 0 {
+		return fmt.Errorf("worker: DebugStepDelay %v is negative; want 0 (off) or a delay per step", c.DebugStepDelay)
 	}
 	if !c.Insecure && (c.TLS == nil || c.PeerServerTLS == nil || c.PeerClientTLS == nil) {
 		return errors.New("worker: no TLS configured; give certificates (gradsync certs init) or ask for plaintext explicitly (--insecure)")
@@ -302,8 +309,11 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 				defer close(t.done)
 				w.log.Info("task assigned", "job", a.JobId, "rank", a.Rank, "world", a.WorldSize, "model", a.Spec.GetModel())
 				res, err := safeRunTask(tctx, a, &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics,
-					ring: w.ring, peerDial: w.peerDialOptions()})
+					ring: w.ring, peerDial: w.peerDialOptions(), stepDelay: w.cfg.DebugStepDelay})
 				done := &pb.TaskDone{JobId: a.JobId, Rank: a.Rank, Result: res, Generation: a.Generation}
+				if rf := (*ringFailure)(nil); errors.As(err, &rf) {
+					done.RingLinks = rf.links
+				}
 				if err != nil {
 					if tctx.Err() != nil {
 						w.log.Info("task stopped", "job", a.JobId, "rank", a.Rank, "err", err)

@@ -268,6 +268,7 @@ func newWorkerCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.ID, "id", "", "stable worker id (default: assigned by the coordinator)")
 	f.StringVar(&cfg.Name, "name", "", "human-readable name (default host/address)")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics), e.g. :9091")
+	f.DurationVar(&cfg.DebugStepDelay, "debug-step-delay", 0, "fault injection for tests: wait this long before every training step (a slow worker, which the coordinator reports as a straggler)")
 	return c
 }
 
