@@ -60,6 +60,8 @@ type Registry struct {
 	heartbeatsMissed  prometheus.Counter
 	recoveries        prometheus.Counter
 	nonFiniteSkips    prometheus.Counter
+	stragglerDelay    *prometheus.GaugeVec // job, rank
+	stragglers        prometheus.Counter
 
 	mu     sync.Mutex      // guards states
 	states map[string]bool // every state SetJobCounts has exported
@@ -116,6 +118,14 @@ func NewRegistry() *Registry {
 			Namespace: namespace, Name: "nonfinite_steps_skipped_total",
 			Help: "Training steps skipped because the reduced gradient held NaN or Inf.",
 		}),
+		stragglerDelay: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "straggler_delay_seconds",
+			Help: "Seconds by which a rank the coordinator reports as a straggler delays each step of its job (0 once it keeps up again).",
+		}, []string{"job", "rank"}),
+		stragglers: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "stragglers_total",
+			Help: "Straggler episodes reported: a rank found clearly slower than the others of its job.",
+		}),
 		states: map[string]bool{},
 	}
 	r.reg.MustRegister(
@@ -124,6 +134,7 @@ func NewRegistry() *Registry {
 		r.grpc,
 		r.jobs, r.stepSeconds, r.imagesPerSecond, r.sentBytes, r.receivedBytes,
 		r.compressionRatio, r.collectiveSeconds, r.heartbeatsMissed, r.recoveries, r.nonFiniteSkips,
+		r.stragglerDelay, r.stragglers,
 	)
 	for _, s := range JobStates {
 		r.jobs.WithLabelValues(s).Set(0)
@@ -234,6 +245,22 @@ func (r *Registry) NonFiniteStepSkipped() {
 	}
 }
 
+// SetStragglerDelay sets by how much a rank of a job delays each step: a
+// positive delay while it is reported as a straggler, 0 once it keeps up.
+func (r *Registry) SetStragglerDelay(job string, rank int, seconds float64) {
+	if r == nil {
+		return
+	}
+	r.stragglerDelay.WithLabelValues(job, strconv.Itoa(rank)).Set(seconds)
+}
+
+// StragglerFound counts one straggler episode.
+func (r *Registry) StragglerFound() {
+	if r != nil {
+		r.stragglers.Inc()
+	}
+}
+
 // ForgetJob removes a finished job's per-job series (throughput, bytes per
 // peer, compression ratio), so that label sets do not pile up on a
 // long-running coordinator or worker.
@@ -246,6 +273,7 @@ func (r *Registry) ForgetJob(job string) {
 	r.sentBytes.DeletePartialMatch(l)
 	r.receivedBytes.DeletePartialMatch(l)
 	r.compressionRatio.DeletePartialMatch(l)
+	r.stragglerDelay.DeletePartialMatch(l)
 }
 
 // UnaryServerInterceptor records gRPC server metrics (started, handled by

@@ -129,6 +129,8 @@ func TestServe(t *testing.T) {
 	reg.HeartbeatMissed()
 	reg.Recovered()
 	reg.NonFiniteStepSkipped()
+	reg.SetStragglerDelay("job-1", 2, 0.2)
+	reg.StragglerFound()
 
 	s = scrape(t, addr)
 	want(t, s, `gradsync_jobs{state="RUNNING"}`, 3)
@@ -148,6 +150,8 @@ func TestServe(t *testing.T) {
 	want(t, s, "gradsync_heartbeats_missed_total", 2)
 	want(t, s, "gradsync_recoveries_total", 1)
 	want(t, s, "gradsync_nonfinite_steps_skipped_total", 1)
+	want(t, s, `gradsync_straggler_delay_seconds{job="job-1",rank="2"}`, 0.2)
+	want(t, s, "gradsync_stragglers_total", 1)
 	want(t, s, `promhttp_metric_handler_requests_total{code="200"}`, 1)
 
 	reg.ForgetJob("job-1")
