@@ -54,6 +54,9 @@ type cluster struct {
 	ps      pb.ParameterServerClient
 	coord   pb.CoordinatorClient
 	workers []*testWorker
+	// stepDelay makes the workers started with these ids slow (worker
+	// Config.DebugStepDelay).
+	stepDelay map[string]time.Duration
 }
 
 type testWorker struct {
@@ -175,6 +178,7 @@ func (c *cluster) startWorker(id string, lis net.Listener, advertise string) *te
 		Server: "passthrough:///bufnet", ID: id, Name: id, Logger: c.cfg.Logger,
 		Listener: lis, AdvertiseAddr: advertise,
 		DialOptions: c.dialOptions(), MaxBackoff: 200 * time.Millisecond, Insecure: true,
+		DebugStepDelay: c.stepDelay[id],
 	})
 	if err != nil {
 		c.t.Fatal(err)

@@ -231,8 +231,10 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 			_ = e.run.Log(map[string]any{"kind": "progress", "time": now.UTC().Format(time.RFC3339Nano), "rank": r,
 				"epoch": p.Epoch, "step": p.Step, "total_steps": p.TotalSteps, "loss": p.Loss,
 				"images_per_second": p.ImagesPerSecond, "learning_rate": p.LearningRate, "elapsed_seconds": p.ElapsedSeconds,
-				"sent_bytes_per_step": p.SentBytesPerStep, "compression_ratio": p.CompressionRatio})
+				"sent_bytes_per_step": p.SentBytesPerStep, "compression_ratio": p.CompressionRatio,
+				"compute_seconds": p.ComputeSeconds, "left_wait_seconds": p.LeftWaitSeconds})
 		}
+		s.noteDelayLocked(e, int(r), p, now)
 		if r != 0 {
 			return
 		}
@@ -244,6 +246,8 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		jp.ImagesPerSecond = total
 		e.job.Progress = jp
 		s.emitLocked(e, pb.EventKind_EVENT_KIND_PROGRESS, "", nil)
+	case *pb.ConnectRequest_Started:
+		s.taskStartedLocked(w, m.Started)
 	case *pb.ConnectRequest_Eval:
 		ev := m.Eval
 		e := s.runningJobLocked(w, ev.GetJobId(), ev.GetRank())

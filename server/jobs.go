@@ -51,6 +51,8 @@ type jobEntry struct {
 	failAt  time.Time
 	failMsg string
 	failGen uint64
+	// stragglers finds slow ranks from the progress reports (straggler.go).
+	stragglers *stragglerDetector
 }
 
 // elastic reports whether a job recovers from lost workers.

@@ -33,6 +33,7 @@ type psJob struct {
 	totalSteps int64         // from the first join; every rank must agree
 	done       chan struct{} // closed when the current step's update is applied
 	joined     []bool
+	lags       arrivalLags // guarded by mu: how late each rank's gradient arrives
 
 	abortOnce sync.Once
 	aborted   chan struct{} // closed by abort
@@ -174,6 +175,9 @@ func (s *Server) Sync(stream pb.ParameterServer_SyncServer) error {
 			p.opt.SetLR(float32(jobspec.LearningRate(p.spec, step, p.totalSteps)))
 			skipped := p.shard.Skipped()
 			applied, err := p.shard.Add(rank, step, off, n, func(dst []float32) error { return wire.AddF32(dst, f.Data) })
+			if f.Last && err == nil {
+				p.lags.arrived(rank, p.world, s.cfg.Now(), applied)
+			}
 			if p.shard.Skipped() > skipped {
 				s.cfg.Metrics.NonFiniteStepSkipped()
 				s.log.Warn("step skipped: gradient holds NaN or Inf (nonfinite_policy skip)", "job", p.jobID, "step", step)

@@ -27,6 +27,7 @@ import (
 	"github.com/gradsync/gradsync/aggregator/ringrpc"
 	"github.com/gradsync/gradsync/internal/gpu"
 	"github.com/gradsync/gradsync/internal/metrics"
+	"github.com/gradsync/gradsync/internal/netem"
 	"github.com/gradsync/gradsync/internal/rpc"
 	"github.com/gradsync/gradsync/internal/security"
 	"github.com/gradsync/gradsync/internal/tensor"
@@ -70,6 +71,10 @@ type Config struct {
 	Metrics *metrics.Registry
 	// MaxBackoff caps the wait between reconnect attempts. Default 5s.
 	MaxBackoff time.Duration
+	// Link, if limited, shapes this worker's connections (to the
+	// coordinator, parameter servers and ring peers) to an emulated link
+	// of that rate each way, for experiments on slow networks.
+	Link netem.Link
 	// DebugStepDelay is fault injection: every training step waits this
 	// long before its forward pass, making this a slow worker (a
 	// straggler). 0, the default, for real use.
@@ -128,16 +133,23 @@ func (w *Worker) dialOptions() []grpc.DialOption {
 		creds = credentials.NewTLS(w.cfg.TLS)
 	}
 	opts := append(rpc.DialOptions(), grpc.WithTransportCredentials(creds))
+	if !w.cfg.Link.Unlimited() {
+		opts = append(opts, grpc.WithContextDialer(w.cfg.Link.Dial))
+	}
 	return append(opts, w.cfg.DialOptions...)
 }
 
 // peerDialOptions are the options for connections to other workers (added
 // to ringrpc's own).
 func (w *Worker) peerDialOptions() []grpc.DialOption {
-	if w.cfg.PeerClientTLS == nil {
-		return nil // ringrpc's default: plaintext
+	var opts []grpc.DialOption // none: ringrpc's default, plaintext
+	if w.cfg.PeerClientTLS != nil {
+		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(w.cfg.PeerClientTLS)))
 	}
-	return []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(w.cfg.PeerClientTLS))}
+	if !w.cfg.Link.Unlimited() {
+		opts = append(opts, grpc.WithContextDialer(w.cfg.Link.Dial))
+	}
+	return opts
 }
 
 // Run serves until ctx is cancelled: the peer endpoint, and the coordinator

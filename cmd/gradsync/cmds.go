@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/gradsync/gradsync/internal/metrics"
+	"github.com/gradsync/gradsync/internal/netem"
 	"github.com/gradsync/gradsync/internal/runlog"
 	"github.com/gradsync/gradsync/internal/security"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -25,7 +26,7 @@ import (
 
 func newLocalCmd(g *globals) *cobra.Command {
 	var sf specFlags
-	var stateDir, runsDir, metricsAddr string
+	var stateDir, runsDir, metricsAddr, linkRate string
 	c := &cobra.Command{
 		Use:   "local",
 		Short: "Train with a coordinator and N workers in this process, over real gRPC on loopback",
@@ -55,6 +56,9 @@ func newLocalCmd(g *globals) *cobra.Command {
 			// unless plaintext was asked for.
 			scfg := server.Config{DataDir: stateDir, RunsDir: runsDir, Logger: log, Insecure: g.sec.insecure}
 			wcfg := worker.Config{Logger: log, Insecure: g.sec.insecure}
+			if wcfg.Link, err = netem.ParseRate(linkRate); err != nil {
+				return fmt.Errorf("--link-rate: %w", err)
+			}
 			clientOpts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 			if !g.sec.insecure {
 				pki, err := security.EphemeralPKI([]string{"localhost", "127.0.0.1"})
@@ -120,6 +124,7 @@ func newLocalCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&stateDir, "state-dir", "", "where the job store goes (default: a temporary folder, removed at exit)")
 	c.Flags().StringVar(&runsDir, "runs-dir", "runs", "where run directories (runs/<job-id>) are written")
 	c.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics of the server and workers on this address (/metrics)")
+	c.Flags().StringVar(&linkRate, "link-rate", "", linkRateHelp)
 	return c
 }
 
@@ -234,7 +239,7 @@ func newServerCmd(g *globals) *cobra.Command {
 
 func newWorkerCmd(g *globals) *cobra.Command {
 	var cfg worker.Config
-	var metricsAddr string
+	var metricsAddr, linkRate string
 	c := &cobra.Command{
 		Use:   "worker",
 		Short: "Run a worker that trains what the coordinator assigns",
@@ -250,6 +255,9 @@ func newWorkerCmd(g *globals) *cobra.Command {
 				return err
 			}
 			cfg.Insecure = g.sec.insecure
+			if cfg.Link, err = netem.ParseRate(linkRate); err != nil {
+				return fmt.Errorf("--link-rate: %w", err)
+			}
 			stopMetrics, err := startMetrics(c.Context(), metricsAddr, log, &cfg.Metrics)
 			if err != nil {
 				return err
@@ -268,9 +276,13 @@ func newWorkerCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.ID, "id", "", "stable worker id (default: assigned by the coordinator)")
 	f.StringVar(&cfg.Name, "name", "", "human-readable name (default host/address)")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics), e.g. :9091")
+	f.StringVar(&linkRate, "link-rate", "", linkRateHelp)
 	f.DurationVar(&cfg.DebugStepDelay, "debug-step-delay", 0, "fault injection for tests: wait this long before every training step (a slow worker, which the coordinator reports as a straggler)")
 	return c
 }
+
+// linkRateHelp documents --link-rate (local and worker).
+const linkRateHelp = "experiments: emulate a link of this rate each way on the workers' connections, e.g. 1Gbit, 100Mbit (default: unlimited)"
 
 func newSubmitCmd(g *globals) *cobra.Command {
 	var sf specFlags
