@@ -69,8 +69,17 @@ func (p *printer) drawBars(j *pb.Job) {
 		if r < len(j.GetWorkerIds()) {
 			id = j.GetWorkerIds()[r]
 		}
-		line("  rank %-2d %-14s [%s%s] %5.1f%%  %s img/s  loss %.4f", r, id, strings.Repeat("#", n), strings.Repeat(".", width-n),
-			100*frac, thousands(rp.GetImagesPerSecond()), rp.GetLoss())
+		timing := ""
+		if c := rp.GetComputeSeconds(); c > 0 {
+			// Compute per step, and (ring) the wait for the left neighbour:
+			// a straggler's right neighbour waits about its extra time.
+			timing = fmt.Sprintf("  compute %.0fms", 1000*c)
+			if j.GetSpec().GetMode() == "ring" {
+				timing += fmt.Sprintf("  waits %.0fms", 1000*rp.GetLeftWaitSeconds())
+			}
+		}
+		line("  rank %-2d %-14s [%s%s] %5.1f%%  %s img/s  loss %.4f%s", r, id, strings.Repeat("#", n), strings.Repeat(".", width-n),
+			100*frac, thousands(rp.GetImagesPerSecond()), rp.GetLoss(), timing)
 	}
 	p.bars = 1 + len(j.GetRanks())
 	fmt.Fprint(p.out, b.String())
