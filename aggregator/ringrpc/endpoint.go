@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -203,6 +204,7 @@ func (r *Ring) serve(stream pb.Collective_SendFramesServer, fast bool) error {
 			return err
 		}
 		r.framesIn.Add(1)
+		r.lastIn.Store(time.Now().UnixNano())
 		select {
 		case r.inbox <- in:
 			count++

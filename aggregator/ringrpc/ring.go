@@ -165,6 +165,7 @@ type Ring struct {
 	// Frames handed to SendRight, and frames that arrived from the left
 	// neighbour (accepted by the inbound handler, taken or not).
 	framesOut, framesIn atomic.Int64
+	lastIn              atomic.Int64 // Unix nanoseconds of the last arrival from the left (or of Join)
 
 	// Left waits: how long RecvLeft blocked for the first frame of each
 	// collective (a frame whose op or step differs from the previous
@@ -192,6 +193,13 @@ func (r *Ring) WaitStats() (collectives int64, waited time.Duration) {
 // r+1's arrived count says the link r → r+1 lost frames.
 func (r *Ring) FrameCounts() (sent, arrived int64) {
 	return r.framesOut.Load(), r.framesIn.Load()
+}
+
+// LeftIdle is how long ago the last frame arrived from the left neighbour
+// (or the ring was joined, if none has): a link that lost frames has been
+// idle since.
+func (r *Ring) LeftIdle() time.Duration {
+	return time.Since(time.Unix(0, r.lastIn.Load()))
 }
 
 // Traffic reports the tensor bytes this rank has sent to its right
@@ -232,6 +240,7 @@ func (e *Endpoint) Join(ctx context.Context, cfg RingConfig) (*Ring, error) {
 		inFree:   make(chan *inFrame, inbox+2),
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.lastIn.Store(time.Now().UnixNano())
 	for range outbox {
 		r.outFree <- &outFrame{free: r.outFree}
 	}

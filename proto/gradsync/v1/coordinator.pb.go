@@ -1178,8 +1178,11 @@ type RingLinks struct {
 	FramesSent int64 `protobuf:"varint,1,opt,name=frames_sent,json=framesSent,proto3" json:"frames_sent,omitempty"`
 	// Frames that arrived from the left neighbour.
 	FramesReceived int64 `protobuf:"varint,2,opt,name=frames_received,json=framesReceived,proto3" json:"frames_received,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Seconds since a frame last arrived from the left neighbour: a link
+	// that lost frames has been idle since, not merely slow.
+	LeftIdleSeconds float64 `protobuf:"fixed64,3,opt,name=left_idle_seconds,json=leftIdleSeconds,proto3" json:"left_idle_seconds,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RingLinks) Reset() {
@@ -1222,6 +1225,13 @@ func (x *RingLinks) GetFramesSent() int64 {
 func (x *RingLinks) GetFramesReceived() int64 {
 	if x != nil {
 		return x.FramesReceived
+	}
+	return 0
+}
+
+func (x *RingLinks) GetLeftIdleSeconds() float64 {
+	if x != nil {
+		return x.LeftIdleSeconds
 	}
 	return 0
 }
@@ -1339,11 +1349,12 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"generation\x18\x05 \x01(\x04R\n" +
 	"generation\x125\n" +
 	"\n" +
-	"ring_links\x18\x06 \x01(\v2\x16.gradsync.v1.RingLinksR\tringLinks\"U\n" +
+	"ring_links\x18\x06 \x01(\v2\x16.gradsync.v1.RingLinksR\tringLinks\"\x81\x01\n" +
 	"\tRingLinks\x12\x1f\n" +
 	"\vframes_sent\x18\x01 \x01(\x03R\n" +
 	"framesSent\x12'\n" +
-	"\x0fframes_received\x18\x02 \x01(\x03R\x0eframesReceived2W\n" +
+	"\x0fframes_received\x18\x02 \x01(\x03R\x0eframesReceived\x12*\n" +
+	"\x11left_idle_seconds\x18\x03 \x01(\x01R\x0fleftIdleSeconds2W\n" +
 	"\vCoordinator\x12H\n" +
 	"\aConnect\x12\x1b.gradsync.v1.ConnectRequest\x1a\x1c.gradsync.v1.ConnectResponse(\x010\x01B;Z9github.com/gradsync/gradsync/proto/gradsync/v1;gradsyncv1b\x06proto3"
 
