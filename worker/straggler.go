@@ -12,6 +12,7 @@ import (
 type ringStatser interface {
 	WaitStats() (collectives int64, waited time.Duration)
 	FrameCounts() (sent, arrived int64)
+	LeftIdle() time.Duration
 }
 
 // ringStatsOf returns the ring statistics of a ring-mode synchroniser, or
@@ -83,7 +84,7 @@ func withRingLinks(s synchronizer, err error) error {
 		return err
 	}
 	sent, arrived := st.FrameCounts()
-	return &ringFailure{err: err, links: &pb.RingLinks{FramesSent: sent, FramesReceived: arrived}}
+	return &ringFailure{err: err, links: &pb.RingLinks{FramesSent: sent, FramesReceived: arrived, LeftIdleSeconds: st.LeftIdle().Seconds()}}
 }
 
 // injectDelay is the --debug-step-delay fault injection: it makes this
