@@ -112,7 +112,9 @@ func powerSGD(cfg compress.PowerSGDConfig, segs []models.Segment) factory {
 }
 
 // TestPowerSGDLowRankExact: a matrix of rank ≤ r comes back after one step,
-// on one rank and as the average of identical inputs on several.
+// on one rank and as the average of identical inputs on several, to float32
+// accuracy: the products are float32 GEMMs (as in PyTorch) over up to a few
+// hundred terms, so 2e-5 of the largest magnitude.
 func TestPowerSGDLowRankExact(t *testing.T) {
 	l := total(testSegs)
 	for _, r := range []int{1, 2, 4} {
@@ -138,11 +140,11 @@ func TestPowerSGDLowRankExact(t *testing.T) {
 					bitIdentical(t, g)
 					for _, s := range testSegs {
 						got, want := g[0][s.Offset:s.Offset+s.Len], in[s.Offset:s.Offset+s.Len]
-						near(t, s.Name, got, want, 2e-6)
+						near(t, s.Name, got, want, 2e-5)
 					}
 					// The residual is what was not applied: ~0 here.
 					for name, tn := range w.reds[0].(compress.Stateful).State() {
-						if v, _ := tn.Float32s(); name[:15] == "powersgd.error." && maxAbs(v) > 1e-5*maxAbs(in) {
+						if v, _ := tn.Float32s(); name[:15] == "powersgd.error." && maxAbs(v) > 2e-5*maxAbs(in) {
 							t.Errorf("%s: residual %g after an exact step", name, maxAbs(v))
 						}
 					}

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/internal/tensor"
 	"github.com/gradsync/gradsync/models"
 )
 
@@ -282,63 +283,22 @@ func (p *PowerSGD) randomQ(m *matrix, step int64) {
 	orthogonalize(q, m.cols, m.rank, p.cfg.Epsilon, p.acc2)
 }
 
-// mulPQ sets dst (rows×r) = d (rows×cols) · q (cols×r), accumulating in
-// float64.
+// mulPQ sets dst (rows×r) = d (rows×cols) · q (cols×r). The three
+// products run on the GEMM backend in float32, as PyTorch's hook does with
+// torch.matmul; every rank computes them with the same backend on the same
+// (all-reduced) P and Q, so the approximation stays bit-identical.
 func (p *PowerSGD) mulPQ(dst, d, q []float32, m *matrix) {
-	r, acc := m.rank, p.acc[:m.rank]
-	for i := range m.rows {
-		clear(acc)
-		row := d[i*m.cols : (i+1)*m.cols]
-		for j, v := range row {
-			x := float64(v)
-			qj := q[j*r : j*r+r]
-			for k, qv := range qj {
-				acc[k] += x * float64(qv)
-			}
-		}
-		for k, a := range acc {
-			dst[i*r+k] = float32(a)
-		}
-	}
+	tensor.Gemm(false, false, m.rows, m.rank, m.cols, 1, d, m.cols, q, m.rank, 0, dst, m.rank)
 }
 
-// mulQ sets dst (cols×r) = dᵀ (cols×rows) · pm (rows×r), accumulating in
-// float64.
+// mulQ sets dst (cols×r) = dᵀ (cols×rows) · pm (rows×r).
 func (p *PowerSGD) mulQ(dst, d, pm []float32, m *matrix) {
-	r := m.rank
-	acc := p.acc2[:m.cols*r]
-	clear(acc)
-	for i := range m.rows {
-		row := d[i*m.cols : (i+1)*m.cols]
-		pi := pm[i*r : i*r+r]
-		for j, v := range row {
-			x := float64(v)
-			aj := acc[j*r : j*r+r]
-			for k, pv := range pi {
-				aj[k] += x * float64(pv)
-			}
-		}
-	}
-	for i, a := range acc {
-		dst[i] = float32(a)
-	}
+	tensor.Gemm(true, false, m.cols, m.rank, m.rows, 1, d, m.cols, pm, m.rank, 0, dst, m.rank)
 }
 
 // mulApprox sets g (rows×cols) = pm (rows×r) · qᵀ (r×cols).
 func (p *PowerSGD) mulApprox(g, pm, q []float32, m *matrix) {
-	r := m.rank
-	for i := range m.rows {
-		pi := pm[i*r : i*r+r]
-		row := g[i*m.cols : (i+1)*m.cols]
-		for j := range row {
-			qj := q[j*r : j*r+r]
-			var s float64
-			for k, pv := range pi {
-				s += float64(pv) * float64(qj[k])
-			}
-			row[j] = float32(s)
-		}
-	}
+	tensor.Gemm(false, true, m.rows, m.cols, m.rank, 1, pm, m.rank, q, m.rank, 0, g, m.cols)
 }
 
 // orthogonalize makes the r columns of a (rows×r, row-major) orthonormal
