@@ -166,6 +166,10 @@ type Ring struct {
 	// neighbour (accepted by the inbound handler, taken or not).
 	framesOut, framesIn atomic.Int64
 	lastIn              atomic.Int64 // Unix nanoseconds of the last arrival from the left (or of Join)
+	// aborted: a SendRight or RecvLeft gave up because its caller's
+	// context ended, so a collective stopped half-way and Shutdown has no
+	// last frames to deliver.
+	aborted atomic.Bool
 
 	// Left waits: how long RecvLeft blocked for the first frame of each
 	// collective (a frame whose op or step differs from the previous
@@ -476,6 +480,7 @@ func (r *Ring) SendRight(ctx context.Context, f aggregator.Frame) error {
 		return errors.New("ringrpc: a ring of one rank has no neighbour to send to")
 	}
 	if err := ctx.Err(); err != nil {
+		r.aborted.Store(true)
 		return err
 	}
 	select {
@@ -489,6 +494,7 @@ func (r *Ring) SendRight(ctx context.Context, f aggregator.Frame) error {
 	select {
 	case o = <-r.outFree:
 	case <-ctx.Done():
+		r.aborted.Store(true)
 		return ctx.Err()
 	case <-r.ctx.Done():
 		return aggregator.ErrClosed
@@ -513,6 +519,7 @@ func (r *Ring) RecvLeft(ctx context.Context) (aggregator.Frame, error) {
 		return aggregator.Frame{}, errors.New("ringrpc: a ring of one rank has no neighbour to receive from")
 	}
 	if err := ctx.Err(); err != nil {
+		r.aborted.Store(true)
 		return aggregator.Frame{}, err
 	}
 	select {
@@ -525,6 +532,7 @@ func (r *Ring) RecvLeft(ctx context.Context) (aggregator.Frame, error) {
 	case in := <-r.inbox:
 		return r.take(in, time.Since(start)), nil
 	case <-ctx.Done():
+		r.aborted.Store(true)
 		return aggregator.Frame{}, ctx.Err()
 	case <-r.ctx.Done():
 		return aggregator.Frame{}, aggregator.ErrClosed
@@ -557,11 +565,17 @@ func (r *Ring) take(in *inFrame, waited time.Duration) aggregator.Frame {
 // most until ctx ends) until the right neighbour has acknowledged them
 // all and the left neighbour has half-closed its stream too, so that no
 // rank tears down a link its neighbour still needs. Then it closes the
-// ring as Close does.
+// ring as Close does. After a collective was abandoned half-way (a call's
+// context ended: a step timeout, a cancelled task) there are no last frames
+// anyone needs, and a stalled link would only hold Shutdown up, so it
+// closes at once.
 func (r *Ring) Shutdown(ctx context.Context) error {
 	defer r.Close()
 	if r.n == 1 {
 		return nil
+	}
+	if r.aborted.Load() {
+		return fmt.Errorf("ringrpc: %v closed without flushing: a collective was abandoned", r)
 	}
 	r.flushOne.Do(func() { close(r.flush) })
 	var errs []error

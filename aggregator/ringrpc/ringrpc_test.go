@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -494,5 +495,24 @@ func TestWaitStatsFindLateLeftNeighbour(t *testing.T) {
 		if sent == 0 || sent != arrived {
 			t.Errorf("link %d → %d: %d frames sent, %d arrived", i, (i+1)%3, sent, arrived)
 		}
+	}
+}
+
+// TestShutdownAfterAbandonedCollective: once a collective gave up half-way
+// (its context ended while the neighbour stayed silent), Shutdown closes
+// at once instead of waiting for last frames nobody will send.
+func TestShutdownAfterAbandonedCollective(t *testing.T) {
+	c := newCluster(t, 2, true)
+	rings := c.join(t, 1)
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	err := aggregator.AllReduce(ctx, rings[0], make([]float32, 100), 1, aggregator.Options{Generation: 1})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("AllReduce with a silent neighbour: %v; want a deadline error", err)
+	}
+	sctx, scancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer scancel()
+	if err := rings[0].Shutdown(sctx); err == nil || !strings.Contains(err.Error(), "abandoned") || sctx.Err() != nil {
+		t.Fatalf("Shutdown after an abandoned collective: %v (ctx %v); want an immediate close", err, sctx.Err())
 	}
 }
