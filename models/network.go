@@ -264,6 +264,17 @@ func (n *Network) Backward(dlogits []float32) {
 	}
 }
 
+// SetDropoutStream makes every dropout layer draw its next masks from
+// stream (and the layer's own seed) instead of continuing where its last
+// training Forward left off. Callers that train one network for several
+// independent tasks (federated clients) use it so that each task's masks
+// depend only on the task, not on what ran before it on this network.
+func (n *Network) SetDropoutStream(stream uint64) {
+	for _, d := range n.dropouts {
+		d.calls = stream << 32
+	}
+}
+
 // rewindDropout makes every dropout layer draw its next masks as on the
 // first training step again (tests use it to hold masks fixed).
 func (n *Network) rewindDropout() {

@@ -384,3 +384,24 @@ func TestTrainFlag(t *testing.T) {
 		t.Fatal("same seed, first training step: different dropout masks")
 	}
 }
+
+// TestSetDropoutStream: after SetDropoutStream(s) the masks depend only on
+// s, whatever ran on the network before.
+func TestSetDropoutStream(t *testing.T) {
+	a, _ := New("cnn", smallOptions("cnn"))
+	b, _ := New("cnn", smallOptions("cnn"))
+	r := rand.New(rand.NewPCG(8, 8))
+	x := randn(r, 3*a.InputSize())
+	b.Forward(x, 3, true) // b's dropouts have advanced
+	a.SetDropoutStream(7)
+	b.SetDropoutStream(7)
+	ya := slices.Clone(a.Forward(x, 3, true))
+	yb := b.Forward(x, 3, true)
+	if !slices.Equal(ya, yb) {
+		t.Fatal("same stream, different outputs")
+	}
+	a.SetDropoutStream(8)
+	if slices.Equal(ya, a.Forward(x, 3, true)) {
+		t.Fatal("streams 7 and 8 drew the same masks")
+	}
+}
