@@ -672,17 +672,14 @@ func normalizeCheckpoint(s *pb.JobSpec) error {
 }
 
 // checkElastic: a job that may lose workers (min_workers < workers)
-// recovers from its checkpoints, so it must be a ring job that writes
-// them.
+// must be a ring job; its ranks recover from in-memory snapshots, and
+// from its checkpoints (if it writes them) when no survivor holds one.
 func checkElastic(s *pb.JobSpec) error {
 	if s.MinWorkers >= s.GetWorkers() {
 		return nil
 	}
 	if s.Mode != "ring" {
 		return errf("min_workers", "elastic jobs (min_workers %d < workers %d) in mode %s %s; use mode ring", s.MinWorkers, s.GetWorkers(), s.Mode, notImplementedSuffix)
-	}
-	if !CheckpointsOn(s) {
-		return errf("min_workers", "an elastic job recovers from its checkpoints: set checkpoint.every_steps (or every_epochs, every_seconds)")
 	}
 	return nil
 }

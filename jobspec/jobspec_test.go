@@ -134,7 +134,6 @@ func TestNormalizeRejects(t *testing.T) {
 		{"negative synthetic", &pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "synthetic", SyntheticTrain: -1}}, "dataset.synthetic_train", "out of range"},
 		{"augment unknown", &pb.JobSpec{Dataset: &pb.DatasetSpec{Augment: "rotate"}}, "dataset.augment", "crop-flip"},
 		{"unknown augment", &pb.JobSpec{Dataset: &pb.DatasetSpec{Augment: "mixup"}}, "dataset.augment", "unknown augmentation"},
-		{"elastic ring without checkpoints", &pb.JobSpec{Mode: "ring", Workers: proto.Int32(3), MinWorkers: 2}, "min_workers", "checkpoint"},
 		{"growing job", &pb.JobSpec{Mode: "ring", Workers: proto.Int32(2), MaxWorkers: 3}, "max_workers", "not implemented"},
 		{"fedavg on several workers", &pb.JobSpec{Mode: "fedavg", Workers: proto.Int32(2)}, "workers", "not implemented"},
 		{"fedavg with momentum", &pb.JobSpec{Mode: "fedavg", Optimizer: &pb.OptimizerSpec{Momentum: proto.Float64(0.9)}}, "optimizer", "plain SGD"},

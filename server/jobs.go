@@ -51,13 +51,20 @@ type jobEntry struct {
 	failAt  time.Time
 	failMsg string
 	failGen uint64
+	// trainedSteps is the most steps the job is known to have trained
+	// (progress, and where generations started), told to new generations
+	// so that one that finds no state fails instead of starting over.
+	trainedSteps int64
 	// stragglers finds slow ranks from the progress reports (straggler.go).
 	stragglers *stragglerDetector
 }
 
-// elastic reports whether a job recovers from lost workers.
+// elastic reports whether a job recovers from lost workers: a ring job
+// with min_workers < workers. Its ranks keep in-memory snapshots, so it
+// needs no checkpoints (they are a fallback when no survivor holds a
+// snapshot).
 func elastic(spec *pb.JobSpec) bool {
-	return spec.GetMode() == "ring" && spec.GetMinWorkers() < spec.GetWorkers() && jobspec.CheckpointsOn(spec)
+	return spec.GetMode() == "ring" && spec.GetMinWorkers() < spec.GetWorkers()
 }
 
 func newJobEntry(j *pb.Job) *jobEntry {
@@ -433,35 +440,36 @@ func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
 		w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Assignment{Assignment: &pb.Assignment{
 			JobId: j.Id, Generation: j.Generation, Rank: int32(r), WorldSize: int32(world),
 			Spec: spec, Peers: peers, NumParams: int64(net.NumParams()),
-			CheckpointDir: ckptDir, ResumeFrom: j.ResumeFrom,
+			CheckpointDir: ckptDir, ResumeFrom: j.ResumeFrom, TrainedSteps: e.trainedSteps,
 		}}})
 	}
 }
 
 // recoverLocked keeps an elastic ring job (min_workers < workers) going
 // after it lost a worker: the survivors (and idle workers, up to the
-// job's size) stop the broken step, the generation is bumped, and they
-// resume from the latest checkpoint. With lost nil it grows a job that
-// runs below its size onto idle workers the same way. It reports whether
-// it did.
+// job's size) stop the broken step, the generation is bumped, and the new
+// generation's ranks agree on the newest state one of them holds in
+// memory (worker/agree.go), or else resume from the latest checkpoint.
+// With lost nil it grows a job that runs below its size onto idle
+// workers the same way. It reports whether it did.
 func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bool {
 	j := e.job
 	spec := j.Spec
 	if !elastic(spec) {
 		return false
 	}
-	path := latestCheckpoint(j)
-	if path == "" {
-		return false
-	}
-	// The new generation's ranks load a pinned copy: the old generation's
+	// The checkpoint is the fallback when no rank holds a snapshot. The
+	// new generation's ranks load a pinned copy: the old generation's
 	// rank 0 may still be writing or replacing checkpoints.
-	pinned, err := checkpoint.Pin(checkpointDir(j.RunDir), path, fmt.Sprintf("g%d", j.Generation+1), 4)
-	if err != nil {
-		s.log.Warn("pinning the checkpoint to resume from failed", "job", j.Id, "err", err)
-		return false
+	path := j.ResumeFrom
+	if latest := latestCheckpoint(j); latest != "" {
+		pinned, err := checkpoint.Pin(checkpointDir(j.RunDir), latest, fmt.Sprintf("g%d", j.Generation+1), 4)
+		if err != nil {
+			s.log.Warn("pinning the checkpoint to resume from failed", "job", j.Id, "err", err)
+			return false
+		}
+		path = pinned
 	}
-	path = pinned
 	lostID := ""
 	if lost != nil {
 		lostID = lost.info.Id
@@ -489,10 +497,11 @@ func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bo
 	for _, p := range j.Ranks {
 		lastStep = max(lastStep, p.GetStep())
 	}
+	e.trainedSteps = max(e.trainedSteps, lastStep)
 	for _, id := range j.WorkerIds { // stop the current generation's tasks
 		if w := s.workers[id]; w != nil && id != lostID {
 			w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: j.Id,
-				Reason: "recovering: generation " + fmt.Sprint(j.Generation+1)}}})
+				Reason: "recovering: generation " + fmt.Sprint(j.Generation+1), KeepState: true}}})
 		}
 	}
 	j.Generation++
@@ -501,15 +510,22 @@ func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bo
 	var fromStep int64
 	fmt.Sscanf(filepath.Base(path), "ckpt-%d", &fromStep)
 	e.recovering = &recovery{lost: lostID, lostAt: now, lastStep: lastStep, from: path, fromStep: fromStep}
+	if lost != nil {
+		e.recovering.detectSeconds = now.Sub(lost.lastSeen).Seconds()
+	}
+	from := "the ranks' in-memory snapshots (no checkpoint)"
+	if path != "" {
+		from = "the ranks' in-memory snapshots or " + path
+	}
 	var msg string
 	if lost != nil {
 		msg = fmt.Sprintf("worker %s (%s) lost: %s; recovering on %d worker(s) from %s (generation %d)",
-			lost.info.Id, lost.info.Address, reason, len(ids), path, j.Generation)
-		s.log.Warn("job recovering", "job", j.Id, "lost", lostID, "workers", len(ids), "from", path, "generation", j.Generation)
+			lost.info.Id, lost.info.Address, reason, len(ids), from, j.Generation)
+		s.log.Warn("job recovering", "job", j.Id, "lost", lostID, "workers", len(ids), "from", from, "generation", j.Generation)
 		s.cfg.Metrics.Recovered()
 	} else {
-		msg = fmt.Sprintf("growing from %d to %d worker(s) from %s (generation %d)", before, len(ids), path, j.Generation)
-		s.log.Info("job growing", "job", j.Id, "workers", len(ids), "from", path, "generation", j.Generation)
+		msg = fmt.Sprintf("growing from %d to %d worker(s) from %s (generation %d)", before, len(ids), from, j.Generation)
+		s.log.Info("job growing", "job", j.Id, "workers", len(ids), "from", from, "generation", j.Generation)
 	}
 	if e.run != nil {
 		kind := "recovery"
@@ -525,13 +541,60 @@ func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bo
 }
 
 // recovery is an elastic recovery in progress, until the new generation
-// reports its first progress.
+// reports the state it starts from (TaskStarted), or its first progress.
 type recovery struct {
 	lost     string
 	lostAt   time.Time
 	lastStep int64
 	from     string
 	fromStep int64
+	// detectSeconds is how long the lost worker had been silent when it
+	// was declared lost (since its last message).
+	detectSeconds float64
+}
+
+// taskStartedLocked records where a ring generation's state came from
+// (rank 0's TaskStarted) and, for a recovery or growth, ends it: the time
+// it took, the steps done again, and the source are logged to the run's
+// metrics.jsonl and announced as a job event.
+func (s *Server) taskStartedLocked(w *workerEntry, st *pb.TaskStarted) {
+	e := s.runningJobLocked(w, st.GetJobId(), st.GetRank())
+	if e == nil || st.Generation != e.job.Generation {
+		return
+	}
+	e.trainedSteps = max(e.trainedSteps, st.Step)
+	from := "scratch"
+	switch st.Source {
+	case "memory":
+		from = fmt.Sprintf("the in-memory snapshot of rank %d at step %d", st.SourceRank, st.Step)
+	case "checkpoint":
+		from = fmt.Sprintf("checkpoint %s (step %d)", st.Checkpoint, st.Step)
+	}
+	rc := e.recovering
+	if rc == nil {
+		if st.Source != "scratch" {
+			s.log.Info("job starting", "job", e.job.Id, "generation", st.Generation, "from", from)
+		}
+		return
+	}
+	e.recovering = nil
+	now := s.cfg.Now()
+	took := now.Sub(rc.lostAt).Seconds()
+	redone := max(max(rc.lastStep, st.NewestStep)-st.Step, 0)
+	msg := fmt.Sprintf("recovered from the loss of %s in %.1fs (silent %.1fs before it was declared lost): generation %d on %d worker(s) starts from %s; %d step(s) redone",
+		rc.lost, took, rc.detectSeconds, e.job.Generation, len(e.job.WorkerIds), from, redone)
+	if rc.lost == "" {
+		msg = fmt.Sprintf("grew to %d workers in %.1fs: generation %d starts from %s; %d step(s) redone",
+			len(e.job.WorkerIds), took, e.job.Generation, from, redone)
+	}
+	if e.run != nil {
+		_ = e.run.Log(map[string]any{"kind": "recovered", "time": now.UTC().Format(time.RFC3339Nano), "lost_worker": rc.lost,
+			"detect_seconds": rc.detectSeconds, "recovery_seconds": took, "agree_seconds": st.AgreeSeconds,
+			"generation": e.job.Generation, "workers": len(e.job.WorkerIds), "last_step_before": max(rc.lastStep, st.NewestStep),
+			"source": st.Source, "source_rank": st.SourceRank, "checkpoint": st.Checkpoint, "start_step": st.Step, "steps_redone": redone})
+	}
+	s.log.Info("job recovered", "job", e.job.Id, "seconds", took, "generation", e.job.Generation, "from", from, "steps_redone", redone)
+	s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, msg, nil)
 }
 
 // checkpointDir is where a job's checkpoints go.

@@ -52,12 +52,14 @@ func (c *checkpointer) due(step int64, epochEnd bool, epoch int, now time.Time) 
 
 // save writes the network, the optimiser's state and the sampler position.
 // epoch is the epoch in progress and consumed the leading positions of its
-// global order trained on (0 with epoch+1 at an epoch's end).
-func (c *checkpointer) save(net *models.Network, opt jobspec.Stepper, step int64, epoch int, consumed int64, now time.Time) (string, error) {
+// global order trained on (0 with epoch+1 at an epoch's end). extra is
+// written to extra.safetensors (ring mode: the compression state).
+func (c *checkpointer) save(net *models.Network, opt jobspec.Stepper, step int64, epoch int, consumed int64, extra map[string]models.Tensor, now time.Time) (string, error) {
 	st := &checkpoint.State{
 		Meta: checkpoint.Meta{JobID: c.jobID, SpecHash: specHash(c.spec), Step: step, Epoch: epoch,
 			EpochConsumed: consumed, WorldSize: c.world, Seed: c.spec.GetSeed()},
 		Tensors: net.State(),
+		Extra:   extra,
 	}
 	switch o := opt.(type) {
 	case *optim.SGD:

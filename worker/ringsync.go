@@ -42,6 +42,7 @@ type ringSync struct {
 	optim   jobspec.Stepper
 	opt     aggregator.Options
 	reducer compress.Reducer
+	state   compress.Stateful // the reducer's state
 	timeout time.Duration
 	skipBad bool
 
@@ -51,7 +52,8 @@ type ringSync struct {
 	sums    []float32
 }
 
-// newRingSync broadcasts rank 0's initial parameters to every rank.
+// newRingSync builds a rank's synchroniser; the caller then brings every
+// rank to the same starting state (agree, broadcastParams).
 func newRingSync(ctx context.Context, ring aggregator.Ring, closeFn func(), a *pb.Assignment, net *models.Network, totalSteps int64, reg *metrics.Registry) (*ringSync, error) {
 	spec := a.Spec
 	capBytes := int(spec.GetBucketCapMb() * (1 << 20))
@@ -72,13 +74,25 @@ func newRingSync(ctx context.Context, ring aggregator.Ring, closeFn func(), a *p
 		return nil, err
 	}
 	r.reducer = red
+	st, ok := red.(compress.Stateful)
+	if !ok {
+		return nil, fmt.Errorf("compression %q keeps no snapshotable state", spec.GetCompression().GetType())
+	}
+	r.state = st
+	return r, nil
+}
+
+// broadcastParams gives every rank rank 0's parameters (a fresh start:
+// each rank built the model from the seed, so this only guards against a
+// different build).
+func (r *ringSync) broadcastParams(ctx context.Context, params []float32) error {
 	cctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	if err := aggregator.Broadcast(cctx, ring, net.Params(), 0, r.seq, r.opt); err != nil {
-		return nil, fmt.Errorf("broadcasting the initial parameters: %w", err)
+	if err := aggregator.Broadcast(cctx, r.ring, params, 0, r.seq, r.opt); err != nil {
+		return fmt.Errorf("broadcasting the initial parameters: %w", r.explain(cctx, err))
 	}
 	r.seq--
-	return r, nil
+	return nil
 }
 
 func (r *ringSync) step(ctx context.Context, grads, params []float32) error {

@@ -113,6 +113,10 @@ func TestRingAndPSMatchSingleWorker(t *testing.T) {
 				errs[r] = err
 				return
 			}
+			if err := rs.broadcastParams(ctx, net.Params()); err != nil {
+				errs[r] = err
+				return
+			}
 			for s := 0; s < steps; s++ {
 				if err := rs.step(ctx, grad(net, s, r*global/world, (r+1)*global/world), net.Params()); err != nil {
 					errs[r] = err

@@ -38,6 +38,9 @@ type taskEnv struct {
 	// stepDelay is injected before every step's forward pass
 	// (Config.DebugStepDelay: a slow worker, for fault-injection tests).
 	stepDelay time.Duration
+	// snaps keeps ring ranks' in-memory snapshots across tasks (nil: the
+	// task keeps its own, which die with it).
+	snaps *snapshotStore
 }
 
 func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult, error) {
@@ -99,12 +102,13 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	var step int64
 	startEpoch, consumed := 0, int64(0)
 	var resumeMeta *checkpoint.Meta
+	var resumeState *checkpoint.State
 	if a.ResumeFrom != "" {
 		st, err := checkpoint.Load(a.ResumeFrom)
 		if err != nil {
 			return nil, err
 		}
-		resumeMeta = &st.Meta
+		resumeMeta, resumeState = &st.Meta, st
 		step, startEpoch, consumed = st.Meta.Step, st.Meta.Epoch, st.Meta.EpochConsumed
 	}
 	stepsIn := func(epoch int) int {
@@ -113,13 +117,17 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 		}
 		return stepsPerEpoch
 	}
-	totalSteps := step
-	for e := startEpoch; e < epochs; e++ {
-		totalSteps += int64(stepsIn(e))
+	countSteps := func() int64 {
+		total := step
+		for e := startEpoch; e < epochs; e++ {
+			total += int64(stepsIn(e))
+		}
+		if spec.MaxSteps > 0 && spec.MaxSteps < total {
+			total = spec.MaxSteps
+		}
+		return total
 	}
-	if spec.MaxSteps > 0 && spec.MaxSteps < totalSteps {
-		totalSteps = spec.MaxSteps
-	}
+	totalSteps := countSteps()
 
 	sync, err := startSync(ctx, a, env, net, totalSteps)
 	if err != nil {
@@ -128,6 +136,46 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	defer sync.close()
 	var ckpt *checkpointer
 	rs, isRing := sync.(*ringSync)
+	var snaps *jobSnapshots // ring mode: this rank's in-memory snapshots
+	if isRing {
+		// Every generation of a ring job starts by agreeing on its state:
+		// the newest in-memory snapshot the ranks share, else the
+		// checkpoint, else scratch (see ringSync.agree).
+		if env.snaps != nil {
+			snaps = env.snaps.forJob(a.JobId)
+		} else {
+			snaps = &jobSnapshots{}
+		}
+		ckptStep := int64(-1)
+		if resumeMeta != nil {
+			ckptStep = resumeMeta.Step
+		}
+		sp, err := rs.agree(ctx, snaps, a.Generation, ckptStep, a.TrainedSteps, net)
+		if err != nil {
+			return nil, err
+		}
+		switch sp.source {
+		case fromMemory:
+			step, startEpoch, consumed = sp.step, sp.epoch, sp.consumed
+			resumeMeta = nil // the snapshot is newer than the checkpoint
+			totalSteps = countSteps()
+			rs.total = totalSteps
+			log.Info("resumed from an in-memory snapshot", "job", a.JobId, "generation", a.Generation, "source_rank", sp.srcRank,
+				"step", step, "newest_step", sp.newest, "epoch", startEpoch, "consumed", consumed, "seconds", sp.took.Seconds())
+		case fromCheckpoint:
+			if err := restoreCompression(resumeState, rank, world, rs.state, log, a.JobId); err != nil {
+				return nil, err
+			}
+		}
+		if rank == 0 {
+			st := &pb.TaskStarted{JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, Step: step, Source: sp.source,
+				SourceRank: int32(sp.srcRank), NewestStep: sp.newest, AgreeSeconds: sp.took.Seconds()}
+			if sp.source == fromCheckpoint {
+				st.Checkpoint = a.ResumeFrom
+			}
+			rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Started{Started: st}})
+		}
+	}
 	if resumeMeta != nil {
 		if !isRing {
 			return nil, errors.New("resuming from a checkpoint needs mode ring")
@@ -138,16 +186,42 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 		rs.steps = step
 		log.Info("resumed from a checkpoint", "job", a.JobId, "path", a.ResumeFrom, "step", step, "epoch", startEpoch, "consumed", consumed)
 	}
-	if isRing && rank == 0 && a.CheckpointDir != "" {
+	if snaps != nil {
+		// The state this generation starts from is its first snapshot;
+		// snapshots of earlier generations are gone.
+		snaps.reset()
+		snaps.take(a.Generation, step, startEpoch, consumed, net, rs.optim, rs.state)
+	}
+	// With per-rank compression state (error feedback) every rank takes
+	// part in a checkpoint: rank 0 gathers their residuals.
+	gather := isRing && a.CheckpointDir != "" && rs.gathersCompression()
+	if isRing && a.CheckpointDir != "" && (rank == 0 || gather) {
 		ckpt = &checkpointer{dir: a.CheckpointDir, spec: spec, jobID: a.JobId, world: world, lastSave: time.Now()}
 	}
-	saveCheckpoint := func(epoch int, consumed int64) error {
-		path, err := ckpt.save(net, rs.optim, step, epoch, consumed, time.Now())
+	// saveCheckpoint writes a checkpoint (rank 0); with gatherNow every
+	// rank calls it at the same step.
+	saveCheckpoint := func(epoch int, consumed int64, gatherNow bool) error {
+		extra, err := rs.compressionExtra(ctx, gatherNow)
+		if err != nil {
+			return err
+		}
+		if rank != 0 {
+			return nil
+		}
+		path, err := ckpt.save(net, rs.optim, step, epoch, consumed, extra, time.Now())
 		if err != nil {
 			return fmt.Errorf("writing a checkpoint: %w", err)
 		}
 		log.Debug("checkpoint written", "job", a.JobId, "path", path)
 		return nil
+	}
+	// checkpointDue is rank 0's decision, on every rank that takes part.
+	checkpointDue := func(epochEnd bool, epoch int) (bool, error) {
+		due := ckpt.due(step, epochEnd, epoch, time.Now())
+		if !gather {
+			return due, nil
+		}
+		return rs.decideCheckpoint(ctx, due, spec.GetCheckpoint().GetEverySeconds() > 0)
 	}
 
 	inSize, classes := net.InputSize(), opt.Classes
@@ -171,11 +245,11 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	// cancel, or the job ending elsewhere), so that --resume loses nothing:
 	// epochStart + b·bs·world positions of the epoch's order are done.
 	saveOnCancel := func(epoch int, epochStart int64, b int) {
-		if ckpt == nil || step == firstStep {
+		if ckpt == nil || rank != 0 || step == firstStep {
 			return
 		}
 		done := min(epochStart+int64(b*bs*world), int64(nTrain))
-		if err := saveCheckpoint(epoch, done); err != nil {
+		if err := saveCheckpoint(epoch, done, false); err != nil {
 			log.Warn("checkpoint at cancellation failed", "job", a.JobId, "err", err)
 		}
 	}
@@ -226,6 +300,13 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 			env.metrics.ObserveCollective(spec.Mode, now.Sub(syncStart))
 			env.metrics.ObserveStep(now.Sub(stepStart))
 			step++
+			if snaps != nil {
+				se, sc := epoch, min(epochStart+int64((b+1)*bs*world), int64(nTrain))
+				if b+1 == nb {
+					se, sc = epoch+1, 0
+				}
+				snaps.take(a.Generation, step, se, sc, net, rs.optim, rs.state)
+			}
 			lossSum += float64(loss)
 			lossN++
 			epochLoss += float64(loss)
@@ -253,16 +334,28 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 					JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, Progress: p}}})
 				lossSum, lossN, imagesSince, lastReport = 0, 0, 0, now
 			}
-			if ckpt != nil && b+1 < nb && ckpt.due(step, false, epoch, time.Now()) {
-				done := min(epochStart+int64((b+1)*bs*world), int64(nTrain))
-				if err := saveCheckpoint(epoch, done); err != nil {
+			if ckpt != nil && b+1 < nb {
+				due, err := checkpointDue(false, epoch)
+				if err != nil {
 					return nil, err
+				}
+				if due {
+					done := min(epochStart+int64((b+1)*bs*world), int64(nTrain))
+					if err := saveCheckpoint(epoch, done, gather); err != nil {
+						return nil, err
+					}
 				}
 			}
 		}
-		if ckpt != nil && epochN == nb && ckpt.due(step, true, epoch, time.Now()) {
-			if err := saveCheckpoint(epoch+1, 0); err != nil {
+		if ckpt != nil && epochN == nb {
+			due, err := checkpointDue(true, epoch)
+			if err != nil {
 				return nil, err
+			}
+			if due {
+				if err := saveCheckpoint(epoch+1, 0, gather); err != nil {
+					return nil, err
+				}
 			}
 		}
 		res.Epochs = int32(epoch + 1)
@@ -285,6 +378,11 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	}
 	wall := time.Since(start).Seconds()
 	res.ImagesPerSecond = float64(step-firstStep) * float64(bs) / wall
+	if snaps != nil && step > firstStep {
+		log.Info("in-memory snapshots", "job", a.JobId, "rank", rank, "taken", snaps.taken,
+			"copy_us_per_step", float64(snaps.copying.Microseconds())/float64(snaps.taken),
+			"share_of_step_time", snaps.copying.Seconds()/wall)
+	}
 	if rank == 0 && !evaluated {
 		if err := evalAndReport(step); err != nil {
 			return nil, err

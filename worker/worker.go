@@ -111,6 +111,9 @@ type Worker struct {
 	addr string
 	res  *pb.Resources
 	ring *ringrpc.Endpoint // the peer endpoint's rings (ring mode)
+	// snaps are the in-memory snapshots of the ring job this worker ran
+	// last; they outlive its task for the job's next generation.
+	snaps snapshotStore
 }
 
 // New checks the config and discovers the host's resources.
@@ -321,7 +324,7 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 				defer close(t.done)
 				w.log.Info("task assigned", "job", a.JobId, "rank", a.Rank, "world", a.WorldSize, "model", a.Spec.GetModel())
 				res, err := safeRunTask(tctx, a, &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics,
-					ring: w.ring, peerDial: w.peerDialOptions(), stepDelay: w.cfg.DebugStepDelay})
+					ring: w.ring, peerDial: w.peerDialOptions(), stepDelay: w.cfg.DebugStepDelay, snaps: &w.snaps})
 				done := &pb.TaskDone{JobId: a.JobId, Rank: a.Rank, Result: res, Generation: a.Generation}
 				if rf := (*ringFailure)(nil); errors.As(err, &rf) {
 					done.RingLinks = rf.links
@@ -335,6 +338,7 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 					w.log.Warn("task failed", "job", a.JobId, "rank", a.Rank, "err", err)
 				} else {
 					w.log.Info("task done", "job", a.JobId, "rank", a.Rank, "test_accuracy", res.GetTestAccuracy())
+					w.snaps.drop(a.JobId) // the job is over
 				}
 				rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Done{Done: done}})
 			}(cur)
@@ -342,6 +346,9 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 			if cur != nil && cur.jobID == m.Cancel.JobId {
 				w.log.Info("task cancelled by coordinator", "job", m.Cancel.JobId, "reason", m.Cancel.Reason)
 				stopTask()
+			}
+			if !m.Cancel.KeepState {
+				w.snaps.drop(m.Cancel.JobId)
 			}
 		case *pb.ConnectResponse_Welcome:
 			return errors.New("worker: unexpected second welcome")
