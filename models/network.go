@@ -52,7 +52,8 @@ type Network struct {
 	bufs     []float32 // non-trainable state (batch-norm running statistics)
 	bufSegs  []Segment
 	dropouts []*Dropout
-	batch    int // batch of the last Forward
+	batch    int   // batch of the last Forward
+	ready    []int // BackwardNotify's offsets per layer, computed on first use
 }
 
 // builder lays out the flat buffers: layers declare their parameters, then
@@ -250,7 +251,11 @@ func (n *Network) Forward(x []float32, batch int, train bool) []float32 {
 // Backward back-propagates dlogits (batch, Classes) through the last
 // Forward's batch, adding (+=) every parameter gradient into Grads, last
 // layer first. dlogits is borrowed for the duration of the call.
-func (n *Network) Backward(dlogits []float32) {
+func (n *Network) Backward(dlogits []float32) { n.backward(dlogits, nil) }
+
+// backward runs the layers last to first; after each it calls done(i)
+// (if set) when layer i's gradients are final, and done(-1) at the end.
+func (n *Network) backward(dlogits []float32, done func(i int)) {
 	if n.batch == 0 || len(dlogits) != n.batch*n.opt.Classes {
 		panic(fmt.Sprintf("models: %s.Backward: len(dlogits)=%d, want batch %d × %d classes (after Forward)",
 			n.name, len(dlogits), n.batch, n.opt.Classes))
@@ -261,6 +266,12 @@ func (n *Network) Backward(dlogits []float32) {
 		if d == nil { // the first parameterised layer skips its input gradient
 			break
 		}
+		if done != nil {
+			done(i)
+		}
+	}
+	if done != nil {
+		done(-1)
 	}
 }
 
