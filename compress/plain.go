@@ -3,6 +3,8 @@ package compress
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
+	"time"
 
 	"github.com/gradsync/gradsync/aggregator"
 	"github.com/gradsync/gradsync/models"
@@ -17,6 +19,10 @@ type span struct{ lo, hi int }
 // skipped. The result is exactly what the worker's ring mode has always
 // used, so Plain reproduces its sums bit for bit (the ring chunks, and so
 // the order of the additions, depend on the bucket boundaries).
+//
+// As in DDP, the first bucket is capped at FirstBucketCapBytes (or capBytes
+// if smaller): the last layers' gradients are ready first, and a small
+// first bucket lets its all-reduce start early in backward.
 func bucketize(segs []models.Segment, capBytes int) []span {
 	var out []span
 	cur := span{lo: -1}
@@ -25,7 +31,11 @@ func bucketize(segs []models.Segment, capBytes int) []span {
 		if s.Len == 0 {
 			continue
 		}
-		if cur.lo >= 0 && 4*(cur.hi-s.Offset) > capBytes {
+		limit := capBytes
+		if len(out) == 0 {
+			limit = min(capBytes, FirstBucketCapBytes)
+		}
+		if cur.lo >= 0 && 4*(cur.hi-s.Offset) > limit {
 			out = append(out, cur)
 			cur = span{lo: -1}
 		}
@@ -47,6 +57,10 @@ func bucketize(segs []models.Segment, capBytes int) []span {
 // DefaultBucketCapBytes is the bucket size used when NewPlain is given 0
 // (DDP's bucket_cap_mb default, 25 MiB).
 const DefaultBucketCapBytes = 25 << 20
+
+// FirstBucketCapBytes caps the first bucket (DDP's
+// _DEFAULT_FIRST_BUCKET_BYTES, 1 MiB).
+const FirstBucketCapBytes = 1 << 20
 
 // Plain is the uncompressed reducer: a ring all-reduce per bucket, then a
 // multiplication by 1/n. It is what ring mode did before compression, bit
@@ -103,6 +117,82 @@ func (p *Plain) reduce(ctx context.Context, c *call, grads []float32) error {
 		}
 	}
 	scale(grads, p.inv)
+	return nil
+}
+
+// Overlapped is one step's plain reduction running while backward still
+// produces the gradient (DDP's overlap): a goroutine, owned by it and
+// joined by Wait, all-reduces each bucket as soon as Ready says its
+// gradients are final. The sums are bit for bit those of Reduce.
+type Overlapped struct {
+	p     *Plain
+	c     *call
+	grads []float32
+	from  atomic.Int64  // grads[from:] are final
+	sig   chan struct{} // wakes the goroutine after Ready
+	done  chan struct{} // closed when the goroutine ends
+	err   error         // the goroutine's; read after done
+}
+
+// Start begins the reduction of grads for step; the caller must call
+// Ready as backward finishes layers (or not at all) and then Wait exactly
+// once. grads[from:] must not be written after Ready(from).
+func (p *Plain) Start(ctx context.Context, grads []float32, step int64) (*Overlapped, error) {
+	c, err := p.begin(grads, p.total, step)
+	if err != nil {
+		return nil, err
+	}
+	o := &Overlapped{p: p, c: c, grads: grads, sig: make(chan struct{}, 1), done: make(chan struct{})}
+	o.from.Store(int64(len(grads)))
+	go o.run(ctx)
+	return o, nil
+}
+
+// Ready reports that grads[from:] are final. It never blocks.
+func (o *Overlapped) Ready(from int) {
+	if int64(from) >= o.from.Load() {
+		return
+	}
+	o.from.Store(int64(from))
+	select {
+	case o.sig <- struct{}{}:
+	default: // a wake-up is already pending
+	}
+}
+
+func (o *Overlapped) run(ctx context.Context) {
+	defer close(o.done)
+	for _, b := range o.p.buckets {
+		for o.from.Load() > int64(b.lo) {
+			select {
+			case <-o.sig:
+			case <-ctx.Done():
+				o.err = ctx.Err()
+				return
+			}
+		}
+		if err := o.c.allReduce(ctx, o.grads[b.lo:b.hi]); err != nil {
+			o.err = err
+			return
+		}
+	}
+}
+
+// Wait marks the whole gradient final, waits for the last bucket and
+// averages. After an error the gradient is partly reduced and must not be
+// applied.
+func (o *Overlapped) Wait() error {
+	o.Ready(0)
+	<-o.done
+	if o.err != nil {
+		return o.err
+	}
+	// Only the averaging counts as this reducer's own time: the rest of
+	// the call overlapped backward.
+	o.c.start, o.c.comm = time.Now(), 0
+	scale(o.grads, o.p.inv)
+	raw := 4 * int64(len(o.grads))
+	o.c.done(raw, raw)
 	return nil
 }
 
