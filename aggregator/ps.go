@@ -3,6 +3,7 @@ package aggregator
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Optimizer applies one update to flat parameters given the averaged
@@ -51,6 +52,17 @@ func NewSyncShard(params []float32, world int, opt Optimizer, skipNonFinite bool
 		params: params, sum: make([]float32, len(params)), world: world,
 		got: make([]int, world), complete: make([]bool, world), opt: opt, skipBad: skipNonFinite,
 	}
+}
+
+// StartAt sets the step the shard collects next, for a job resumed from a
+// checkpoint taken after step optimiser steps: the parameters (and the
+// optimiser's state) given to NewSyncShard are then those after step
+// steps. It must come before the first Add.
+func (s *SyncShard) StartAt(step int64) {
+	if step < 0 || s.step != 0 || slices.ContainsFunc(s.got, func(n int) bool { return n > 0 }) {
+		panic(fmt.Sprintf("aggregator: SyncShard.StartAt(%d) at step %d, or after gradients arrived", step, s.step))
+	}
+	s.step = step
 }
 
 // Params are the current parameters; callers must not write them.

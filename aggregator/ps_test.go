@@ -117,3 +117,26 @@ func TestSyncShardNonFinite(t *testing.T) {
 		t.Errorf("after skip: err %v params %v", err, skip.Params())
 	}
 }
+
+// TestSyncShardStartAt: a resumed shard collects the checkpoint's step
+// next and refuses the steps before it as stale.
+func TestSyncShardStartAt(t *testing.T) {
+	s := NewSyncShard([]float32{1}, 1, plainSGD{lr: 1}, false)
+	s.StartAt(7)
+	if s.Step() != 7 {
+		t.Fatalf("Step() = %d after StartAt(7)", s.Step())
+	}
+	var stale *StaleError
+	if _, err := s.Add(0, 6, 0, 1, adder([]float32{1})); !errors.As(err, &stale) {
+		t.Fatalf("gradient for step 6: err %v, want a StaleError", err)
+	}
+	if ok, err := s.Add(0, 7, 0, 1, adder([]float32{0.5})); !ok || err != nil || s.Step() != 8 || s.Params()[0] != 0.5 {
+		t.Fatalf("step 7: applied %v, err %v, step %d, params %v", ok, err, s.Step(), s.Params())
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("StartAt after the shard moved did not panic")
+		}
+	}()
+	s.StartAt(3)
+}

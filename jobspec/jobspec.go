@@ -662,9 +662,6 @@ func normalizeCheckpoint(s *pb.JobSpec) error {
 		}
 		return nil
 	}
-	if s.Mode != "ring" {
-		return errf("checkpoint", "checkpointing in mode %s %s; use mode ring", s.Mode, notImplementedSuffix)
-	}
 	if c.Keep == 0 {
 		c.Keep = 3
 	}

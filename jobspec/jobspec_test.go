@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/proto"
@@ -151,7 +152,7 @@ func TestNormalizeRejects(t *testing.T) {
 		{"compression knobs without type", &pb.JobSpec{Compression: &pb.CompressionSpec{Rank: 4}}, "compression", "does not apply"},
 		{"topk ratio on powersgd", &pb.JobSpec{Mode: "ring", Compression: &pb.CompressionSpec{Type: "powersgd", Ratio: 0.1}}, "compression", "ratio does not apply"},
 		{"topk ratio above 1", &pb.JobSpec{Mode: "ring", Compression: &pb.CompressionSpec{Type: "topk", Ratio: 2}}, "compression", "(0, 1]"},
-		{"checkpoint", &pb.JobSpec{Checkpoint: &pb.CheckpointSpec{EveryEpochs: 1}}, "checkpoint", "not implemented"},
+		{"checkpoint keep without a condition", &pb.JobSpec{Checkpoint: &pb.CheckpointSpec{Keep: 2}}, "checkpoint.keep", "every_steps"},
 		{"federated without fedavg", &pb.JobSpec{Federated: &pb.FederatedSpec{Rounds: 10}}, "federated", "mode fedavg"},
 		{"dirichlet partition without fedavg", &pb.JobSpec{Partition: &pb.PartitionSpec{Type: "dirichlet"}}, "partition.type", "mode fedavg"},
 		{"negative dirichlet alpha", &pb.JobSpec{Mode: "fedavg", Partition: &pb.PartitionSpec{Type: "dirichlet", Alpha: -1}}, "partition.alpha", "positive"},
@@ -370,5 +371,58 @@ func TestLearningRate(t *testing.T) {
 	}
 	if got := LearningRate(n, 0, 10); got != DefaultLR {
 		t.Errorf("default spec at step 0: %v, want %v", got, DefaultLR)
+	}
+}
+
+// TestCheckpointsInEveryMode: ps and fedavg jobs checkpoint as ring jobs
+// do; keep defaults to 3.
+func TestCheckpointsInEveryMode(t *testing.T) {
+	for _, mode := range Modes {
+		s, err := Normalize(&pb.JobSpec{Mode: mode, Checkpoint: &pb.CheckpointSpec{EveryEpochs: 1}}, []string{"logreg", "mlp"})
+		if err != nil {
+			t.Errorf("mode %s: %v", mode, err)
+			continue
+		}
+		if !CheckpointsOn(s) || s.GetCheckpoint().GetKeep() != 3 {
+			t.Errorf("mode %s: checkpoint %v", mode, s.GetCheckpoint())
+		}
+	}
+}
+
+func TestCheckpointDue(t *testing.T) {
+	spec := &pb.JobSpec{Checkpoint: &pb.CheckpointSpec{EverySteps: 10, EveryEpochs: 2, EverySeconds: 30}}
+	for _, c := range []struct {
+		step     int64
+		epochEnd bool
+		epoch    int
+		since    time.Duration
+		want     bool
+	}{
+		{10, false, 0, 0, true},
+		{11, false, 0, 0, false},
+		{11, true, 0, 0, false},
+		{11, true, 1, 0, true},
+		{11, false, 1, 0, false},
+		{11, false, 0, 30 * time.Second, true},
+		{11, false, 0, 29 * time.Second, false},
+	} {
+		if got := CheckpointDue(spec, c.step, c.epochEnd, c.epoch, c.since); got != c.want {
+			t.Errorf("CheckpointDue(step %d, end %v, epoch %d, %v) = %v, want %v", c.step, c.epochEnd, c.epoch, c.since, got, c.want)
+		}
+	}
+	if CheckpointDue(&pb.JobSpec{}, 10, true, 0, time.Hour) {
+		t.Error("no checkpoint settings, but a checkpoint is due")
+	}
+}
+
+func TestCheckpointHashIgnoresWorkers(t *testing.T) {
+	a := &pb.JobSpec{Model: "mlp", Workers: proto.Int32(2), Seed: proto.Int64(1)}
+	b := &pb.JobSpec{Model: "mlp", Workers: proto.Int32(4), MinWorkers: 3, Seed: proto.Int64(1)}
+	if CheckpointHash(a) != CheckpointHash(b) {
+		t.Error("the number of workers changes the hash")
+	}
+	b.Seed = proto.Int64(2)
+	if CheckpointHash(a) == CheckpointHash(b) {
+		t.Error("another seed, the same hash")
 	}
 }

@@ -85,6 +85,26 @@ func (e *jobEntry) abort(err error) {
 	}
 }
 
+// checkpointStoppedLocked writes the checkpoint of a ps job that stops
+// early (after abort): the parameter server's state after its last step,
+// so a resume loses nothing (ring jobs' rank 0 does this itself). The
+// outcome is logged and announced as a job event: a failed write is not
+// silent, but does not change how the job ended.
+func (s *Server) checkpointStoppedLocked(e *jobEntry) {
+	if e.ps == nil {
+		return
+	}
+	path, err := e.ps.saveStopped(s.cfg.Now())
+	switch {
+	case err != nil:
+		s.log.Warn("checkpoint at stop failed", "job", e.job.Id, "err", err)
+		s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, fmt.Sprintf("writing a checkpoint as the job stopped failed: %v", err), nil)
+	case path != "":
+		s.log.Info("checkpoint written as the job stopped", "job", e.job.Id, "path", path)
+		s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, "checkpoint written as the job stopped: "+path, nil)
+	}
+}
+
 func tsNow(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
 
 // sortJobs orders jobs newest first (ties by id, for a stable listing).
@@ -174,6 +194,9 @@ func (s *Server) endJobLocked(e *jobEntry, st pb.JobState, msg string) {
 	wasRunning := e.job.State == pb.JobState_JOB_STATE_RUNNING
 	s.setStateLocked(e, st, msg)
 	e.abort(errors.New(msg))
+	if st != pb.JobState_JOB_STATE_SUCCEEDED {
+		s.checkpointStoppedLocked(e)
+	}
 	if wasRunning {
 		for _, id := range e.job.WorkerIds {
 			w := s.workers[id]
@@ -422,12 +445,18 @@ func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
 		j.Ranks[r] = &pb.Progress{}
 	}
 	e.results = make([]*pb.JobResult, world)
-	if spec.Mode == "ps" {
-		e.ps = newPSJob(j.Id, j.Generation, world, net.Params(), spec)
-	}
 	ckptDir := ""
 	if jobspec.CheckpointsOn(spec) {
 		ckptDir = checkpointDir(j.RunDir)
+	}
+	if spec.Mode == "ps" {
+		// The server holds a ps job's state: it writes the checkpoints
+		// and, for a resume, loads one.
+		e.ps, err = newPSJob(j.Id, j.Generation, world, net, spec, ckptDir, j.ResumeFrom, s.cfg.Now())
+		if err != nil {
+			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("resuming from checkpoint: %v", err))
+			return
+		}
 	}
 	peers := make([]string, world)
 	for r, id := range workerIDs {
@@ -631,8 +660,8 @@ func (s *Server) resumeSpec(req *pb.SubmitJobRequest) (*pb.JobSpec, string, erro
 		return nil, "", status.Errorf(codes.FailedPrecondition, "job %s has no usable checkpoint: %v", old.Id, err)
 	}
 	spec := proto.Clone(old.Spec).(*pb.JobSpec)
-	if w := req.GetSpec().Workers; w != nil {
-		spec.Workers, spec.MinWorkers, spec.MaxWorkers = w, 0, 0
+	if sp := req.GetSpec(); sp != nil && sp.Workers != nil { // a resume without a spec keeps the number of workers
+		spec.Workers, spec.MinWorkers, spec.MaxWorkers = sp.Workers, 0, 0
 	}
 	return spec, path, nil
 }

@@ -11,8 +11,12 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/checkpoint"
+	"github.com/gradsync/gradsync/data"
+	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/jobspec"
+	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -27,35 +31,183 @@ type psJob struct {
 
 	spec *pb.JobSpec
 	opt  jobspec.Stepper
+	ckpt *psCheckpointer // nil: the job writes no checkpoints
 
-	mu         sync.Mutex // guards shard, opt, done, joined, totalSteps
+	mu         sync.Mutex // guards shard, opt, done, joined, totalSteps, trainN, stopped
 	shard      *aggregator.SyncShard
 	totalSteps int64         // from the first join; every rank must agree
-	done       chan struct{} // closed when the current step's update is applied
+	trainN     int64         // training examples, from the first join; every rank must agree
+	done       chan struct{} // closed when the current step's update is applied (and checkpointed, when due)
 	joined     []bool
 	lags       arrivalLags // guarded by mu: how late each rank's gradient arrives
+	stopped    bool        // set by abort: the shard takes no more gradients
 
 	abortOnce sync.Once
 	aborted   chan struct{} // closed by abort
 	abortErr  error         // set before aborted is closed
 }
 
-func newPSJob(jobID string, gen uint64, world int, initial []float32, spec *pb.JobSpec) *psJob {
+// psCheckpointer writes a ps job's checkpoints. The server holds the
+// parameters and the optimiser state, so it writes them, in the same
+// format and folder as a ring job's rank 0 (see worker/checkpoint.go):
+// after a step when the spec says (jobspec.CheckpointDue), and at the last
+// applied step when the job stops early. The sampler position comes from
+// the step count (data.Position), as every rank trains the same number
+// of steps in lockstep. Batch norm's running statistics live on each
+// worker in ps mode and are not synchronised: a checkpoint holds those
+// the job started with.
+type psCheckpointer struct {
+	dir   string
+	keep  int
+	hash  string
+	jobID string
+	seed  int64
+	net   *models.Network // the parameter layout and buffers; read only
+
+	// Where the shard started: step, epoch and consumed positions of
+	// the resumed checkpoint, or zeros.
+	startStep     int64
+	startEpoch    int
+	startConsumed int64
+
+	mu        sync.Mutex // serialises Saves; guards lastSave, savedStep
+	lastSave  time.Time
+	savedStep int64 // the step of the newest checkpoint on disk
+}
+
+// newPSJob builds the parameter server of a job's generation from net's
+// parameters, or, with resumeFrom, from that checkpoint (parameters,
+// optimiser state and step). ckptDir "" means no checkpoints.
+func newPSJob(jobID string, gen uint64, world int, net *models.Network, spec *pb.JobSpec, ckptDir, resumeFrom string, now time.Time) (*psJob, error) {
 	opt := jobspec.NewOptimizer(spec)
-	params := append([]float32(nil), initial...)
-	return &psJob{
+	var start checkpoint.Meta
+	if resumeFrom != "" {
+		st, err := checkpoint.Load(resumeFrom)
+		if err != nil {
+			return nil, err
+		}
+		if st.Meta.SpecHash != jobspec.CheckpointHash(spec) {
+			return nil, fmt.Errorf("checkpoint %s was written for another spec", resumeFrom)
+		}
+		if err := net.LoadState(st.Tensors); err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", resumeFrom, err)
+		}
+		switch o := opt.(type) {
+		case *optim.SGD:
+			err = st.RestoreSGD(o, net.Segments())
+		case *optim.Adam:
+			err = st.RestoreAdam(o, net.Segments())
+		}
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint %s: optimiser state: %w", resumeFrom, err)
+		}
+		start = st.Meta
+	}
+	params := append([]float32(nil), net.Params()...)
+	p := &psJob{
 		jobID: jobID, gen: gen, world: world, total: len(params), spec: spec, opt: opt,
 		stepTimeout: time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second)),
 		shard:       aggregator.NewSyncShard(params, world, opt, spec.GetNonfinitePolicy() == "skip"),
 		done:        make(chan struct{}), joined: make([]bool, world), aborted: make(chan struct{}),
 	}
+	p.shard.StartAt(start.Step)
+	if ckptDir != "" {
+		p.ckpt = &psCheckpointer{dir: ckptDir, keep: int(spec.GetCheckpoint().GetKeep()), hash: jobspec.CheckpointHash(spec),
+			jobID: jobID, seed: spec.GetSeed(), net: net, startStep: start.Step, startEpoch: start.Epoch,
+			startConsumed: start.EpochConsumed, lastSave: now, savedStep: start.Step}
+	}
+	return p, nil
 }
 
+// abort stops the job's parameter server: the shard takes no more
+// gradients (its state stays that after the last applied step, for
+// saveStopped) and every stream waiting on it returns.
 func (p *psJob) abort(err error) {
 	p.abortOnce.Do(func() {
+		p.mu.Lock()
 		p.abortErr = err
+		p.stopped = true
+		p.mu.Unlock()
 		close(p.aborted)
 	})
+}
+
+// captureLocked copies the shard's state into a checkpoint: the
+// parameters after Step() steps, the optimiser's state and the workers'
+// sampler position then. p.ckpt must be set and a rank must have joined.
+func (p *psJob) captureLocked() *checkpoint.State {
+	c := p.ckpt
+	step := p.shard.Step()
+	epoch, consumed, _ := data.Position(int(p.trainN), p.world, int(p.spec.GetBatchSize()), c.startEpoch, c.startConsumed, step-c.startStep)
+	st := &checkpoint.State{
+		Meta: checkpoint.Meta{JobID: c.jobID, SpecHash: c.hash, Step: step, Epoch: epoch, EpochConsumed: consumed,
+			WorldSize: p.world, Seed: c.seed},
+		Tensors: map[string]checkpoint.Tensor{},
+	}
+	checkpoint.PutFlat(st.Tensors, "", c.net.Segments(), p.shard.Params())
+	checkpoint.PutFlat(st.Tensors, "", c.net.BufferSegments(), c.net.Buffers())
+	switch o := p.opt.(type) {
+	case *optim.SGD:
+		st.CaptureSGD(o, c.net.Segments())
+	case *optim.Adam:
+		st.CaptureAdam(o, c.net.Segments())
+	}
+	return st
+}
+
+// dueLocked returns the checkpoint to write after the step the shard just
+// applied, or nil when none is due.
+func (p *psJob) dueLocked(now time.Time) *checkpoint.State {
+	c := p.ckpt
+	if c == nil {
+		return nil
+	}
+	step := p.shard.Step()
+	epoch, _, end := data.Position(int(p.trainN), p.world, int(p.spec.GetBatchSize()), c.startEpoch, c.startConsumed, step-c.startStep)
+	if end {
+		epoch-- // the epoch that ended
+	}
+	c.mu.Lock()
+	since := now.Sub(c.lastSave)
+	c.mu.Unlock()
+	if !jobspec.CheckpointDue(p.spec, step, end, epoch, since) {
+		return nil
+	}
+	return p.captureLocked()
+}
+
+// save writes st unless a checkpoint of its step is already on disk (the
+// stop checkpoint and a due one can capture the same step); it returns
+// the new folder, or "" when it wrote nothing.
+func (c *psCheckpointer) save(st *checkpoint.State, now time.Time) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st.Meta.Step == c.savedStep {
+		return "", nil
+	}
+	path, err := checkpoint.Save(c.dir, st, c.keep)
+	if path != "" { // written, even if pruning older ones failed
+		c.savedStep, c.lastSave = st.Meta.Step, now
+	}
+	return path, err
+}
+
+// saveStopped writes a checkpoint of the state after the last applied step
+// of a job that stops early (after abort), so that a resume loses nothing.
+// It writes nothing ("", nil) for a job without checkpoints or that took
+// no step since it started.
+func (p *psJob) saveStopped(now time.Time) (string, error) {
+	if p.ckpt == nil {
+		return "", nil
+	}
+	p.mu.Lock()
+	if !p.stopped || p.trainN == 0 || p.shard.Step() == p.ckpt.startStep {
+		p.mu.Unlock()
+		return "", nil
+	}
+	st := p.captureLocked()
+	p.mu.Unlock()
+	return p.ckpt.save(st, now)
 }
 
 // missing lists the ranks whose gradient for the current step is not in.
@@ -123,6 +275,17 @@ func (s *Server) Sync(stream pb.ParameterServer_SyncServer) error {
 		p.mu.Unlock()
 		return status.Errorf(codes.InvalidArgument, "rank %d plans %d steps but another rank plans %d (different data?)", rank, join.TotalSteps, p.totalSteps)
 	}
+	if p.ckpt != nil && join.TrainExamples < 1 {
+		p.mu.Unlock()
+		return status.Errorf(codes.InvalidArgument, "train_examples %d: a job that writes checkpoints needs the size of the training split (at least 1)", join.TrainExamples)
+	}
+	if p.trainN == 0 {
+		p.trainN = join.TrainExamples
+	}
+	if join.TrainExamples != p.trainN {
+		p.mu.Unlock()
+		return status.Errorf(codes.InvalidArgument, "rank %d has %d training examples but another rank has %d (different data?)", rank, join.TrainExamples, p.trainN)
+	}
 	p.joined[rank] = true
 	step := p.shard.Step()
 	params := p.shard.Params()
@@ -171,6 +334,10 @@ func (s *Server) Sync(stream pb.ParameterServer_SyncServer) error {
 			default:
 			}
 			p.mu.Lock()
+			if p.stopped {
+				p.mu.Unlock()
+				return abortedStatus(p.abortErr)
+			}
 			done = p.done
 			p.opt.SetLR(float32(jobspec.LearningRate(p.spec, step, p.totalSteps)))
 			skipped := p.shard.Skipped()
@@ -182,11 +349,37 @@ func (s *Server) Sync(stream pb.ParameterServer_SyncServer) error {
 				s.cfg.Metrics.NonFiniteStepSkipped()
 				s.log.Warn("step skipped: gradient holds NaN or Inf (nonfinite_policy skip)", "job", p.jobID, "step", step)
 			}
-			if applied {
+			var due *checkpoint.State
+			if applied && err == nil {
+				due = p.dueLocked(s.cfg.Now())
+			}
+			if applied && due == nil {
 				close(p.done)
 				p.done = make(chan struct{})
 			}
 			p.mu.Unlock()
+			if due != nil {
+				// Every rank waits for the next parameters until the
+				// checkpoint is on disk, so the shard cannot move past
+				// it meanwhile (as ring ranks wait for their rank 0).
+				path, err := p.ckpt.save(due, s.cfg.Now())
+				switch {
+				case err != nil && path == "":
+					// As in ring mode, a checkpoint the spec asks for
+					// that cannot be written fails the job.
+					err = fmt.Errorf("step %d: writing a checkpoint: %w", due.Meta.Step, err)
+					p.abort(err)
+					return status.Error(codes.Internal, err.Error())
+				case err != nil:
+					s.log.Warn("checkpoint written, but removing older ones failed", "job", p.jobID, "err", err)
+				default:
+					s.log.Debug("checkpoint written", "job", p.jobID, "path", path)
+				}
+				p.mu.Lock()
+				close(p.done)
+				p.done = make(chan struct{})
+				p.mu.Unlock()
+			}
 			if err != nil {
 				var stale *aggregator.StaleError
 				switch {

@@ -268,9 +268,11 @@ func (s *Server) shutdown() {
 	s.closed = true
 	for _, e := range s.jobs {
 		if e.job.State == pb.JobState_JOB_STATE_RUNNING {
-			// Keep RUNNING in the store: the next server start marks it
-			// FAILED (or, once checkpoints exist, resumes it).
+			// Keep RUNNING in the store: the next server start resumes
+			// it from its latest checkpoint (a ps job's is written now),
+			// or marks it FAILED.
 			e.abort(errors.New("server shutting down"))
+			s.checkpointStoppedLocked(e)
 		}
 	}
 	for _, w := range s.workers {

@@ -1,12 +1,8 @@
 package worker
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"time"
-
-	"google.golang.org/protobuf/proto"
 
 	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/internal/optim"
@@ -27,27 +23,12 @@ type checkpointer struct {
 
 // specHash identifies a spec in checkpoints (a resume checks it, less the
 // number of workers, which may change).
-func specHash(spec *pb.JobSpec) string {
-	s := proto.Clone(spec).(*pb.JobSpec)
-	s.Workers, s.MinWorkers, s.MaxWorkers = nil, 0, 0
-	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(s)
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
-}
+func specHash(spec *pb.JobSpec) string { return jobspec.CheckpointHash(spec) }
 
 // due reports whether a checkpoint is wanted after step (1-based count of
 // steps taken), and whether it is an epoch's end.
 func (c *checkpointer) due(step int64, epochEnd bool, epoch int, now time.Time) bool {
-	cs := c.spec.GetCheckpoint()
-	switch {
-	case cs.GetEverySteps() > 0 && step%cs.GetEverySteps() == 0:
-		return true
-	case epochEnd && cs.GetEveryEpochs() > 0 && (epoch+1)%int(cs.GetEveryEpochs()) == 0:
-		return true
-	case cs.GetEverySeconds() > 0 && now.Sub(c.lastSave).Seconds() >= cs.GetEverySeconds():
-		return true
-	}
-	return false
+	return jobspec.CheckpointDue(c.spec, step, epochEnd, epoch, now.Sub(c.lastSave))
 }
 
 // save writes the network, the optimiser's state and the sampler position.

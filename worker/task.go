@@ -129,7 +129,7 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	}
 	totalSteps := countSteps()
 
-	sync, err := startSync(ctx, a, env, net, totalSteps)
+	sync, err := startSync(ctx, a, env, net, totalSteps, psStart{step: step, trainExamples: nTrain})
 	if err != nil {
 		return nil, err
 	}
@@ -177,13 +177,14 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 		}
 	}
 	if resumeMeta != nil {
-		if !isRing {
-			return nil, errors.New("resuming from a checkpoint needs mode ring")
+		// In ps mode the parameter server has loaded the checkpoint and
+		// sent its parameters, tagged with its step (joinPS checks it).
+		if isRing {
+			if _, err := resume(a.ResumeFrom, spec, net, rs.optim); err != nil {
+				return nil, err
+			}
+			rs.steps = step
 		}
-		if _, err := resume(a.ResumeFrom, spec, net, rs.optim); err != nil {
-			return nil, err
-		}
-		rs.steps = step
 		log.Info("resumed from a checkpoint", "job", a.JobId, "path", a.ResumeFrom, "step", step, "epoch", startEpoch, "consumed", consumed)
 	}
 	if snaps != nil {
@@ -404,12 +405,21 @@ type synchronizer interface {
 // compressStatser is a synchronizer that compresses (ring mode).
 type compressStatser interface{ compressStats() compress.Stats }
 
+// psStart is what a ps rank tells the parameter server as it joins: the
+// step it starts at (a resumed checkpoint's, else 0) and the size of the
+// training split (from which the server, which writes ps checkpoints,
+// knows the sampler position after each step).
+type psStart struct {
+	step          int64
+	trainExamples int
+}
+
 // startSync joins the job's synchroniser and brings the model's parameters
 // to the job's initial ones.
-func startSync(ctx context.Context, a *pb.Assignment, env *taskEnv, net *models.Network, totalSteps int64) (synchronizer, error) {
+func startSync(ctx context.Context, a *pb.Assignment, env *taskEnv, net *models.Network, totalSteps int64, ps psStart) (synchronizer, error) {
 	switch mode := a.Spec.GetMode(); mode {
 	case "ps":
-		return joinPS(ctx, env, a, net.Params(), totalSteps)
+		return joinPS(ctx, env, a, net.Params(), totalSteps, ps)
 	case "ring":
 		r, err := env.ring.Join(ctx, ringrpc.RingConfig{JobID: a.JobId, Generation: a.Generation, Rank: int(a.Rank),
 			Peers: a.Peers, DialOptions: env.peerDial})
@@ -449,8 +459,8 @@ type psClient struct {
 }
 
 // joinPS opens the Sync stream, joins, and receives the initial parameters
-// into params.
-func joinPS(ctx context.Context, env *taskEnv, a *pb.Assignment, params []float32, totalSteps int64) (*psClient, error) {
+// (those after start.step steps) into params.
+func joinPS(ctx context.Context, env *taskEnv, a *pb.Assignment, params []float32, totalSteps int64, start psStart) (*psClient, error) {
 	if len(a.PsAddresses) > 0 {
 		return nil, errors.New("external parameter-server shards are not implemented yet")
 	}
@@ -465,11 +475,12 @@ func joinPS(ctx context.Context, env *taskEnv, a *pb.Assignment, params []float3
 	}
 	c.stream = stream
 	if err := stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Join{Join: &pb.SyncJoin{
-		JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, WorldSize: a.WorldSize, NumParams: int64(len(params)), TotalSteps: totalSteps}}}); err != nil {
+		JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, WorldSize: a.WorldSize, NumParams: int64(len(params)), TotalSteps: totalSteps,
+		TrainExamples: int64(start.trainExamples)}}}); err != nil {
 		c.close()
 		return nil, c.explain(err)
 	}
-	if err := c.recvParams(params, 0); err != nil {
+	if err := c.recvParams(params, start.step); err != nil {
 		c.close()
 		return nil, err
 	}

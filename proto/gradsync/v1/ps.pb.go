@@ -30,7 +30,12 @@ type SyncJoin struct {
 	NumParams  int64                  `protobuf:"varint,5,opt,name=num_params,json=numParams,proto3" json:"num_params,omitempty"`
 	// Optimiser steps the job will take (every rank computes the same from
 	// its data and spec); the learning-rate schedule runs over them.
-	TotalSteps    int64 `protobuf:"varint,6,opt,name=total_steps,json=totalSteps,proto3" json:"total_steps,omitempty"`
+	TotalSteps int64 `protobuf:"varint,6,opt,name=total_steps,json=totalSteps,proto3" json:"total_steps,omitempty"`
+	// Examples in the training split (every rank must agree). With it the
+	// server, which writes a ps job's checkpoints, knows the sampler
+	// position after each step (data.Position); a job with checkpoints
+	// needs it.
+	TrainExamples int64 `protobuf:"varint,7,opt,name=train_examples,json=trainExamples,proto3" json:"train_examples,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -103,6 +108,13 @@ func (x *SyncJoin) GetNumParams() int64 {
 func (x *SyncJoin) GetTotalSteps() int64 {
 	if x != nil {
 		return x.TotalSteps
+	}
+	return 0
+}
+
+func (x *SyncJoin) GetTrainExamples() int64 {
+	if x != nil {
+		return x.TrainExamples
 	}
 	return 0
 }
@@ -325,7 +337,7 @@ var File_gradsync_v1_ps_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_ps_proto_rawDesc = "" +
 	"\n" +
-	"\x14gradsync/v1/ps.proto\x12\vgradsync.v1\x1a\x18gradsync/v1/tensor.proto\"\xb4\x01\n" +
+	"\x14gradsync/v1/ps.proto\x12\vgradsync.v1\x1a\x18gradsync/v1/tensor.proto\"\xdb\x01\n" +
 	"\bSyncJoin\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1e\n" +
 	"\n" +
@@ -337,7 +349,8 @@ const file_gradsync_v1_ps_proto_rawDesc = "" +
 	"\n" +
 	"num_params\x18\x05 \x01(\x03R\tnumParams\x12\x1f\n" +
 	"\vtotal_steps\x18\x06 \x01(\x03R\n" +
-	"totalSteps\"y\n" +
+	"totalSteps\x12%\n" +
+	"\x0etrain_examples\x18\a \x01(\x03R\rtrainExamples\"y\n" +
 	"\vSyncRequest\x12+\n" +
 	"\x04join\x18\x01 \x01(\v2\x15.gradsync.v1.SyncJoinH\x00R\x04join\x126\n" +
 	"\bgradient\x18\x02 \x01(\v2\x18.gradsync.v1.TensorFrameH\x00R\bgradientB\x05\n" +

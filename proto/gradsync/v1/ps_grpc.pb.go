@@ -33,6 +33,9 @@ type ParameterServerClient interface {
 	// Sync: the worker sends a SyncJoin, then receives the current parameters;
 	// then, each step, it sends its gradient frames and receives the next
 	// parameters once every rank's gradient for that step has been applied.
+	// A job that resumes from a checkpoint starts at the checkpoint's step:
+	// the first parameters are tagged with it. The server writes a ps job's
+	// checkpoints itself, when the spec says and when the job stops early.
 	Sync(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SyncRequest, SyncResponse], error)
 	// Pull streams the current parameters of a job.
 	Pull(ctx context.Context, in *PullRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PullResponse], error)
@@ -88,6 +91,9 @@ type ParameterServerServer interface {
 	// Sync: the worker sends a SyncJoin, then receives the current parameters;
 	// then, each step, it sends its gradient frames and receives the next
 	// parameters once every rank's gradient for that step has been applied.
+	// A job that resumes from a checkpoint starts at the checkpoint's step:
+	// the first parameters are tagged with it. The server writes a ps job's
+	// checkpoints itself, when the spec says and when the job stops early.
 	Sync(grpc.BidiStreamingServer[SyncRequest, SyncResponse]) error
 	// Pull streams the current parameters of a job.
 	Pull(*PullRequest, grpc.ServerStreamingServer[PullResponse]) error

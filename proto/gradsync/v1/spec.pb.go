@@ -643,9 +643,14 @@ func (x *CompressionSpec) GetRatio() float64 {
 	return 0
 }
 
-// CheckpointSpec says when to write checkpoints (ring mode): rank 0
-// writes runs/<job-id>/checkpoints/ckpt-<step>/ whenever any of the
-// conditions holds. All zero: no checkpoints.
+// CheckpointSpec says when to write checkpoints to
+// runs/<job-id>/checkpoints/ckpt-<step>/: whenever any of the conditions
+// holds, and when the job stops early (cancelled, failed, server shut
+// down). Ring mode: rank 0 writes them; ps mode: the parameter server
+// (it holds the parameters and optimiser state); fedavg mode: the worker
+// running the simulation, where a round is both a step and an epoch
+// (every_steps and every_epochs both count closed rounds, every_seconds is
+// checked as each round closes). All zero: no checkpoints.
 type CheckpointSpec struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	EverySteps   int64                  `protobuf:"varint,1,opt,name=every_steps,json=everySteps,proto3" json:"every_steps,omitempty"`
