@@ -293,6 +293,9 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		if d.Error != "" {
 			msg := fmt.Sprintf("rank %d (worker %s): %s", d.Rank, w.info.Id, d.Error)
 			if e.job.Spec.GetMode() == "ring" {
+				if s.ringFailedLocked(e, d) {
+					return // the frame counts named the rank cut off
+				}
 				// A broken ring is usually a lost peer, which the
 				// coordinator sees a moment later: it then names the lost
 				// worker (or, for an elastic job, recovers). Fail with the

@@ -57,6 +57,12 @@ type jobEntry struct {
 	trainedSteps int64
 	// stragglers finds slow ranks from the progress reports (straggler.go).
 	stragglers *stragglerDetector
+	// ringLinks are the failure reports of generation ringLinksGen's
+	// ranks (ringfault.go); evicted workers were cut off from this job's
+	// ring and are not taken back into it.
+	ringLinks    []*pb.RingLinks
+	ringLinksGen uint64
+	evicted      map[string]bool
 }
 
 // elastic reports whether a job recovers from lost workers: a ring job
@@ -514,7 +520,7 @@ func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bo
 		if len(ids) >= int(spec.GetWorkers()) {
 			break
 		}
-		if w.info.State == pb.WorkerState_WORKER_STATE_IDLE && !slices.Contains(ids, w.info.Id) {
+		if w.info.State == pb.WorkerState_WORKER_STATE_IDLE && !slices.Contains(ids, w.info.Id) && !e.evicted[w.info.Id] {
 			ids = append(ids, w.info.Id)
 		}
 	}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -130,4 +132,75 @@ func TestPartitionedWorker(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	s.waitWorker(cctx, t, "pt-1", "LOST")
+}
+
+// freePort returns a loopback address no one listens on right now.
+func freePort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestPartitionedRingLink cuts the ring link into one worker of an
+// elastic ring job (its peer endpoint is reached through a blackhole
+// proxy; its coordinator link and heartbeats stay up): the step timeout
+// stops the ring, the ranks' frame counts show which link lost frames,
+// and the coordinator evicts that worker — not its neighbour — and the job
+// recovers on the other two and succeeds without it.
+func TestPartitionedRingLink(t *testing.T) {
+	skipIfShort(t)
+	ctx := testCtx(t, 120*time.Second)
+	dir := t.TempDir()
+	runsDir := filepath.Join(dir, "runs")
+	s := startServer(ctx, t, "127.0.0.1:0", filepath.Join(dir, "data"), runsDir)
+	s.startWorker(ctx, t, "rc-0")
+	listen := freePort(t)
+	proxy := newBlackhole(t, listen)
+	start(t, "worker rc-1", "worker", "--server", s.addr, "--id", "rc-1", "--addr", listen, "--advertise", proxy.addr())
+	s.waitWorker(ctx, t, "rc-1", "IDLE")
+	s.startWorker(ctx, t, "rc-2")
+	spec := filepath.Join(dir, "job.yaml")
+	if err := os.WriteFile(spec, []byte("model: mlp\nmode: ring\nworkers: 3\nmin_workers: 2\nepochs: 30\nstep_timeout_seconds: 2\n"+
+		"log_every_steps: 5\ndataset: {name: synthetic}\ncheckpoint: {every_steps: 20}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	job := s.submit(ctx, t, "-f", spec)
+	watch := start(t, "watch", "watch", job.ID, "--json", "--server", s.addr)
+	tk := time.NewTicker(50 * time.Millisecond)
+	defer tk.Stop()
+	for {
+		if es, _ := os.ReadDir(filepath.Join(runsDir, job.ID, "checkpoints")); len(es) > 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("no checkpoint written")
+		case <-tk.C:
+		}
+	}
+	proxy.Cut()
+	cut := time.Now()
+	line, err := watch.stdout.wait(testCtx(t, 20*time.Second), watch.exited, func(l string) bool {
+		return strings.Contains(l, `"event":"log"`) && strings.Contains(l, "cut off from the ring")
+	})
+	if err != nil {
+		t.Fatalf("no eviction within 20s of the cut: %v", err)
+	}
+	t.Logf("evicted %.1fs after the cut: %s", time.Since(cut).Seconds(), line)
+	if !strings.Contains(line, "worker rc-1 ") {
+		t.Errorf("eviction %s does not name rc-1, the worker cut off", line)
+	}
+	if code := watch.wait(ctx, t); code != 0 {
+		t.Fatalf("watch: exit %d", code)
+	}
+	if sum := parseSummary(t, watch.stdout.all()); sum.State != "SUCCEEDED" {
+		t.Fatalf("after the cut: %+v; want SUCCEEDED on the other two workers", sum)
+	}
+	if got := s.jobs(ctx, t)[job.ID].WorkerIDs; len(got) != 2 || slices.Contains(got, "rc-1") {
+		t.Errorf("final workers %v; want the two others", got)
+	}
+	s.waitWorker(ctx, t, "rc-1", "IDLE") // evicted from the job, still connected
 }

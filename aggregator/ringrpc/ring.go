@@ -166,9 +166,9 @@ type Ring struct {
 	// neighbour (accepted by the inbound handler, taken or not).
 	framesOut, framesIn atomic.Int64
 	lastIn              atomic.Int64 // Unix nanoseconds of the last arrival from the left (or of Join)
-	// aborted: a SendRight or RecvLeft gave up because its caller's
-	// context ended, so a collective stopped half-way and Shutdown has no
-	// last frames to deliver.
+	// aborted: a SendRight or RecvLeft failed (its caller's context
+	// ended, or a link broke), so a collective stopped half-way and
+	// Shutdown has no last frames to deliver.
 	aborted atomic.Bool
 
 	// Left waits: how long RecvLeft blocked for the first frame of each
@@ -473,6 +473,14 @@ func (r *Ring) Generation() uint64 { return r.gen }
 // into a free outbox buffer and queues it for the sender goroutine. It
 // blocks only while all OutboxFrames buffers are in flight.
 func (r *Ring) SendRight(ctx context.Context, f aggregator.Frame) error {
+	err := r.sendRight(ctx, f)
+	if err != nil {
+		r.aborted.Store(true)
+	}
+	return err
+}
+
+func (r *Ring) sendRight(ctx context.Context, f aggregator.Frame) error {
 	if len(f.Data) > wire.MaxFrameBytes/4 {
 		return fmt.Errorf("ringrpc: frame of %d float32 values; at most %d allowed", len(f.Data), wire.MaxFrameBytes/4)
 	}
@@ -480,7 +488,6 @@ func (r *Ring) SendRight(ctx context.Context, f aggregator.Frame) error {
 		return errors.New("ringrpc: a ring of one rank has no neighbour to send to")
 	}
 	if err := ctx.Err(); err != nil {
-		r.aborted.Store(true)
 		return err
 	}
 	select {
@@ -494,7 +501,6 @@ func (r *Ring) SendRight(ctx context.Context, f aggregator.Frame) error {
 	select {
 	case o = <-r.outFree:
 	case <-ctx.Done():
-		r.aborted.Store(true)
 		return ctx.Err()
 	case <-r.ctx.Done():
 		return aggregator.ErrClosed
@@ -511,6 +517,14 @@ func (r *Ring) SendRight(ctx context.Context, f aggregator.Frame) error {
 // RecvLeft implements aggregator.Ring. Frames that arrived before the left
 // link broke are delivered before the error.
 func (r *Ring) RecvLeft(ctx context.Context) (aggregator.Frame, error) {
+	f, err := r.recvLeft(ctx)
+	if err != nil {
+		r.aborted.Store(true)
+	}
+	return f, err
+}
+
+func (r *Ring) recvLeft(ctx context.Context) (aggregator.Frame, error) {
 	if r.last != nil {
 		r.inFree <- r.last // room: every inFrame fits
 		r.last = nil
@@ -519,7 +533,6 @@ func (r *Ring) RecvLeft(ctx context.Context) (aggregator.Frame, error) {
 		return aggregator.Frame{}, errors.New("ringrpc: a ring of one rank has no neighbour to receive from")
 	}
 	if err := ctx.Err(); err != nil {
-		r.aborted.Store(true)
 		return aggregator.Frame{}, err
 	}
 	select {
@@ -532,7 +545,6 @@ func (r *Ring) RecvLeft(ctx context.Context) (aggregator.Frame, error) {
 	case in := <-r.inbox:
 		return r.take(in, time.Since(start)), nil
 	case <-ctx.Done():
-		r.aborted.Store(true)
 		return aggregator.Frame{}, ctx.Err()
 	case <-r.ctx.Done():
 		return aggregator.Frame{}, aggregator.ErrClosed
@@ -566,9 +578,9 @@ func (r *Ring) take(in *inFrame, waited time.Duration) aggregator.Frame {
 // all and the left neighbour has half-closed its stream too, so that no
 // rank tears down a link its neighbour still needs. Then it closes the
 // ring as Close does. After a collective was abandoned half-way (a call's
-// context ended: a step timeout, a cancelled task) there are no last frames
-// anyone needs, and a stalled link would only hold Shutdown up, so it
-// closes at once.
+// context ended — a step timeout, a cancelled task — or a link broke)
+// there are no last frames anyone needs, and a stalled link would only
+// hold Shutdown up, so it closes at once.
 func (r *Ring) Shutdown(ctx context.Context) error {
 	defer r.Close()
 	if r.n == 1 {
