@@ -229,7 +229,26 @@ func (s *Server) Counters() Counters { return s.counters }
 // Err returns why the job failed, or nil.
 func (s *Server) Err() error { return s.err }
 
-// Start opens round 1 at now.
+// Resume makes a Server that has not started continue a job that stopped
+// (a checkpoint) after completed rounds had closed, the last of them
+// numbered round (failed rounds take numbers too, so round ≥ completed).
+// The global parameters and the strategy's state are the caller's to
+// restore. Start then opens round+1 with the clients an undisturbed run
+// samples for it.
+func (s *Server) Resume(round, completed int) error {
+	switch {
+	case s.state != stateIdle:
+		return errors.New("federated: Resume: already started")
+	case completed < 0 || round < completed:
+		return fmt.Errorf("federated: Resume: %d rounds completed by round %d: want 0 ≤ completed ≤ round", completed, round)
+	case completed >= s.cfg.Rounds:
+		return fmt.Errorf("federated: Resume: %d rounds completed, the job has %d: nothing is left", completed, s.cfg.Rounds)
+	}
+	s.round, s.completed = round, completed
+	return nil
+}
+
+// Start opens the first round (1, or the one after Resume's) at now.
 func (s *Server) Start(now time.Time) ([]Action, error) {
 	if s.state != stateIdle {
 		return nil, fmt.Errorf("federated: Start: already started")

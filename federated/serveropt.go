@@ -3,6 +3,7 @@ package federated
 import (
 	"fmt"
 	"math"
+	"slices"
 )
 
 // ServerOptimizer applies the round's pseudo-gradient to the global
@@ -13,6 +14,22 @@ type ServerOptimizer interface {
 	// combined client deltas); delta is only read. State, if any, belongs
 	// to the optimiser and is created on the first Step.
 	Step(global, delta []float32)
+}
+
+// StatefulOptimizer is a ServerOptimizer whose state carries across
+// rounds (FedAvgM's velocity, FedAdam's and FedYogi's moments), so that a
+// checkpoint can save it and a resumed run continue bit for bit.
+type StatefulOptimizer interface {
+	ServerOptimizer
+	// StateNames names the state buffers, in a fixed order.
+	StateNames() []string
+	// State returns the state buffers by name, each of length P, or nil
+	// before the first Step. They are the optimiser's: copy, don't keep.
+	State() map[string][]float32
+	// SetState replaces the state with copies of the named buffers (all
+	// of StateNames, of one length); nil forgets it, as before the first
+	// Step.
+	SetState(state map[string][]float32) error
 }
 
 // ServerSGD is x ← x + LR·Δ. LR = 1 is FedAvg (the new global model is the
@@ -62,6 +79,27 @@ func (o *ServerMomentum) Step(global, delta []float32) {
 	}
 }
 
+// StateNames implements StatefulOptimizer: the velocity v.
+func (o *ServerMomentum) StateNames() []string { return []string{"momentum"} }
+
+// State implements StatefulOptimizer.
+func (o *ServerMomentum) State() map[string][]float32 {
+	if o.v == nil {
+		return nil
+	}
+	return map[string][]float32{"momentum": o.v}
+}
+
+// SetState implements StatefulOptimizer.
+func (o *ServerMomentum) SetState(state map[string][]float32) error {
+	bufs, err := stateBuffers("ServerMomentum", o.StateNames(), state)
+	if err != nil {
+		return err
+	}
+	o.v = bufs[0]
+	return nil
+}
+
 // Adaptive is FedAdam or FedYogi (Reddi et al. 2021, Algorithm 2), with
 // m starting at 0 and v at τ² (the paper's v₋₁ ≥ τ²) and no bias
 // correction, as in the paper:
@@ -108,6 +146,51 @@ func (o *Adaptive) Step(global, delta []float32) {
 		o.m[j], o.v[j] = float32(m), float32(v)
 		global[j] = float32(float64(global[j]) + lr*m/(math.Sqrt(v)+tau))
 	}
+}
+
+// StateNames implements StatefulOptimizer: the moments m and v.
+func (o *Adaptive) StateNames() []string { return []string{"m", "v"} }
+
+// State implements StatefulOptimizer.
+func (o *Adaptive) State() map[string][]float32 {
+	if o.m == nil {
+		return nil
+	}
+	return map[string][]float32{"m": o.m, "v": o.v}
+}
+
+// SetState implements StatefulOptimizer.
+func (o *Adaptive) SetState(state map[string][]float32) error {
+	bufs, err := stateBuffers("Adaptive", o.StateNames(), state)
+	if err != nil {
+		return err
+	}
+	o.m, o.v = bufs[0], bufs[1]
+	return nil
+}
+
+// stateBuffers returns copies of state's buffers in the order of names
+// (nil for a nil state), checking that there are exactly those, all of
+// one length.
+func stateBuffers(who string, names []string, state map[string][]float32) ([][]float32, error) {
+	out := make([][]float32, len(names))
+	if state == nil {
+		return out, nil
+	}
+	if len(state) != len(names) {
+		return nil, fmt.Errorf("federated: %s.SetState: %d buffers, want %v", who, len(state), names)
+	}
+	for i, n := range names {
+		b, ok := state[n]
+		if !ok {
+			return nil, fmt.Errorf("federated: %s.SetState: no buffer %q (want %v)", who, n, names)
+		}
+		if len(b) != len(state[names[0]]) {
+			return nil, fmt.Errorf("federated: %s.SetState: buffer %q has length %d, %q %d", who, n, len(b), names[0], len(state[names[0]]))
+		}
+		out[i] = slices.Clone(b)
+	}
+	return out, nil
 }
 
 func (o *Adaptive) params() (lr, b1, b2, tau float64) {

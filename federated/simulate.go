@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/models"
@@ -63,6 +64,35 @@ type SimConfig struct {
 	// Progress, if non-nil, is called with each round's record as it is
 	// made (on Simulate's goroutine).
 	Progress func(Record)
+	// AfterRound, if non-nil, is called after Progress with each closed
+	// round's record (on Simulate's goroutine); Sim.Snapshot then returns
+	// the state after that round, to checkpoint. An error stops the
+	// simulation, which returns it.
+	AfterRound func(Record) error
+	// Resume, if non-nil, continues a run from a Snapshot (of a run with
+	// the same configuration but Resume and the callbacks): the rounds
+	// after it are those of an undisturbed run, bit for bit.
+	Resume *Snapshot
+}
+
+// Snapshot is a simulation's state after a closed round: with the same
+// SimConfig it is all a resumed run needs, as client sampling, local
+// shuffles and stragglers are drawn from (Seed, round, …) and the
+// clients' SGD keeps no state across rounds.
+type Snapshot struct {
+	// Round is the server round number of the last closed round, and
+	// Completed the rounds closed by then (Round ≥ Completed: a failed
+	// round's number is skipped).
+	Round, Completed int
+	// Model is the global model's state_dict by PyTorch name
+	// (models.Network.State): the global parameters and the network's
+	// buffers.
+	Model map[string]models.Tensor
+	// Server is the strategy's server optimiser state
+	// (StatefulOptimizer), each buffer split by parameter as
+	// "<state name>.<parameter name>" ("momentum.fc.weight", "m.…",
+	// "v.…"); empty for stateless optimisers and before the first round.
+	Server map[string]models.Tensor
 }
 
 // Record is one closed round of a simulation.
@@ -167,7 +197,8 @@ func (c SimConfig) serverConfig() ServerConfig {
 	}
 }
 
-// Simulate runs a federated job end to end in process: a Server (the same
+// Simulate runs a federated job end to end in process (NewSim, then
+// Sim.Run): a Server (the same
 // state machine the gRPC service drives) on a virtual clock, and the
 // sampled clients trained sequentially on ONE models.Network — each copies
 // the round's global parameters in, runs E local epochs of SGD with batch B
@@ -178,19 +209,16 @@ func (c SimConfig) serverConfig() ServerConfig {
 // it is cancelled. A job failure (too many failed rounds) is returned with
 // the history so far.
 func Simulate(ctx context.Context, cfg SimConfig) (History, error) {
-	if err := cfg.Validate(); err != nil {
-		return History{}, err
-	}
-	cfg = cfg.withDefaults()
-	s, err := newSim(cfg)
+	s, err := NewSim(cfg)
 	if err != nil {
 		return History{}, err
 	}
-	return s.run(ctx)
+	return s.Run(ctx)
 }
 
-// sim is one simulation's state; all buffers are allocated once.
-type sim struct {
+// Sim is one simulation (see Simulate); all buffers are allocated once.
+// Run it once; Snapshot is for its callbacks and after Run.
+type Sim struct {
 	cfg      SimConfig
 	net      *models.Network
 	srv      *Server
@@ -209,9 +237,19 @@ type sim struct {
 	evalPred []int
 	now      time.Time
 	hist     History
+	// The state of the last closed round (or the start) that Snapshot
+	// does not read from the server: its number, the rounds closed by
+	// then, and the network's buffers then (later clients change them).
+	lastRound, completed int
+	closeBufs            []float32
 }
 
-func newSim(cfg SimConfig) (*sim, error) {
+// NewSim validates cfg and builds the simulation, from cfg.Resume if set.
+func NewSim(cfg SimConfig) (*Sim, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
 	tr := cfg.Train
 	net, err := models.New(cfg.Model, models.Options{Channels: tr.C, Height: tr.H, Width: tr.W, Classes: tr.Classes, Seed: cfg.Seed})
 	if err != nil {
@@ -221,6 +259,11 @@ func newSim(cfg SimConfig) (*sim, error) {
 	if err != nil {
 		return nil, err
 	}
+	if r := cfg.Resume; r != nil {
+		if err := restore(net, strat, r); err != nil {
+			return nil, err
+		}
+	}
 	global := make([]float32, net.NumParams())
 	copy(global, net.Params())
 	srv, err := NewServer(cfg.serverConfig(), strat, global)
@@ -228,10 +271,16 @@ func newSim(cfg SimConfig) (*sim, error) {
 		return nil, err
 	}
 	m, _ := NumSampled(len(cfg.Partition), cfg.Fraction)
-	s := &sim{
+	s := &Sim{
 		cfg: cfg, net: net, srv: srv, sgd: optim.SGD{LR: cfg.ClientLR}, classes: tr.Classes,
 		start: make([]float32, net.NumParams()), deltas: make([][]float32, m),
-		now: time.Unix(0, 0).UTC(),
+		now: time.Unix(0, 0).UTC(), closeBufs: slices.Clone(net.Buffers()),
+	}
+	if r := cfg.Resume; r != nil {
+		if err := srv.Resume(r.Round, r.Completed); err != nil {
+			return nil, err
+		}
+		s.lastRound, s.completed = r.Round, r.Completed
 	}
 	maxLocal := 0
 	for k, idx := range cfg.Partition {
@@ -268,7 +317,55 @@ func newSim(cfg SimConfig) (*sim, error) {
 	return s, nil
 }
 
-func (s *sim) run(ctx context.Context) (History, error) {
+// restore loads a snapshot's model into net and its server optimiser
+// state into strat.
+func restore(net *models.Network, strat *Strategy, r *Snapshot) error {
+	if err := net.LoadState(r.Model); err != nil {
+		return fmt.Errorf("federated: resume: model: %w", err)
+	}
+	so, ok := strat.Server.(StatefulOptimizer)
+	if !ok {
+		if len(r.Server) > 0 {
+			return fmt.Errorf("federated: resume: strategy %s keeps no server state, but the snapshot has %d tensors", strat.Name, len(r.Server))
+		}
+		return nil
+	}
+	if len(r.Server) == 0 {
+		return so.SetState(nil)
+	}
+	state := map[string][]float32{}
+	n := 0
+	for _, name := range so.StateNames() {
+		buf, err := checkpoint.GetFlat(r.Server, name+".", net.Segments())
+		if err != nil {
+			return fmt.Errorf("federated: resume: server state: %w", err)
+		}
+		state[name] = buf
+		n += len(net.Segments())
+	}
+	if n != len(r.Server) {
+		return fmt.Errorf("federated: resume: server state has %d tensors, strategy %s's has %d", len(r.Server), strat.Name, n)
+	}
+	return so.SetState(state)
+}
+
+// Snapshot returns the state after the last closed round (or the start,
+// or the resumed snapshot, before any): call it from AfterRound, or after
+// Run. The tensors are copies.
+func (s *Sim) Snapshot() Snapshot {
+	snap := Snapshot{Round: s.lastRound, Completed: s.completed, Model: map[string]models.Tensor{}, Server: map[string]models.Tensor{}}
+	checkpoint.PutFlat(snap.Model, "", s.net.Segments(), s.srv.Global())
+	checkpoint.PutFlat(snap.Model, "", s.net.BufferSegments(), s.closeBufs)
+	if so, ok := s.srv.strategy.Server.(StatefulOptimizer); ok {
+		for name, buf := range so.State() {
+			checkpoint.PutFlat(snap.Server, name+".", s.net.Segments(), buf)
+		}
+	}
+	return snap
+}
+
+// Run runs the simulation's rounds; see Simulate.
+func (s *Sim) Run(ctx context.Context) (History, error) {
 	queue, err := s.srv.Start(s.now)
 	if err != nil {
 		return s.hist, err
@@ -286,6 +383,11 @@ func (s *sim) run(ctx context.Context) (History, error) {
 			}
 		case *RoundClosed:
 			s.closed(a)
+			if s.cfg.AfterRound != nil {
+				if err := s.cfg.AfterRound(s.hist.Records[len(s.hist.Records)-1]); err != nil {
+					return s.hist, err
+				}
+			}
 		case *RoundFailed:
 			s.hist.FailedRounds++
 		case *Finished:
@@ -296,7 +398,7 @@ func (s *sim) run(ctx context.Context) (History, error) {
 
 // drain records the closes and failures among the actions left when the
 // job stops with an error.
-func (s *sim) drain(queue []Action) {
+func (s *Sim) drain(queue []Action) {
 	for _, a := range queue {
 		switch a := a.(type) {
 		case *RoundClosed:
@@ -309,7 +411,7 @@ func (s *sim) drain(queue []Action) {
 
 // round trains and submits every sampled, non-straggling client of the
 // open round, then lets the deadline pass if the round is still open.
-func (s *sim) round(ctx context.Context, open *OpenRound) ([]Action, error) {
+func (s *Sim) round(ctx context.Context, open *OpenRound) ([]Action, error) {
 	copy(s.start, open.Global)
 	var acts []Action
 	for i, k := range open.Clients {
@@ -350,7 +452,7 @@ func (s *sim) round(ctx context.Context, open *OpenRound) ([]Action, error) {
 // train runs client k's local epochs from s.start on the network's
 // parameters and returns its mean loss over the last epoch (0 for a client
 // with no examples, whose delta is then 0).
-func (s *sim) train(round, k int) float64 {
+func (s *Sim) train(round, k int) float64 {
 	params, grads := s.net.Params(), s.net.Grads()
 	copy(params, s.start)
 	s.idx = append(s.idx[:0], s.cfg.Partition[k]...)
@@ -387,13 +489,16 @@ func (s *sim) train(round, k int) float64 {
 	return last
 }
 
-func (s *sim) closed(c *RoundClosed) {
+func (s *Sim) closed(c *RoundClosed) {
 	rec := Record{Round: c.Round, Participants: c.Participants, Missing: c.Missing,
 		UpdateNorm: c.Stats.DeltaNorm, TrainLoss: c.Stats.TrainLoss}
 	for _, k := range c.Participants {
 		rec.LabelHists = append(rec.LabelHists, slices.Clone(s.hists[k]))
 	}
-	if len(s.hist.Records)+1 == s.cfg.Rounds || (len(s.hist.Records)+1)%s.cfg.EvalEvery == 0 {
+	s.lastRound = c.Round
+	s.completed++
+	copy(s.closeBufs, s.net.Buffers())
+	if s.completed == s.cfg.Rounds || s.completed%s.cfg.EvalEvery == 0 {
 		rec.Evaluated = true
 		rec.TestAcc, rec.TestLoss = s.evaluate(c.Global)
 		s.hist.FinalAcc, s.hist.FinalLoss = rec.TestAcc, rec.TestLoss
@@ -405,7 +510,7 @@ func (s *sim) closed(c *RoundClosed) {
 }
 
 // evaluate returns the accuracy and mean cross-entropy of params on Test.
-func (s *sim) evaluate(params []float32) (acc, loss float64) {
+func (s *Sim) evaluate(params []float32) (acc, loss float64) {
 	copy(s.net.Params(), params)
 	te := s.cfg.Test
 	sz := te.ImageSize()

@@ -669,5 +669,10 @@ func (s *Server) resumeSpec(req *pb.SubmitJobRequest) (*pb.JobSpec, string, erro
 	if sp := req.GetSpec(); sp != nil && sp.Workers != nil { // a resume without a spec keeps the number of workers
 		spec.Workers, spec.MinWorkers, spec.MaxWorkers = sp.Workers, 0, 0
 	}
+	if spec.GetMode() == "fedavg" {
+		// Normalize fills these with defaults that fedavg does not use,
+		// and refuses them when set: it fills them again the same way.
+		spec.Epochs, spec.BatchSize = nil, nil
+	}
 	return spec, path, nil
 }

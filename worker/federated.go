@@ -3,8 +3,10 @@ package worker
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/federated"
 	"github.com/gradsync/gradsync/internal/tensor"
@@ -34,6 +36,14 @@ func partition(spec *pb.JobSpec, train *data.Dataset) ([][]int, error) {
 // this worker (as Flower's simulation does): each round the sampled clients
 // train in turn from the global model, and the server rule aggregates their
 // updates. Each closed round is reported as progress and an evaluation.
+//
+// With checkpoints the worker writes one after a closed round when the
+// spec says (a round counts as a step and as an epoch) and when the job
+// stops early: the global model (model.safetensors), the server
+// optimiser's state (extra.safetensors, "server.<state>.<param>"), and in
+// meta.json Step = rounds closed, Epoch = the last closed round's number.
+// A resume continues with the next round exactly as an undisturbed run
+// would (sampling and shuffles are drawn from the seed and the round).
 func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, test *data.Dataset) (*pb.JobResult, error) {
 	spec := a.Spec
 	f := spec.GetFederated()
@@ -46,6 +56,15 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 		return nil, err
 	}
 	rounds := int64(f.GetRounds())
+	var resumed *federated.Snapshot
+	var firstDone int64 // rounds closed before this task started
+	if a.ResumeFrom != "" {
+		if resumed, err = loadFederated(a.ResumeFrom, spec); err != nil {
+			return nil, err
+		}
+		firstDone = int64(resumed.Completed)
+		env.log.Info("resumed from a checkpoint", "job", a.JobId, "path", a.ResumeFrom, "rounds", resumed.Completed)
+	}
 	start := time.Now()
 	res := &pb.JobResult{GemmBackend: tensor.Backend()}
 	cfg := federated.SimConfig{
@@ -63,7 +82,7 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 				JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, Progress: &pb.Progress{
 					Epoch: int32(r.Round), Step: done, TotalSteps: rounds, Loss: r.TrainLoss,
 					LearningRate: f.GetClientLr(), ElapsedSeconds: elapsed,
-					EtaSeconds: elapsed / float64(max(done, 1)) * float64(rounds-done),
+					EtaSeconds: elapsed / float64(max(done-firstDone, 1)) * float64(rounds-done),
 				}}}})
 			if !r.Evaluated {
 				return
@@ -90,8 +109,35 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 	if f.GetFullBatch() {
 		cfg.LocalBatch = 0
 	}
-	h, err := federated.Simulate(ctx, cfg)
+	cfg.Resume = resumed
+	var sim *federated.Sim
+	var ckpt *checkpointer
+	if a.CheckpointDir != "" {
+		ckpt = &checkpointer{dir: a.CheckpointDir, spec: spec, jobID: a.JobId, world: 1, lastSave: time.Now()}
+		cfg.AfterRound = func(r federated.Record) error {
+			done := int64(r.Round)
+			if snap := sim.Snapshot(); ckpt.due(int64(snap.Completed), true, snap.Completed-1, time.Now()) {
+				path, err := ckpt.saveFederated(snap, time.Now())
+				if err != nil {
+					return fmt.Errorf("round %d: writing a checkpoint: %w", done, err)
+				}
+				env.log.Debug("checkpoint written", "job", a.JobId, "path", path)
+			}
+			return nil
+		}
+	}
+	if sim, err = federated.NewSim(cfg); err != nil {
+		return nil, err
+	}
+	h, err := sim.Run(ctx)
 	if err != nil {
+		// Stopped early (cancelled, or the job ended elsewhere): keep the
+		// rounds closed since the start, so a resume loses nothing.
+		if snap := sim.Snapshot(); ckpt != nil && ctx.Err() != nil && int64(snap.Completed) > firstDone {
+			if _, serr := ckpt.saveFederated(snap, time.Now()); serr != nil {
+				env.log.Warn("checkpoint at cancellation failed", "job", a.JobId, "err", serr)
+			}
+		}
 		return nil, err
 	}
 	res.TestAccuracy, res.TestLoss = h.FinalAcc, h.FinalLoss
@@ -100,4 +146,46 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 		res.Epochs, res.Steps = int32(h.Records[n-1].Round), int64(h.Records[n-1].Round)
 	}
 	return res, nil
+}
+
+// saveFederated writes a fedavg simulation's snapshot as a checkpoint.
+func (c *checkpointer) saveFederated(snap federated.Snapshot, now time.Time) (string, error) {
+	st := &checkpoint.State{
+		Meta: checkpoint.Meta{JobID: c.jobID, SpecHash: specHash(c.spec), Step: int64(snap.Completed), Epoch: snap.Round,
+			WorldSize: c.world, Seed: c.spec.GetSeed()},
+		Tensors: snap.Model, Optim: map[string]checkpoint.Tensor{}, Extra: map[string]checkpoint.Tensor{},
+	}
+	for name, t := range snap.Server {
+		st.Extra[serverPrefix+name] = t
+	}
+	path, err := checkpoint.Save(c.dir, st, int(c.spec.GetCheckpoint().GetKeep()))
+	if err != nil {
+		return "", err
+	}
+	c.lastSave = now
+	return path, nil
+}
+
+// serverPrefix marks the federated server optimiser's state in a
+// checkpoint's extra tensors.
+const serverPrefix = "server."
+
+// loadFederated reads a fedavg checkpoint as the snapshot to resume from.
+func loadFederated(path string, spec *pb.JobSpec) (*federated.Snapshot, error) {
+	st, err := checkpoint.Load(path)
+	if err != nil {
+		return nil, err
+	}
+	if st.Meta.SpecHash != specHash(spec) {
+		return nil, fmt.Errorf("checkpoint %s was written for another spec", path)
+	}
+	snap := &federated.Snapshot{Round: st.Meta.Epoch, Completed: int(st.Meta.Step), Model: st.Tensors, Server: map[string]checkpoint.Tensor{}}
+	for name, t := range st.Extra {
+		rest, ok := strings.CutPrefix(name, serverPrefix)
+		if !ok {
+			return nil, fmt.Errorf("checkpoint %s: unexpected extra tensor %q in a fedavg checkpoint", path, name)
+		}
+		snap.Server[rest] = t
+	}
+	return snap, nil
 }
