@@ -416,3 +416,34 @@ func TestSnapshotKeepsTwo(t *testing.T) {
 		t.Error("dropped snapshots are still there")
 	}
 }
+
+// BenchmarkSnapshotTake is the per-step cost of an in-memory snapshot
+// (parameters, buffers, SGD momentum, PowerSGD state) for mlp and cnn.
+func BenchmarkSnapshotTake(b *testing.B) {
+	for _, model := range []string{"mlp", "cnn"} {
+		b.Run(model, func(b *testing.B) {
+			spec, err := jobspec.Normalize(&pb.JobSpec{Model: model, Mode: "ring", Dataset: &pb.DatasetSpec{Name: "mnist"},
+				Compression: &pb.CompressionSpec{Type: "powersgd"}}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			net, err := models.New(model, models.Options{Seed: 1})
+			if err != nil {
+				b.Fatal(err)
+			}
+			rs, err := newRingSync(context.Background(), aggregator.NewMemRing(1, 0)[0], nil, &pb.Assignment{Generation: 1, Spec: spec}, net, 10, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			o := rs.optim.(*optim.SGD)
+			o.Step(net.Params(), net.Grads()) // allocates the momentum buffer
+			_, own := rs.state.FlatLen()
+			b.SetBytes(int64(4 * (2*len(net.Params()) + len(net.Buffers()) + own)))
+			b.ReportAllocs()
+			var j jobSnapshots
+			for i := 0; b.Loop(); i++ {
+				j.take(1, int64(i), 0, 0, net, rs.optim, rs.state)
+			}
+		})
+	}
+}
