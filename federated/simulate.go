@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/data"
-	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/models"
 )
 
@@ -61,6 +63,11 @@ type SimConfig struct {
 	// Seed seeds the model's initial parameters, client sampling, local
 	// shuffles and stragglers.
 	Seed int64
+	// Parallel is how many clients train at once, each on its own network
+	// (0: GOMAXPROCS). Results do not depend on it: every client trains
+	// from the round's global model with randomness drawn from (Seed,
+	// round, client), and updates are aggregated in client order.
+	Parallel int
 	// Progress, if non-nil, is called with each round's record as it is
 	// made (on Simulate's goroutine).
 	Progress func(Record)
@@ -106,6 +113,7 @@ type Record struct {
 	Missing      []int   // sampled clients that did not answer (stragglers)
 	UpdateNorm   float64 // ‖Δ‖₂ of the combined delta
 	LabelHists   [][]int // LabelHists[i] is Participants[i]'s label histogram
+	Examples     int     // training examples processed in this round (local data × E, over the clients that trained)
 }
 
 // History is the outcome of a simulation.
@@ -200,9 +208,10 @@ func (c SimConfig) serverConfig() ServerConfig {
 // Simulate runs a federated job end to end in process (NewSim, then
 // Sim.Run): a Server (the same
 // state machine the gRPC service drives) on a virtual clock, and the
-// sampled clients trained sequentially on ONE models.Network — each copies
-// the round's global parameters in, runs E local epochs of SGD with batch B
-// (plus FedProx's proximal term when μ > 0), and submits params − global.
+// sampled clients trained by Parallel Trainers at once (each its own
+// models.Network) — each copies the round's global parameters in, runs E
+// local epochs of SGD with batch B (plus FedProx's proximal term when
+// μ > 0), and submits params − global, in client order.
 // Stragglers never answer; their round closes at its deadline. The global
 // model is evaluated on Test every EvalEvery rounds. Simulate checks ctx
 // between clients and returns ctx's error, with the history so far, when
@@ -222,16 +231,16 @@ type Sim struct {
 	cfg      SimConfig
 	net      *models.Network
 	srv      *Server
-	sgd      optim.SGD
 	classes  int
 	hists    [][]int     // per client, its label histogram
 	cw       [][]float32 // per client, class-balanced loss weights; nil without reweighting
 	start    []float32   // the round's global parameters, length P
 	deltas   [][]float32 // one per sampled slot, length P each; lent to the Server until the round ends
-	idx      []int       // a client's indices, shuffled per epoch
-	x        []float32   // (B, C, H, W)
-	y        []uint8     // (B)
-	dlogits  []float32   // (B, classes)
+	trainers []*Trainer  // Parallel of them, one per goroutine
+	losses   []float64   // per sampled slot, its last-epoch loss
+	trained  []bool      // per sampled slot, whether it answered
+	examples int         // examples trained since the last closed round
+	slotBufs [][]float32 // per sampled slot, its network's buffers after training (batch norm)
 	evalX    []float32
 	evalY    []uint8
 	evalPred []int
@@ -272,7 +281,7 @@ func NewSim(cfg SimConfig) (*Sim, error) {
 	}
 	m, _ := NumSampled(len(cfg.Partition), cfg.Fraction)
 	s := &Sim{
-		cfg: cfg, net: net, srv: srv, sgd: optim.SGD{LR: cfg.ClientLR}, classes: tr.Classes,
+		cfg: cfg, net: net, srv: srv, classes: tr.Classes,
 		start: make([]float32, net.NumParams()), deltas: make([][]float32, m),
 		now: time.Unix(0, 0).UTC(), closeBufs: slices.Clone(net.Buffers()),
 	}
@@ -301,15 +310,23 @@ func NewSim(cfg SimConfig) (*Sim, error) {
 	for i := range s.deltas {
 		s.deltas[i] = make([]float32, net.NumParams())
 	}
-	b := maxLocal
-	if cfg.LocalBatch > 0 {
-		b = min(cfg.LocalBatch, maxLocal)
+	par := cfg.Parallel
+	if par <= 0 {
+		par = runtime.GOMAXPROCS(0)
 	}
-	b = max(b, 1)
-	s.idx = make([]int, 0, maxLocal)
-	s.x = make([]float32, b*tr.ImageSize())
-	s.y = make([]uint8, b)
-	s.dlogits = make([]float32, b*tr.Classes)
+	for range min(par, max(m, 1)) {
+		t, err := NewTrainer(cfg.Model, tr, cfg.Seed, maxLocal, cfg.LocalBatch)
+		if err != nil {
+			return nil, err
+		}
+		s.trainers = append(s.trainers, t)
+	}
+	s.losses, s.trained = make([]float64, m), make([]bool, m)
+	if len(net.Buffers()) > 0 {
+		for range m {
+			s.slotBufs = append(s.slotBufs, make([]float32, len(net.Buffers())))
+		}
+	}
 	eb := min(cfg.EvalBatch, cfg.Test.N)
 	s.evalX = make([]float32, eb*tr.ImageSize())
 	s.evalY = make([]uint8, eb)
@@ -409,33 +426,31 @@ func (s *Sim) drain(queue []Action) {
 	}
 }
 
-// round trains and submits every sampled, non-straggling client of the
-// open round, then lets the deadline pass if the round is still open.
+// round trains every sampled, non-straggling client of the open round —
+// in parallel on the trainers, each from the round's global model — then
+// submits their updates in client order (so the result does not depend on
+// the parallelism), then lets the deadline pass if the round is still
+// open.
 func (s *Sim) round(ctx context.Context, open *OpenRound) ([]Action, error) {
 	copy(s.start, open.Global)
+	if err := s.trainAll(ctx, open); err != nil {
+		return nil, err
+	}
 	var acts []Action
 	for i, k := range open.Clients {
-		if err := ctx.Err(); err != nil {
-			return acts, err
-		}
-		if s.cfg.StragglerProb > 0 && newRand(s.cfg.Seed, streamStraggler, uint64(open.Round), uint64(k)).Float64() < s.cfg.StragglerProb {
+		if !s.trained[i] {
 			continue
 		}
-		loss := s.train(open.Round, k)
-		delta := s.deltas[i]
-		params := s.net.Params()
-		for j, p := range params {
-			delta[j] = p - s.start[j]
-		}
 		more, err := s.srv.Submit(s.now, Update{
-			Client: k, Round: open.Round, Delta: delta, NumExamples: len(s.cfg.Partition[k]),
-			LabelHist: s.hists[k], TrainLoss: loss,
+			Client: k, Round: open.Round, Delta: s.deltas[i], NumExamples: len(s.cfg.Partition[k]),
+			LabelHist: s.hists[k], TrainLoss: s.losses[i],
 		})
 		acts = append(acts, more...)
 		if err != nil {
 			return acts, err
 		}
 	}
+	s.mergeBuffers(open)
 	if s.srv.Round() == open.Round && s.srv.Completed() < s.cfg.Rounds && s.srv.Err() == nil {
 		// Not everyone answered: the round is still open until its deadline.
 		s.now = open.Deadline
@@ -449,49 +464,87 @@ func (s *Sim) round(ctx context.Context, open *OpenRound) ([]Action, error) {
 	return acts, nil
 }
 
-// train runs client k's local epochs from s.start on the network's
-// parameters and returns its mean loss over the last epoch (0 for a client
-// with no examples, whose delta is then 0).
-func (s *Sim) train(round, k int) float64 {
-	params, grads := s.net.Params(), s.net.Grads()
-	copy(params, s.start)
-	s.idx = append(s.idx[:0], s.cfg.Partition[k]...)
-	n := len(s.idx)
-	if n == 0 {
-		return 0
-	}
-	bs := len(s.y)
-	sz := s.cfg.Train.ImageSize()
-	var last float64
-	for e := range s.cfg.LocalEpochs {
-		r := newRand(s.cfg.Seed, streamShuffle, uint64(round), uint64(k), uint64(e))
-		r.Shuffle(n, func(i, j int) { s.idx[i], s.idx[j] = s.idx[j], s.idx[i] })
-		var sum float64
-		for off := 0; off < n; off += bs {
-			b := min(bs, n-off)
-			x, y, dl := s.x[:b*sz], s.y[:b], s.dlogits[:b*s.classes]
-			s.cfg.Train.Batch(s.idx[off:off+b], x, y)
-			s.net.ZeroGrad()
-			logits := s.net.Forward(x, b, true)
-			var l float32
-			if s.cw != nil {
-				l = models.SoftmaxCrossEntropyWith(logits, y, s.classes, models.CEOptions{ClassWeights: s.cw[k]}, dl)
-			} else {
-				l = models.SoftmaxCrossEntropy(logits, y, s.classes, dl)
-			}
-			s.net.Backward(dl)
-			AddProximal(grads, params, s.start, s.cfg.Mu)
-			s.sgd.Step(params, grads)
-			sum += float64(l) * float64(b)
+// trainAll trains the round's answering clients on the trainers, several
+// at once, leaving slot i's delta, loss and buffers in s.deltas[i],
+// s.losses[i] and s.slotBufs[i].
+func (s *Sim) trainAll(ctx context.Context, open *OpenRound) error {
+	var todo []int // slots
+	for i, k := range open.Clients {
+		s.trained[i] = !(s.cfg.StragglerProb > 0 && newRand(s.cfg.Seed, streamStraggler, uint64(open.Round), uint64(k)).Float64() < s.cfg.StragglerProb)
+		if s.trained[i] {
+			todo = append(todo, i)
+			s.examples += len(s.cfg.Partition[k]) * max(s.cfg.LocalEpochs, 1)
 		}
-		last = sum / float64(n)
 	}
-	return last
+	startBufs := s.closeBufs
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for _, t := range s.trainers[:min(len(s.trainers), len(todo))] {
+		wg.Go(func() {
+			for {
+				j := int(next.Add(1)) - 1
+				if j >= len(todo) || ctx.Err() != nil {
+					return
+				}
+				i := todo[j]
+				k := open.Clients[i]
+				cfg := LocalConfig{Epochs: s.cfg.LocalEpochs, Batch: s.cfg.LocalBatch, LR: s.cfg.ClientLR, Mu: s.cfg.Mu,
+					Seed: s.cfg.Seed, Round: open.Round, Client: k}
+				if s.cw != nil {
+					cfg.ClassWeights = s.cw[k]
+				}
+				s.losses[i] = t.Train(s.cfg.Train, s.cfg.Partition[k], s.start, startBufs, cfg)
+				delta := s.deltas[i]
+				for j, p := range t.net.Params() {
+					delta[j] = p - s.start[j]
+				}
+				if s.slotBufs != nil {
+					copy(s.slotBufs[i], t.net.Buffers())
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return ctx.Err()
+}
+
+// mergeBuffers sets the global network's non-trainable buffers (batch-norm
+// running statistics, which the strategies do not aggregate) to the
+// example-weighted mean of the round's trained clients', as FedAvg over a
+// whole state_dict does.
+func (s *Sim) mergeBuffers(open *OpenRound) {
+	if s.slotBufs == nil {
+		return
+	}
+	bufs := s.net.Buffers()
+	var total float64
+	for i, k := range open.Clients {
+		if s.trained[i] {
+			total += float64(len(s.cfg.Partition[k]))
+		}
+	}
+	if total == 0 {
+		return
+	}
+	acc := make([]float64, len(bufs))
+	for i, k := range open.Clients {
+		if !s.trained[i] {
+			continue
+		}
+		w := float64(len(s.cfg.Partition[k])) / total
+		for j, v := range s.slotBufs[i] {
+			acc[j] += w * float64(v)
+		}
+	}
+	for j, v := range acc {
+		bufs[j] = float32(v)
+	}
 }
 
 func (s *Sim) closed(c *RoundClosed) {
 	rec := Record{Round: c.Round, Participants: c.Participants, Missing: c.Missing,
-		UpdateNorm: c.Stats.DeltaNorm, TrainLoss: c.Stats.TrainLoss}
+		UpdateNorm: c.Stats.DeltaNorm, TrainLoss: c.Stats.TrainLoss, Examples: s.examples}
+	s.examples = 0
 	for _, k := range c.Participants {
 		rec.LabelHists = append(rec.LabelHists, slices.Clone(s.hists[k]))
 	}

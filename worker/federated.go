@@ -66,6 +66,7 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 		env.log.Info("resumed from a checkpoint", "job", a.JobId, "path", a.ResumeFrom, "rounds", resumed.Completed)
 	}
 	start := time.Now()
+	lastRound, examples := start, 0 // for images/s: examples trained by the clients
 	res := &pb.JobResult{GemmBackend: tensor.Backend()}
 	cfg := federated.SimConfig{
 		Train: train, Test: test, Partition: parts, Model: spec.GetModel(), Rounds: int(rounds),
@@ -76,12 +77,15 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 		Reweighting: f.GetReweighting(), Beta: f.GetBeta(), MinClients: int(f.GetMinClients()),
 		EvalEvery: int(f.GetEvalEveryRounds()), Seed: spec.GetSeed(),
 		Progress: func(r federated.Record) {
-			elapsed := time.Since(start).Seconds()
+			now := time.Now()
+			elapsed := now.Sub(start).Seconds()
 			done := int64(r.Round)
+			ips := float64(r.Examples) / max(now.Sub(lastRound).Seconds(), 1e-9)
+			lastRound, examples = now, examples+r.Examples
 			env.rep.trySend(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Progress{Progress: &pb.TaskProgress{
 				JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, Progress: &pb.Progress{
 					Epoch: int32(r.Round), Step: done, TotalSteps: rounds, Loss: r.TrainLoss,
-					LearningRate: f.GetClientLr(), ElapsedSeconds: elapsed,
+					LearningRate: f.GetClientLr(), ElapsedSeconds: elapsed, ImagesPerSecond: ips,
 					EtaSeconds: elapsed / float64(max(done-firstDone, 1)) * float64(rounds-done),
 				}}}})
 			if !r.Evaluated {
@@ -141,6 +145,7 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 		return nil, err
 	}
 	res.TestAccuracy, res.TestLoss = h.FinalAcc, h.FinalLoss
+	res.ImagesPerSecond = float64(examples) / max(time.Since(start).Seconds(), 1e-9)
 	if n := len(h.Records); n > 0 {
 		res.TrainLoss = h.Records[n-1].TrainLoss
 		res.Epochs, res.Steps = int32(h.Records[n-1].Round), int64(h.Records[n-1].Round)

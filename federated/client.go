@@ -1,0 +1,112 @@
+package federated
+
+import (
+	"github.com/gradsync/gradsync/data"
+	"github.com/gradsync/gradsync/internal/optim"
+	"github.com/gradsync/gradsync/models"
+)
+
+// LocalConfig is what one client's local training in one round needs
+// besides its data: the round's settings and where its randomness comes
+// from.
+type LocalConfig struct {
+	// Epochs is E ≥ 1; Batch is B (0: the whole local data set, one step
+	// per epoch).
+	Epochs, Batch int
+	// LR is the client's SGD learning rate; Mu FedProx's μ (0: plain).
+	LR, Mu float32
+	// ClassWeights, if set, weight the loss per class (class-balanced
+	// reweighting).
+	ClassWeights []float32
+	// Seed, Round and Client seed the local shuffles and the dropout masks,
+	// so a client's update is a pure function of them, its data and the
+	// global model — whichever trainer runs it, in whatever order.
+	Seed          int64
+	Round, Client int
+}
+
+// Trainer trains clients locally: a network and buffers sized once for
+// the largest batch it will see. It is not safe for concurrent use; run
+// one per goroutine.
+type Trainer struct {
+	net     *models.Network
+	sgd     optim.SGD
+	idx     []int
+	x       []float32
+	y       []uint8
+	dlogits []float32
+}
+
+// NewTrainer returns a trainer for model over images shaped like ds, for
+// local data sets of at most maxLocal examples and batch B (0: whole).
+func NewTrainer(model string, ds *data.Dataset, seed int64, maxLocal, batch int) (*Trainer, error) {
+	net, err := models.New(model, models.Options{Channels: ds.C, Height: ds.H, Width: ds.W, Classes: ds.Classes, Seed: seed})
+	if err != nil {
+		return nil, err
+	}
+	b := maxLocal
+	if batch > 0 {
+		b = min(batch, maxLocal)
+	}
+	b = max(b, 1)
+	return &Trainer{
+		net: net, idx: make([]int, 0, maxLocal),
+		x: make([]float32, b*ds.ImageSize()), y: make([]uint8, b), dlogits: make([]float32, b*ds.Classes),
+	}, nil
+}
+
+// Network is the trainer's network: after Train its parameters and
+// buffers are the client's.
+func (t *Trainer) Network() *models.Network { return t.net }
+
+// Train runs a client's local epochs on ds[idx] starting from the global
+// parameters start and buffers startBufs (nil: keep the network's), and
+// returns its mean loss over the last epoch (0 with no examples, when the
+// parameters stay at start). The trained parameters are in
+// Network().Params(). Its batches never exceed the size NewTrainer was
+// given.
+func (t *Trainer) Train(ds *data.Dataset, idx []int, start, startBufs []float32, cfg LocalConfig) float64 {
+	params, grads := t.net.Params(), t.net.Grads()
+	copy(params, start)
+	if startBufs != nil {
+		copy(t.net.Buffers(), startBufs)
+	}
+	t.idx = append(t.idx[:0], idx...)
+	n := len(t.idx)
+	if n == 0 {
+		return 0
+	}
+	t.net.SetDropoutStream(splitmix64(uint64(cfg.Round)<<32 ^ uint64(cfg.Client)))
+	t.sgd.LR = cfg.LR
+	bs := n
+	if cfg.Batch > 0 {
+		bs = min(cfg.Batch, n)
+	}
+	bs = min(bs, len(t.y))
+	sz, classes := ds.ImageSize(), ds.Classes
+	var last float64
+	for e := range max(cfg.Epochs, 1) {
+		r := newRand(cfg.Seed, streamShuffle, uint64(cfg.Round), uint64(cfg.Client), uint64(e))
+		r.Shuffle(n, func(i, j int) { t.idx[i], t.idx[j] = t.idx[j], t.idx[i] })
+		var sum float64
+		for off := 0; off < n; off += bs {
+			b := min(bs, n-off)
+			x, y, dl := t.x[:b*sz], t.y[:b], t.dlogits[:b*classes]
+			ds.Batch(t.idx[off:off+b], x, y)
+			t.net.ZeroGrad()
+			logits := t.net.Forward(x, b, true)
+			var l float32
+			if cfg.ClassWeights != nil {
+				l = models.SoftmaxCrossEntropyWith(logits, y, classes, models.CEOptions{ClassWeights: cfg.ClassWeights}, dl)
+			} else {
+				l = models.SoftmaxCrossEntropy(logits, y, classes, dl)
+			}
+			t.net.Backward(dl)
+			AddProximal(grads, params, start, cfg.Mu)
+			t.sgd.Step(params, grads)
+			sum += float64(l) * float64(b)
+		}
+		last = sum / float64(n)
+	}
+	return last
+}
