@@ -45,6 +45,13 @@ type ringSync struct {
 	state   compress.Stateful // the reducer's state
 	timeout time.Duration
 	skipBad bool
+	// noOverlap reduces after backward even without compression (tests).
+	noOverlap bool
+	// The overlapped reduction of the current step, between beginStep and
+	// step.
+	pending       *compress.Overlapped
+	pendingCtx    context.Context
+	pendingCancel context.CancelFunc
 
 	seq     int64 // tags this type's own collectives: -1, -2, … (the reducer's are ≥ 0)
 	steps   int64 // optimiser steps taken
@@ -95,12 +102,48 @@ func (r *ringSync) broadcastParams(ctx context.Context, params []float32) error 
 	return nil
 }
 
+// beginStep starts the uncompressed reduction of the step's gradient
+// before backward, so that each bucket's all-reduce runs as soon as
+// backward has finished it (DDP's overlap); it returns the function
+// BackwardNotify reports progress to, or nil when the reducer compresses
+// (compressors need the whole gradient) — then step reduces after
+// backward. grads must be zeroed before, and step must follow.
+func (r *ringSync) beginStep(ctx context.Context, grads []float32) (func(from int), error) {
+	p, ok := r.reducer.(*compress.Plain)
+	if !ok || r.noOverlap {
+		return nil, nil
+	}
+	sctx, cancel := context.WithTimeout(ctx, r.timeout)
+	o, err := p.Start(sctx, grads, r.steps)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	r.pending, r.pendingCtx, r.pendingCancel = o, sctx, cancel
+	return o.Ready, nil
+}
+
 func (r *ringSync) step(ctx context.Context, grads, params []float32) error {
+	if o := r.pending; o != nil {
+		// The all-reduce began with backward (beginStep).
+		ctx, cancel := r.pendingCtx, r.pendingCancel
+		r.pending, r.pendingCtx, r.pendingCancel = nil, nil, nil
+		defer cancel()
+		if err := o.Wait(); err != nil {
+			return r.explain(ctx, err)
+		}
+		return r.apply(ctx, grads, params)
+	}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	if err := r.reducer.Reduce(ctx, grads, r.steps); err != nil {
 		return r.explain(ctx, err)
 	}
+	return r.apply(ctx, grads, params)
+}
+
+// apply takes the optimiser step with the averaged gradient.
+func (r *ringSync) apply(ctx context.Context, grads, params []float32) error {
 	finite := true
 	for _, g := range grads {
 		if g-g != 0 {

@@ -2,7 +2,9 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -31,8 +33,9 @@ func TestRingAndPSMatchSingleWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec, err := jobspec.Normalize(&pb.JobSpec{Model: "mlp", Dataset: &pb.DatasetSpec{Name: "synthetic"},
-		Workers: proto.Int32(world), BatchSize: proto.Int32(global / world)}, nil)
+	spec, err := jobspec.Normalize(&pb.JobSpec{Model: "mlp", Mode: "ring", Dataset: &pb.DatasetSpec{Name: "synthetic"},
+		Workers: proto.Int32(world), BatchSize: proto.Int32(global / world),
+		BucketCapMb: 0.1}, nil) // several buckets, so that the overlapped run really overlaps
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,8 +50,11 @@ func TestRingAndPSMatchSingleWorker(t *testing.T) {
 		o := spec.Optimizer
 		return &optim.SGD{LR: float32(o.GetLr()), Momentum: float32(o.GetMomentum())}
 	}
-	// grad computes net's mean gradient over examples [lo, hi) of the step.
-	grad := func(net *models.Network, step, lo, hi int) []float32 {
+	// grad computes net's mean gradient over examples [lo, hi) of the step;
+	// gradNotify does so reporting backward's progress to ready.
+	var gradNotify func(net *models.Network, step, lo, hi int, ready func(int)) []float32
+	grad := func(net *models.Network, step, lo, hi int) []float32 { return gradNotify(net, step, lo, hi, nil) }
+	gradNotify = func(net *models.Network, step, lo, hi int, ready func(int)) []float32 {
 		idx := make([]int, hi-lo)
 		for i := range idx {
 			idx[i] = step*global + lo + i
@@ -60,7 +66,7 @@ func TestRingAndPSMatchSingleWorker(t *testing.T) {
 		logits := net.Forward(x, len(idx), true)
 		dl := make([]float32, len(logits))
 		models.SoftmaxCrossEntropy(logits, y, 10, dl)
-		net.Backward(dl)
+		net.BackwardNotify(dl, ready)
 		return net.Grads()
 	}
 
@@ -95,40 +101,61 @@ func TestRingAndPSMatchSingleWorker(t *testing.T) {
 		}
 	}
 
-	// Two ranks over an in-memory ring.
-	rings := aggregator.NewMemRing(world, 4)
-	ringNets := []*models.Network{newNet(), newNet()}
+	// Two ranks over an in-memory ring, reducing after backward, then
+	// overlapping the bucket all-reduces with backward (beginStep).
 	a := &pb.Assignment{Generation: 1, Spec: spec}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	errs := make([]error, world)
-	for r := range world {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			net := ringNets[r]
-			rs, err := newRingSync(ctx, rings[r], nil, a, net, steps, nil)
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			if err := rs.broadcastParams(ctx, net.Params()); err != nil {
-				errs[r] = err
-				return
-			}
-			for s := 0; s < steps; s++ {
-				if err := rs.step(ctx, grad(net, s, r*global/world, (r+1)*global/world), net.Params()); err != nil {
+	runRing := func(overlap bool) []*models.Network {
+		rings := aggregator.NewMemRing(world, 4)
+		nets := []*models.Network{newNet(), newNet()}
+		var wg sync.WaitGroup
+		errs := make([]error, world)
+		for r := range world {
+			wg.Go(func() {
+				net := nets[r]
+				rs, err := newRingSync(ctx, rings[r], nil, a, net, steps, nil)
+				if err != nil {
 					errs[r] = err
 					return
 				}
+				rs.noOverlap = !overlap
+				if err := rs.broadcastParams(ctx, net.Params()); err != nil {
+					errs[r] = err
+					return
+				}
+				for s := 0; s < steps; s++ {
+					net.ZeroGrad()
+					ready, err := rs.beginStep(ctx, net.Grads())
+					if err != nil {
+						errs[r] = err
+						return
+					}
+					if overlap == (ready == nil) {
+						errs[r] = fmt.Errorf("overlap %v but beginStep returned ready = %v", overlap, ready != nil)
+						return
+					}
+					g := gradNotify(net, s, r*global/world, (r+1)*global/world, ready)
+					if err := rs.step(ctx, g, net.Params()); err != nil {
+						errs[r] = err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		for r, err := range errs {
+			if err != nil {
+				t.Fatalf("ring rank %d (overlap %v): %v", r, overlap, err)
 			}
-		}()
+		}
+		return nets
 	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("ring rank %d: %v", r, err)
+	ringNets := runRing(false)
+	overlapped := runRing(true)
+	for r := range world {
+		if !slices.Equal(overlapped[r].Params(), ringNets[r].Params()) {
+			t.Fatalf("rank %d: overlapped all-reduce gives other parameters than all-reduce after backward", r)
 		}
 	}
 

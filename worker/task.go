@@ -281,12 +281,18 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 			batch := idx[min(b*bs, len(idx)):min((b+1)*bs, len(idx))]
 			n := len(batch)
 			net.ZeroGrad()
+			var ready func(from int)
+			if ov, ok := sync.(overlapper); ok {
+				if ready, err = ov.beginStep(ctx, net.Grads()); err != nil {
+					return nil, fmt.Errorf("step %d: %w", step, err)
+				}
+			}
 			var loss float32
 			if n > 0 { // after a resume a rank may have nothing left in its last step: it contributes zeros
 				obj.batch(batch, x[:n*inSize], epoch)
 				logits := net.Forward(x[:n*inSize], n, true)
 				loss = obj.loss(logits, n, dl[:n*classes])
-				net.Backward(dl[:n*classes])
+				net.BackwardNotify(dl[:n*classes], ready)
 			}
 			syncStart := time.Now()
 			times.step(syncStart.Sub(stepStart))
@@ -400,6 +406,13 @@ type synchronizer interface {
 	// leaves the next parameters in params.
 	step(ctx context.Context, grads, params []float32) error
 	close()
+}
+
+// overlapper is a synchronizer that can start reducing while backward
+// runs (ring mode without compression): beginStep before backward, whose
+// progress goes to the returned function (nil: reduce in step).
+type overlapper interface {
+	beginStep(ctx context.Context, grads []float32) (func(from int), error)
 }
 
 // compressStatser is a synchronizer that compresses (ring mode).
