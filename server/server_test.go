@@ -266,7 +266,7 @@ func TestSubmitInvalidSpec(t *testing.T) {
 		{"unknown dataset", &pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagenet"}}, "dataset.name"},
 		{"gradient clipping", &pb.JobSpec{GradClipNorm: 1}, "grad_clip_norm"},
 		{"powersgd", &pb.JobSpec{Compression: &pb.CompressionSpec{Type: "powersgd"}}, "compression.type"},
-		{"checkpoint", &pb.JobSpec{Checkpoint: &pb.CheckpointSpec{EverySteps: 10}}, "checkpoint"},
+		{"checkpoint keep -1", &pb.JobSpec{Checkpoint: &pb.CheckpointSpec{EverySteps: 10, Keep: -1}}, "checkpoint.keep"},
 		{"adam with momentum", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Name: "adam", Momentum: proto.Float64(0.5)}}, "optimizer.momentum"},
 		{"grad clip", &pb.JobSpec{GradClipNorm: 1}, "grad_clip_norm"},
 	}

@@ -91,7 +91,8 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	if err != nil {
 		return nil, err
 	}
-	bs := int(spec.GetBatchSize())
+	bs := jobspec.StepBatch(spec)      // examples per optimiser step on this rank
+	micro := int(spec.GetBatchSize()) // examples per forward/backward pass (bs/grad_accum_steps)
 	stepsPerEpoch := sampler.NumBatches(bs)
 	epochs := int(spec.GetEpochs())
 	nTrain := obj.trainLen()
@@ -226,8 +227,8 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	}
 
 	inSize, classes := net.InputSize(), opt.Classes
-	x := make([]float32, bs*inSize)
-	dl := make([]float32, bs*classes)
+	x := make([]float32, micro*inSize)
+	dl := make([]float32, micro*classes)
 	epochIdx := make([]int, sampler.Len())
 	var idx []int
 	res := &pb.JobResult{GemmBackend: tensor.Backend()}
@@ -287,13 +288,9 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 					return nil, fmt.Errorf("step %d: %w", step, err)
 				}
 			}
-			var loss float32
-			if n > 0 { // after a resume a rank may have nothing left in its last step: it contributes zeros
-				obj.batch(batch, x[:n*inSize], epoch)
-				logits := net.Forward(x[:n*inSize], n, true)
-				loss = obj.loss(logits, n, dl[:n*classes])
-				net.BackwardNotify(dl[:n*classes], ready)
-			}
+			// After a resume a rank may have nothing left in its last step:
+			// it contributes zeros.
+			loss := forwardBackward(net, obj, batch, micro, x, dl, epoch, ready)
 			syncStart := time.Now()
 			times.step(syncStart.Sub(stepStart))
 			if err := sync.step(ctx, net.Grads(), net.Params()); err != nil {

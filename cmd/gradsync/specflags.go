@@ -31,6 +31,8 @@ type specFlags struct {
 	seed      int64
 	logEvery  int32
 	timeout   float64
+	gradAccum int32
+	gradClip  float64
 	// fedavg
 	rounds      int32
 	clients     int32
@@ -65,6 +67,8 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.Int64Var(&f.seed, "seed", 0, "random seed (default 1)")
 	fl.Int32Var(&f.logEvery, "log-every", 0, "report progress every N steps (default 20)")
 	fl.Float64Var(&f.timeout, "step-timeout", 0, "seconds a step may take before the job fails (default 60)")
+	fl.Int32Var(&f.gradAccum, "grad-accum", 0, "accumulate gradients over this many micro-batches of --batch-size per step (default 1)")
+	fl.Float64Var(&f.gradClip, "grad-clip", 0, "clip the averaged gradient to this global L2 norm (default: off)")
 	fl.Int32Var(&f.rounds, "rounds", 0, "fedavg: rounds (default 10)")
 	fl.Int32Var(&f.clients, "clients", 0, "fedavg: number of clients (default 10)")
 	fl.Float64Var(&f.fraction, "fraction", 0, "fedavg: fraction C of clients sampled per round (default 0.1)")
@@ -147,6 +151,12 @@ func (f *specFlags) build(c *cobra.Command) (*pb.JobSpec, error) {
 	}
 	if ch("step-timeout") {
 		spec.StepTimeoutSeconds = f.timeout
+	}
+	if ch("grad-accum") {
+		spec.GradAccumSteps = f.gradAccum
+	}
+	if ch("grad-clip") {
+		spec.GradClipNorm = f.gradClip
 	}
 	fed := func() *pb.FederatedSpec {
 		if spec.Federated == nil {

@@ -1,0 +1,43 @@
+package worker
+
+import "github.com/gradsync/gradsync/models"
+
+// forwardBackward computes the mean loss of batch and adds its gradient
+// into net's gradient buffer, in micro-batches of at most micro examples
+// (gradient accumulation: k forward/backward passes, then one reduction
+// and one optimiser step, as DDP's no_sync). Each micro-batch's loss
+// gradient is weighted by its share of the batch, so the accumulated
+// gradient is that of the batch's mean loss, whatever the split (batch
+// norm statistics and dropout masks are per micro-batch, as in PyTorch).
+// ready (nil: none) hears backward's progress in the last micro-batch
+// only: before it, no gradient is final. x and dl hold micro examples. An
+// empty batch adds nothing and returns 0.
+func forwardBackward(net *models.Network, obj objective, batch []int, micro int, x, dl []float32, epoch int, ready func(from int)) float32 {
+	n := len(batch)
+	if n == 0 {
+		return 0
+	}
+	inSize, classes := net.InputSize(), net.Options().Classes
+	var loss float64
+	for lo := 0; lo < n; lo += micro {
+		part := batch[lo:min(lo+micro, n)]
+		k := len(part)
+		obj.batch(part, x[:k*inSize], epoch)
+		logits := net.Forward(x[:k*inSize], k, true)
+		d := dl[:k*classes]
+		l := obj.loss(logits, k, d)
+		loss += float64(l) * float64(k)
+		if k != n {
+			w := float32(k) / float32(n)
+			for i := range d {
+				d[i] *= w
+			}
+		}
+		var notify func(int)
+		if lo+micro >= n {
+			notify = ready
+		}
+		net.BackwardNotify(d, notify)
+	}
+	return float32(loss / float64(n))
+}
