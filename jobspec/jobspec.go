@@ -325,7 +325,9 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 		if s.GradClipNorm < 0 || math.IsNaN(s.GradClipNorm) || math.IsInf(s.GradClipNorm, 0) {
 			return nil, errf("grad_clip_norm", "%v must be a positive number (0: off)", s.GradClipNorm)
 		}
-		return nil, notImplemented("grad_clip_norm", s.GradClipNorm)
+		if s.Mode == "fedavg" {
+			return nil, errf("grad_clip_norm", "applies to modes ps and ring (the global gradient); fedavg clients do not clip")
+		}
 	}
 	if s.GradAccumSteps == 0 {
 		s.GradAccumSteps = 1
@@ -333,8 +335,8 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if s.GradAccumSteps < 1 || s.GradAccumSteps > maxGradAccumSteps {
 		return nil, errf("grad_accum_steps", "%d out of range; allowed 1..%d", s.GradAccumSteps, maxGradAccumSteps)
 	}
-	if s.GradAccumSteps != 1 {
-		return nil, notImplemented("grad_accum_steps", s.GradAccumSteps)
+	if s.GradAccumSteps != 1 && s.Mode == "fedavg" {
+		return nil, errf("grad_accum_steps", "applies to modes ps and ring; fedavg clients take one step per local batch")
 	}
 	if s.LogEverySteps == 0 {
 		s.LogEverySteps = DefaultLogEvery

@@ -58,7 +58,15 @@ func NewOptimizer(spec *pb.JobSpec) Stepper {
 		if o.WeightDecay != 0 {
 			a.WeightDecay = float32(o.WeightDecay)
 		}
+		a.ClipNorm = float32(spec.GetGradClipNorm())
 		return a
 	}
-	return &optim.SGD{LR: float32(o.GetLr()), Momentum: float32(o.GetMomentum()), WeightDecay: float32(o.GetWeightDecay()), Nesterov: o.GetNesterov()}
+	return &optim.SGD{LR: float32(o.GetLr()), Momentum: float32(o.GetMomentum()), WeightDecay: float32(o.GetWeightDecay()), Nesterov: o.GetNesterov(),
+		ClipNorm: float32(spec.GetGradClipNorm())}
+}
+
+// StepBatch is how many examples one worker trains on per optimiser step:
+// batch_size examples in each of grad_accum_steps micro-batches.
+func StepBatch(spec *pb.JobSpec) int {
+	return int(spec.GetBatchSize()) * int(max(spec.GetGradAccumSteps(), 1))
 }

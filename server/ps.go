@@ -138,7 +138,7 @@ func (p *psJob) abort(err error) {
 func (p *psJob) captureLocked() *checkpoint.State {
 	c := p.ckpt
 	step := p.shard.Step()
-	epoch, consumed, _ := data.Position(int(p.trainN), p.world, int(p.spec.GetBatchSize()), c.startEpoch, c.startConsumed, step-c.startStep)
+	epoch, consumed, _ := data.Position(int(p.trainN), p.world, jobspec.StepBatch(p.spec), c.startEpoch, c.startConsumed, step-c.startStep)
 	st := &checkpoint.State{
 		Meta: checkpoint.Meta{JobID: c.jobID, SpecHash: c.hash, Step: step, Epoch: epoch, EpochConsumed: consumed,
 			WorldSize: p.world, Seed: c.seed},
@@ -163,7 +163,7 @@ func (p *psJob) dueLocked(now time.Time) *checkpoint.State {
 		return nil
 	}
 	step := p.shard.Step()
-	epoch, _, end := data.Position(int(p.trainN), p.world, int(p.spec.GetBatchSize()), c.startEpoch, c.startConsumed, step-c.startStep)
+	epoch, _, end := data.Position(int(p.trainN), p.world, jobspec.StepBatch(p.spec), c.startEpoch, c.startConsumed, step-c.startStep)
 	if end {
 		epoch-- // the epoch that ended
 	}

@@ -264,11 +264,11 @@ func TestSubmitInvalidSpec(t *testing.T) {
 		{"workers -1", &pb.JobSpec{Workers: proto.Int32(-1)}, "workers"},
 		{"workers 0", &pb.JobSpec{Workers: proto.Int32(0)}, "workers"},
 		{"unknown dataset", &pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagenet"}}, "dataset.name"},
-		{"gradient clipping", &pb.JobSpec{GradClipNorm: 1}, "grad_clip_norm"},
+		{"gradient clipping in fedavg", &pb.JobSpec{Mode: "fedavg", GradClipNorm: 1}, "grad_clip_norm"},
 		{"powersgd", &pb.JobSpec{Compression: &pb.CompressionSpec{Type: "powersgd"}}, "compression.type"},
 		{"checkpoint keep -1", &pb.JobSpec{Checkpoint: &pb.CheckpointSpec{EverySteps: 10, Keep: -1}}, "checkpoint.keep"},
 		{"adam with momentum", &pb.JobSpec{Optimizer: &pb.OptimizerSpec{Name: "adam", Momentum: proto.Float64(0.5)}}, "optimizer.momentum"},
-		{"grad clip", &pb.JobSpec{GradClipNorm: 1}, "grad_clip_norm"},
+		{"negative grad clip", &pb.JobSpec{GradClipNorm: -1}, "grad_clip_norm"},
 	}
 	for _, tc := range cases {
 		_, err := c.jobs.SubmitJob(ctx, &pb.SubmitJobRequest{Spec: tc.spec})

@@ -23,6 +23,9 @@ type Adam struct {
 	// Decoupled selects AdamW's weight decay (applied to the parameters,
 	// not added to the gradient).
 	Decoupled bool
+	// ClipNorm, if > 0, first scales grads in place so that their global
+	// L2 norm is at most ClipNorm (ClipGradNorm).
+	ClipNorm float32
 
 	m, v []float32 // first and second moments; nil before the first step
 	t    int       // steps taken
@@ -83,11 +86,14 @@ func (o *Adam) SetState(m, v []float32, steps int) {
 }
 
 // Step updates params in place from grads (same length); grads is only
-// read. Explicit float32 conversions round each operation as PyTorch's
-// separate tensor operations do.
+// read, unless ClipNorm scales it first. Explicit float32 conversions
+// round each operation as PyTorch's separate tensor operations do.
 func (o *Adam) Step(params, grads []float32) {
 	if len(params) != len(grads) {
 		panic(fmt.Sprintf("optim: Adam.Step: len(params)=%d != len(grads)=%d", len(params), len(grads)))
+	}
+	if o.ClipNorm > 0 {
+		ClipGradNorm(grads, o.ClipNorm)
 	}
 	if o.m == nil {
 		o.m = make([]float32, len(params))

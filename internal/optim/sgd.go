@@ -25,6 +25,10 @@ import (
 type SGD struct {
 	LR, Momentum, WeightDecay float32
 	Nesterov                  bool
+	// ClipNorm, if > 0, first scales grads in place so that their global
+	// L2 norm is at most ClipNorm (ClipGradNorm, as
+	// torch.nn.utils.clip_grad_norm_ before optimizer.step()).
+	ClipNorm float32
 
 	buf []float32 // momentum buffer, same length as params; nil before the first step or without momentum
 }
@@ -72,6 +76,9 @@ func (o *SGD) SetState(buf []float32) {
 func (o *SGD) Step(params, grads []float32) {
 	if len(params) != len(grads) {
 		panic(fmt.Sprintf("optim: SGD.Step: len(params)=%d != len(grads)=%d", len(params), len(grads)))
+	}
+	if o.ClipNorm > 0 {
+		ClipGradNorm(grads, o.ClipNorm)
 	}
 	lr, mom, wd := o.LR, o.Momentum, o.WeightDecay
 	if mom == 0 {
