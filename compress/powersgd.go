@@ -71,13 +71,11 @@ type PowerSGD struct {
 	total int
 	plain *Plain // before StartIter
 
-	mats []matrix
-	flat []int // indices of the segments that are not compressed
+	psgdLayout
 
 	// pu is the first all-reduce's buffer: every P, then every
 	// uncompressed tensor. q is the second's: every Q.
 	pu    []float32
-	nP    int
 	q     []float32 // the Q used to compute P: the last step's, or random
 	qNext []float32 // the Q being computed; swapped with q on success
 	qInit bool      // q holds the last step's Q (warm start)
@@ -97,6 +95,21 @@ var (
 // the plain all-reduce it falls back to before cfg.StartIter uses buckets
 // of bucketCapBytes (0: 25 MiB).
 func NewPowerSGD(ring aggregator.Ring, opts aggregator.Options, segs []models.Segment, bucketCapBytes int, cfg PowerSGDConfig) (*PowerSGD, error) {
+	if err := cfg.resolve(); err != nil {
+		return nil, err
+	}
+	total, err := checkSegments(segs)
+	if err != nil {
+		return nil, err
+	}
+	b := newBase(ring, opts)
+	p := newPowerSGDCore(segs, total, cfg)
+	p.base, p.plain = b, newPlain(b, segs, bucketCapBytes)
+	return p, nil
+}
+
+// resolve replaces zero values by the defaults and checks the ranges.
+func (cfg *PowerSGDConfig) resolve() error {
 	if cfg.Rank == 0 {
 		cfg.Rank = DefaultPowerSGDRank
 	}
@@ -105,46 +118,61 @@ func NewPowerSGD(ring aggregator.Ring, opts aggregator.Options, segs []models.Se
 	}
 	switch {
 	case cfg.Rank < 0:
-		return nil, fmt.Errorf("compress: powersgd rank %d: want ≥ 1 (0: default %d)", cfg.Rank, DefaultPowerSGDRank)
+		return fmt.Errorf("compress: powersgd rank %d: want ≥ 1 (0: default %d)", cfg.Rank, DefaultPowerSGDRank)
 	case cfg.StartIter < 0:
-		return nil, fmt.Errorf("compress: powersgd start_iter %d: want ≥ 0", cfg.StartIter)
+		return fmt.Errorf("compress: powersgd start_iter %d: want ≥ 0", cfg.StartIter)
 	case !(cfg.MinCompressionRate > 0) || math.IsInf(cfg.MinCompressionRate, 0):
-		return nil, fmt.Errorf("compress: powersgd min_compression_rate %v: want a finite value > 0 (0: default %d)", cfg.MinCompressionRate, DefaultMinCompressionRate)
+		return fmt.Errorf("compress: powersgd min_compression_rate %v: want a finite value > 0 (0: default %d)", cfg.MinCompressionRate, DefaultMinCompressionRate)
 	case !(cfg.Epsilon >= 0) || math.IsInf(cfg.Epsilon, 0):
-		return nil, fmt.Errorf("compress: powersgd epsilon %v: want a finite value ≥ 0", cfg.Epsilon)
+		return fmt.Errorf("compress: powersgd epsilon %v: want a finite value ≥ 0", cfg.Epsilon)
 	}
-	total, err := checkSegments(segs)
-	if err != nil {
-		return nil, err
-	}
-	b := newBase(ring, opts)
-	p := &PowerSGD{base: b, cfg: cfg, segs: segs, total: total, plain: newPlain(b, segs, bucketCapBytes)}
-	nP, nQ, nE, nU, maxCols := 0, 0, 0, 0, 0
+	return nil
+}
+
+// psgdLayout is which segments PowerSGD compresses and where their
+// factors live: derived from the segments, the rank and the min
+// compression rate alone, so that every party of a job (ring ranks, ps
+// workers and their parameter server) derives the same.
+type psgdLayout struct {
+	mats           []matrix
+	flat           []int // indices of the segments that are not compressed
+	nP, nQ, nE, nU int   // lengths of the batched P, Q, residuals, uncompressed tensors
+	maxScratch     int   // the largest cols·r or rows·r
+}
+
+func newPSGDLayout(segs []models.Segment, rank int, rate float64) psgdLayout {
+	var l psgdLayout
 	for i, s := range segs {
-		rows, cols, ok := shouldCompress(s.Shape, cfg.Rank, cfg.MinCompressionRate)
+		rows, cols, ok := shouldCompress(s.Shape, rank, rate)
 		if !ok {
-			p.flat = append(p.flat, i)
-			nU += s.Len
+			l.flat = append(l.flat, i)
+			l.nU += s.Len
 			continue
 		}
-		r := min(rows, cols, cfg.Rank)
-		p.mats = append(p.mats, matrix{seg: i, off: s.Offset, rows: rows, cols: cols, rank: r, pOff: nP, qOff: nQ, eOff: nE})
-		nP += rows * r
-		nQ += cols * r
-		nE += s.Len
-		maxCols = max(maxCols, cols*r, rows*r)
+		r := min(rows, cols, rank)
+		l.mats = append(l.mats, matrix{seg: i, off: s.Offset, rows: rows, cols: cols, rank: r, pOff: l.nP, qOff: l.nQ, eOff: l.nE})
+		l.nP += rows * r
+		l.nQ += cols * r
+		l.nE += s.Len
+		l.maxScratch = max(l.maxScratch, cols*r, rows*r)
 	}
-	p.nP = nP
-	p.pu = make([]float32, nP+nU)
-	p.q = make([]float32, nQ)
-	p.qNext = make([]float32, nQ)
+	return l
+}
+
+// newPowerSGDCore builds the state of PowerSGD (cfg resolved and checked)
+// without a ring: the buffers, the residuals and the warm-start Q.
+func newPowerSGDCore(segs []models.Segment, total int, cfg PowerSGDConfig) *PowerSGD {
+	p := &PowerSGD{cfg: cfg, segs: segs, total: total, psgdLayout: newPSGDLayout(segs, cfg.Rank, cfg.MinCompressionRate)}
+	p.pu = make([]float32, p.nP+p.nU)
+	p.q = make([]float32, p.nQ)
+	p.qNext = make([]float32, p.nQ)
 	if !cfg.NoErrorFeedback {
-		p.err = make([]float32, nE)
-		p.work = make([]float32, nE)
+		p.err = make([]float32, p.nE)
+		p.work = make([]float32, p.nE)
 	}
 	p.acc = make([]float64, cfg.Rank)
-	p.acc2 = make([]float64, maxCols)
-	return p, nil
+	p.acc2 = make([]float64, p.maxScratch)
+	return p
 }
 
 // shouldCompress views a tensor of the given shape as a matrix

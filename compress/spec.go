@@ -21,6 +21,37 @@ func New(spec *pb.CompressionSpec, ring aggregator.Ring, opts aggregator.Options
 	if _, err := checkSegments(segs); err != nil {
 		return nil, err
 	}
+	sc, err := parseScheme(spec, seed)
+	if err != nil {
+		return nil, err
+	}
+	switch sc.typ {
+	case "powersgd":
+		return NewPowerSGD(ring, opts, segs, bucketCapBytes, sc.psgd)
+	case "topk":
+		return NewTopK(ring, opts, segs, bucketCapBytes, sc.topk)
+	case "int8":
+		return NewInt8(ring, opts, segs, bucketCapBytes, sc.int8)
+	case "fp16", "bf16":
+		return NewCast(ring, opts, segs, bucketCapBytes, sc.cast, CastConfig{StartIter: sc.start})
+	}
+	return NewPlain(ring, opts, segs, bucketCapBytes), nil
+}
+
+// scheme is a validated CompressionSpec as the configuration of its
+// type (defaults not yet resolved: the constructors do that).
+type scheme struct {
+	typ   string // none, powersgd, topk, int8, fp16, bf16
+	start int64  // the first compressed step
+	psgd  PowerSGDConfig
+	topk  TopKConfig
+	int8  Int8Config
+	cast  Format
+}
+
+// parseScheme maps a CompressionSpec to its type's configuration, with
+// the spec's conventions (see New).
+func parseScheme(spec *pb.CompressionSpec, seed int64) (scheme, error) {
 	typ := spec.GetType()
 	if typ == "" {
 		typ = "none"
@@ -30,39 +61,33 @@ func New(spec *pb.CompressionSpec, ring aggregator.Ring, opts aggregator.Options
 		start = 0
 	}
 	if err := Validate(spec); err != nil {
-		return nil, err
+		return scheme{}, err
 	}
+	sc := scheme{typ: typ, start: start}
+	noEF := spec != nil && spec.ErrorFeedback != nil && !*spec.ErrorFeedback
 	switch typ {
-	case "none":
-		return NewPlain(ring, opts, segs, bucketCapBytes), nil
 	case "powersgd":
 		if spec.GetStartIter() == 0 {
-			start = DefaultStartIter
+			sc.start = DefaultStartIter
 		}
-		return NewPowerSGD(ring, opts, segs, bucketCapBytes, PowerSGDConfig{
+		sc.psgd = PowerSGDConfig{
 			Rank:               int(spec.GetRank()),
-			StartIter:          start,
+			StartIter:          sc.start,
 			MinCompressionRate: spec.GetMinCompressionRate(),
-			NoErrorFeedback:    spec.ErrorFeedback != nil && !*spec.ErrorFeedback,
+			NoErrorFeedback:    noEF,
 			NoWarmStart:        spec.WarmStart != nil && !*spec.WarmStart,
 			Seed:               seed,
-		})
-	case "topk":
-		return NewTopK(ring, opts, segs, bucketCapBytes, TopKConfig{
-			Ratio:           spec.GetRatio(),
-			StartIter:       start,
-			NoErrorFeedback: spec.ErrorFeedback != nil && !*spec.ErrorFeedback,
-		})
-	case "int8":
-		return NewInt8(ring, opts, segs, bucketCapBytes, Int8Config{StartIter: start, Seed: seed})
-	case "fp16", "bf16":
-		f := FP16
-		if typ == "bf16" {
-			f = BF16
 		}
-		return NewCast(ring, opts, segs, bucketCapBytes, f, CastConfig{StartIter: start})
+	case "topk":
+		sc.topk = TopKConfig{Ratio: spec.GetRatio(), StartIter: start, NoErrorFeedback: noEF}
+	case "int8":
+		sc.int8 = Int8Config{StartIter: start, Seed: seed}
+	case "fp16":
+		sc.cast = FP16
+	case "bf16":
+		sc.cast = BF16
 	}
-	return nil, fmt.Errorf("compress: unknown compression type %q; allowed: none, powersgd, topk, int8, fp16, bf16", typ)
+	return sc, nil
 }
 
 // notApplicable lists, per compression type, the knobs that do not apply

@@ -53,24 +53,22 @@ var (
 // NewTopK returns a top-k reducer for a gradient laid out as segs; the
 // plain all-reduce before cfg.StartIter uses buckets of bucketCapBytes.
 func NewTopK(ring aggregator.Ring, opts aggregator.Options, segs []models.Segment, bucketCapBytes int, cfg TopKConfig) (*TopK, error) {
-	if cfg.Ratio == 0 {
-		cfg.Ratio = DefaultTopKRatio
-	}
-	if !(cfg.Ratio > 0 && cfg.Ratio <= 1) {
-		return nil, fmt.Errorf("compress: topk ratio %v: want 0 < ratio ≤ 1 (0: default %v)", cfg.Ratio, DefaultTopKRatio)
-	}
-	if cfg.StartIter < 0 {
-		return nil, fmt.Errorf("compress: topk start_iter %d: want ≥ 0", cfg.StartIter)
-	}
-	total, err := checkSegments(segs)
+	total, err := cfg.resolve(segs)
 	if err != nil {
 		return nil, err
 	}
-	if total > math.MaxInt32 {
-		return nil, fmt.Errorf("compress: topk: %d elements; indices are sent as 32-bit integers", total)
-	}
 	b := newBase(ring, opts)
-	t := &TopK{base: b, cfg: cfg, total: total, plain: newPlain(b, segs, bucketCapBytes)}
+	t := newTopKCore(total, cfg)
+	t.base, t.plain = b, newPlain(b, segs, bucketCapBytes)
+	t.msg = make([]float32, 2*t.k)
+	t.all = make([]float32, 2*t.k*b.n)
+	return t, nil
+}
+
+// newTopKCore builds top-k's selection buffers and residual (cfg resolved)
+// without a ring.
+func newTopKCore(total int, cfg TopKConfig) *TopK {
+	t := &TopK{cfg: cfg, total: total}
 	t.k = topKCount(total, cfg.Ratio)
 	t.work = make([]float32, total)
 	if !cfg.NoErrorFeedback {
@@ -78,9 +76,29 @@ func NewTopK(ring aggregator.Ring, opts aggregator.Options, segs []models.Segmen
 	}
 	t.keys = make([]uint32, total)
 	t.idx = make([]int32, 0, t.k)
-	t.msg = make([]float32, 2*t.k)
-	t.all = make([]float32, 2*t.k*b.n)
-	return t, nil
+	return t
+}
+
+// resolve replaces zero values by the defaults, checks the ranges and
+// returns the length of the gradient segs lay out.
+func (cfg *TopKConfig) resolve(segs []models.Segment) (int, error) {
+	if cfg.Ratio == 0 {
+		cfg.Ratio = DefaultTopKRatio
+	}
+	if !(cfg.Ratio > 0 && cfg.Ratio <= 1) {
+		return 0, fmt.Errorf("compress: topk ratio %v: want 0 < ratio ≤ 1 (0: default %v)", cfg.Ratio, DefaultTopKRatio)
+	}
+	if cfg.StartIter < 0 {
+		return 0, fmt.Errorf("compress: topk start_iter %d: want ≥ 0", cfg.StartIter)
+	}
+	total, err := checkSegments(segs)
+	if err != nil {
+		return 0, err
+	}
+	if total > math.MaxInt32 {
+		return 0, fmt.Errorf("compress: topk: %d elements; indices are sent as 32-bit integers", total)
+	}
+	return total, nil
 }
 
 // topKCount is max(1, ⌊ratio·n⌋), and 0 for an empty gradient.

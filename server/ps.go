@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/gradsync/gradsync/aggregator"
 	"github.com/gradsync/gradsync/checkpoint"
+	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/internal/wire"
@@ -33,11 +35,16 @@ type psJob struct {
 	opt  jobspec.Stepper
 	ckpt *psCheckpointer // nil: the job writes no checkpoints
 
-	mu         sync.Mutex // guards shard, opt, done, joined, totalSteps, trainN, stopped
+	mu         sync.Mutex // guards shard, opt, recv, grad, pFactor, qFactor, gather, done, joined, totalSteps, trainN, stopped
 	shard      *aggregator.SyncShard
-	totalSteps int64         // from the first join; every rank must agree
-	trainN     int64         // training examples, from the first join; every rank must agree
-	done       chan struct{} // closed when the current step's update is applied (and checkpointed, when due)
+	recv       *compress.PSReceiver // decodes the compressed pushes; PowerSGD's server half
+	grad       []float32            // PowerSGD: the averaged gradient CombineQ forms
+	pFactor    []float32            // PowerSGD: the current step's P, once its phase 1 is summed
+	qFactor    []float32            // PowerSGD: the last step's averaged Q, once applied
+	gather     *stateGather         // a due checkpoint waiting for the ranks' compression state
+	totalSteps int64                // from the first join; every rank must agree
+	trainN     int64                // training examples, from the first join; every rank must agree
+	done       chan struct{}        // closed when the current step's update is applied (and checkpointed, when due)
 	joined     []bool
 	lags       arrivalLags // guarded by mu: how late each rank's gradient arrives
 	stopped    bool        // set by abort: the shard takes no more gradients
@@ -45,6 +52,21 @@ type psJob struct {
 	abortOnce sync.Once
 	aborted   chan struct{} // closed by abort
 	abortErr  error         // set before aborted is closed
+}
+
+// stateGather is a checkpoint that is due but waits for every rank's own
+// compression state (error feedback), which only the ranks hold: the
+// parameters of the step after which it is due carry send_state; each
+// rank answers with state frames and waits for checkpoint_written, which
+// its stream handler sends once the rank that completed the set has
+// written the checkpoint (saved is closed then; err says how it went).
+type stateGather struct {
+	st    *checkpoint.State
+	own   [][]float32 // by rank
+	got   []int       // elements received, by rank
+	n     int         // ranks complete
+	saved chan struct{}
+	err   error // set before saved is closed
 }
 
 // psCheckpointer writes a ps job's checkpoints. The server holds the
@@ -80,7 +102,10 @@ type psCheckpointer struct {
 // optimiser state and step). ckptDir "" means no checkpoints.
 func newPSJob(jobID string, gen uint64, world int, net *models.Network, spec *pb.JobSpec, ckptDir, resumeFrom string, now time.Time) (*psJob, error) {
 	opt := jobspec.NewOptimizer(spec)
-	var start checkpoint.Meta
+	var start struct {
+		checkpoint.Meta
+		Extra map[string]checkpoint.Tensor
+	}
 	if resumeFrom != "" {
 		st, err := checkpoint.Load(resumeFrom)
 		if err != nil {
@@ -101,10 +126,26 @@ func newPSJob(jobID string, gen uint64, world int, net *models.Network, spec *pb
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint %s: optimiser state: %w", resumeFrom, err)
 		}
-		start = st.Meta
+		start.Meta, start.Extra = st.Meta, st.Extra
+	}
+	recv, err := compress.NewPSReceiver(spec.GetCompression(), net.Segments(), world)
+	if err != nil {
+		return nil, fmt.Errorf("compression: %w", err)
+	}
+	if st := start.Extra; st != nil {
+		if t, ok := st[compress.CheckpointShared]; ok {
+			v, err := t.Float32s()
+			if err == nil {
+				err = recv.SetShared(v)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("checkpoint %s: %s: %w", resumeFrom, compress.CheckpointShared, err)
+			}
+		}
 	}
 	params := append([]float32(nil), net.Params()...)
 	p := &psJob{
+		recv: recv, grad: make([]float32, len(params)),
 		jobID: jobID, gen: gen, world: world, total: len(params), spec: spec, opt: opt,
 		stepTimeout: time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second)),
 		shard:       aggregator.NewSyncShard(params, world, opt, spec.GetNonfinitePolicy() == "skip"),
@@ -146,6 +187,14 @@ func (p *psJob) captureLocked() *checkpoint.State {
 	}
 	checkpoint.PutFlat(st.Tensors, "", c.net.Segments(), p.shard.Params())
 	checkpoint.PutFlat(st.Tensors, "", c.net.BufferSegments(), c.net.Buffers())
+	// Compression state: the shared part is the server's (PowerSGD's Q
+	// it last sent); the ranks' own (error feedback) is gathered by
+	// dueLocked's caller, and a checkpoint of a stopped job has none (a
+	// resume starts those residuals at zero, logged by the workers).
+	st.Extra = map[string]checkpoint.Tensor{}
+	if q := p.recv.Shared(); q != nil {
+		st.Extra[compress.CheckpointShared] = models.F32Tensor([]int{len(q)}, q)
+	}
 	switch o := p.opt.(type) {
 	case *optim.SGD:
 		st.CaptureSGD(o, c.net.Segments())
@@ -176,13 +225,13 @@ func (p *psJob) dueLocked(now time.Time) *checkpoint.State {
 	return p.captureLocked()
 }
 
-// save writes st unless a checkpoint of its step is already on disk (the
-// stop checkpoint and a due one can capture the same step); it returns
-// the new folder, or "" when it wrote nothing.
+// save writes st unless a checkpoint of its step or a later one is
+// already on disk (the stop checkpoint and a due one can capture the same
+// step); it returns the new folder, or "" when it wrote nothing.
 func (c *psCheckpointer) save(st *checkpoint.State, now time.Time) (string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if st.Meta.Step == c.savedStep {
+	if st.Meta.Step <= c.savedStep {
 		return "", nil
 	}
 	path, err := checkpoint.Save(c.dir, st, c.keep)
@@ -288,142 +337,334 @@ func (s *Server) Sync(stream pb.ParameterServer_SyncServer) error {
 	}
 	p.joined[rank] = true
 	step := p.shard.Step()
-	params := p.shard.Params()
 	p.mu.Unlock()
 
-	var sp wire.Splitter
-	sendParams := func(step int64) error {
-		return sp.Frames(&pb.TensorFrame{JobId: p.jobID, Generation: p.gen, Op: pb.Op_OP_PULL_PARAMETERS, Step: step},
-			params, func(f *pb.TensorFrame) error { return stream.Send(&pb.SyncResponse{Parameters: f}) })
-	}
-	if err := sendParams(step); err != nil {
+	h := &psStream{s: s, p: p, rank: rank, stream: stream, timer: time.NewTimer(p.stepTimeout)}
+	defer h.timer.Stop()
+	if err := h.sendParams(step, nil, false); err != nil {
 		return err
 	}
-	want := wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Total: uint64(p.total)}
-	timer := time.NewTimer(p.stepTimeout)
-	defer timer.Stop()
 	for {
-		want.Step = step
-		var done chan struct{}
-		for {
-			m, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				return nil // the worker is done with this job
+		phases := p.recv.Phases(step)
+		for i, ph := range phases {
+			done, err := h.recvPhase(step, ph)
+			if err != nil || done == nil {
+				return err // done == nil: the worker closed the stream
 			}
-			if err != nil {
+			if err := h.wait(ctx, step, done); err != nil {
 				return err
 			}
-			f := m.GetGradient()
-			if f == nil {
-				return status.Error(codes.InvalidArgument, "expected a gradient frame")
-			}
-			off, n, err := wire.Check(f, want)
-			if err != nil {
-				var mm *wire.Mismatch
-				if errors.As(err, &mm) && mm.Stale {
-					return status.Errorf(codes.Aborted, "rank %d: %v", rank, err)
-				}
-				return status.Errorf(codes.InvalidArgument, "rank %d: %v", rank, err)
-			}
-			if f.Last && off+n != p.total {
-				return status.Errorf(codes.InvalidArgument, "rank %d: last frame ends at %d of %d elements", rank, off+n, p.total)
-			}
-			select {
-			case <-p.aborted:
-				return abortedStatus(p.abortErr)
-			default:
-			}
-			p.mu.Lock()
-			if p.stopped {
-				p.mu.Unlock()
-				return abortedStatus(p.abortErr)
-			}
-			done = p.done
-			p.opt.SetLR(float32(jobspec.LearningRate(p.spec, step, p.totalSteps)))
-			skipped := p.shard.Skipped()
-			applied, err := p.shard.Add(rank, step, off, n, func(dst []float32) error { return wire.AddF32(dst, f.Data) })
-			if f.Last && err == nil {
-				p.lags.arrived(rank, p.world, s.cfg.Now(), applied)
-			}
-			if p.shard.Skipped() > skipped {
-				s.cfg.Metrics.NonFiniteStepSkipped()
-				s.log.Warn("step skipped: gradient holds NaN or Inf (nonfinite_policy skip)", "job", p.jobID, "step", step)
-			}
-			var due *checkpoint.State
-			if applied && err == nil {
-				due = p.dueLocked(s.cfg.Now())
-			}
-			if applied && due == nil {
-				close(p.done)
-				p.done = make(chan struct{})
-			}
-			p.mu.Unlock()
-			if due != nil {
-				// Every rank waits for the next parameters until the
-				// checkpoint is on disk, so the shard cannot move past
-				// it meanwhile (as ring ranks wait for their rank 0).
-				path, err := p.ckpt.save(due, s.cfg.Now())
-				switch {
-				case err != nil && path == "":
-					// As in ring mode, a checkpoint the spec asks for
-					// that cannot be written fails the job.
-					err = fmt.Errorf("step %d: writing a checkpoint: %w", due.Meta.Step, err)
-					p.abort(err)
-					return status.Error(codes.Internal, err.Error())
-				case err != nil:
-					s.log.Warn("checkpoint written, but removing older ones failed", "job", p.jobID, "err", err)
-				default:
-					s.log.Debug("checkpoint written", "job", p.jobID, "path", path)
-				}
+			if i < len(phases)-1 {
 				p.mu.Lock()
-				close(p.done)
-				p.done = make(chan struct{})
+				pm := p.pFactor
 				p.mu.Unlock()
-			}
-			if err != nil {
-				var stale *aggregator.StaleError
-				switch {
-				case errors.Is(err, aggregator.ErrNonFinite):
-					p.abort(err)
-					return status.Errorf(codes.InvalidArgument, "%v (nonfinite_policy fail)", err)
-				case errors.As(err, &stale):
-					return status.Errorf(codes.Aborted, "rank %d: %v", rank, err)
+				if err := h.sendFactors(step, ph.Phase, pm); err != nil {
+					return err
 				}
-				return status.Errorf(codes.InvalidArgument, "rank %d: %v", rank, err)
 			}
-			if f.Last {
-				break
-			}
-		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
-		timer.Reset(p.stepTimeout)
-		select {
-		case <-done:
-		case <-p.aborted:
-			return abortedStatus(p.abortErr)
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
-		case <-timer.C:
-			p.mu.Lock()
-			var missing []int
-			if p.shard.Step() == step {
-				missing = p.missingLocked(p.shard.Complete())
-			}
-			p.mu.Unlock()
-			err := fmt.Errorf("step %d: rank(s) %v sent no gradient within the step timeout of %v", step, missing, p.stepTimeout)
-			p.abort(err)
-			return status.Error(codes.DeadlineExceeded, err.Error())
 		}
 		step++
-		if err := sendParams(step); err != nil {
+		p.mu.Lock()
+		var q []float32
+		if phases[len(phases)-1].Phase == 2 {
+			q = p.qFactor
+		}
+		g := p.gather
+		askState := g != nil && g.st.Meta.Step == step
+		p.mu.Unlock()
+		if err := h.sendParams(step, q, askState); err != nil {
 			return err
 		}
+		if askState {
+			if err := h.recvState(ctx, step, g); err != nil {
+				return err
+			}
+		}
 	}
+}
+
+// psStream is the server's side of one rank's Sync stream.
+type psStream struct {
+	s      *Server
+	p      *psJob
+	rank   int
+	stream pb.ParameterServer_SyncServer
+	sp     wire.Splitter
+	timer  *time.Timer // the step timeout
+}
+
+// sendParams sends the parameters after step-1 steps, tagged step, then
+// (PowerSGD) the averaged Q of that step; askState asks for the rank's
+// compression state.
+func (h *psStream) sendParams(step int64, q []float32, askState bool) error {
+	p := h.p
+	first := true
+	err := h.sp.Frames(&pb.TensorFrame{JobId: p.jobID, Generation: p.gen, Op: pb.Op_OP_PULL_PARAMETERS, Step: step},
+		p.shard.Params(), func(f *pb.TensorFrame) error {
+			m := &pb.SyncResponse{Parameters: f, SendState: askState && first}
+			first = false
+			return h.stream.Send(m)
+		})
+	if err != nil || q == nil {
+		return err
+	}
+	return h.sendFactors(step, 2, q)
+}
+
+// sendFactors sends PowerSGD's factors after phase of step: P (phase 1)
+// or Q (phase 2, tagged with the next step, as the parameters).
+func (h *psStream) sendFactors(step int64, phase uint32, v []float32) error {
+	p := h.p
+	return h.sp.Frames(&pb.TensorFrame{JobId: p.jobID, Generation: p.gen, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Phase: phase},
+		v, func(f *pb.TensorFrame) error { return h.stream.Send(&pb.SyncResponse{Factors: f}) })
+}
+
+// recvPhase receives the rank's push of phase ph of step and adds it to
+// the shard. It returns the channel that is closed once every rank's push
+// of the phase is in and combined (for the last phase: the update applied
+// and checkpointed when due), or nil when the worker closed the stream.
+func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, error) {
+	p, s, rank := h.p, h.s, h.rank
+	want := wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: ph.DType}
+	for {
+		m, err := h.stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil, nil // the worker is done with this job
+		}
+		if err != nil {
+			return nil, err
+		}
+		f := m.GetGradient()
+		if f == nil {
+			return nil, status.Error(codes.InvalidArgument, "expected a gradient frame")
+		}
+		off, n, err := wire.Check(f, want)
+		if err == nil && f.Phase != ph.Phase {
+			err = &wire.Mismatch{Msg: fmt.Sprintf("frame for phase %d, want %d (compression %s)", f.Phase, ph.Phase, p.recv.Type())}
+		}
+		if err != nil {
+			var mm *wire.Mismatch
+			if errors.As(err, &mm) && mm.Stale {
+				return nil, status.Errorf(codes.Aborted, "rank %d: %v", rank, err)
+			}
+			return nil, status.Errorf(codes.InvalidArgument, "rank %d: %v", rank, err)
+		}
+		if f.Last && off+n != ph.Total {
+			return nil, status.Errorf(codes.InvalidArgument, "rank %d: last frame ends at %d of %d elements", rank, off+n, ph.Total)
+		}
+		select {
+		case <-p.aborted:
+			return nil, abortedStatus(p.abortErr)
+		default:
+		}
+		p.mu.Lock()
+		if p.stopped {
+			p.mu.Unlock()
+			return nil, abortedStatus(p.abortErr)
+		}
+		done := p.done
+		p.opt.SetLR(float32(jobspec.LearningRate(p.spec, step, p.totalSteps)))
+		skipped := p.shard.Skipped()
+		decode := func(dst []float32) error { return p.recv.DecodeAdd(dst, f, ph) }
+		var applied, combined bool
+		switch ph.Phase {
+		case 0:
+			applied, err = p.shard.Add(rank, step, off, n, decode)
+			combined = applied
+		default:
+			var sum []float32
+			sum, err = p.shard.Sum(rank, step, ph.Total, off, n, decode)
+			switch {
+			case sum == nil:
+			case ph.Phase == 1:
+				p.pFactor, combined = p.recv.CombineP(sum), true
+			default:
+				p.qFactor = p.recv.CombineQ(sum, p.grad)
+				err = p.shard.Apply(p.grad)
+				applied, combined = true, true
+			}
+		}
+		if f.Last && err == nil && ph.Phase <= 1 {
+			p.lags.arrived(rank, p.world, s.cfg.Now(), combined)
+		}
+		if p.shard.Skipped() > skipped {
+			s.cfg.Metrics.NonFiniteStepSkipped()
+			s.log.Warn("step skipped: gradient holds NaN or Inf (nonfinite_policy skip)", "job", p.jobID, "step", step)
+		}
+		var due *checkpoint.State
+		if applied && err == nil {
+			due = p.dueLocked(s.cfg.Now())
+			if due != nil && p.recv.OwnLen() > 0 {
+				// The ranks' error feedback is part of it: they send it
+				// with their next parameters' answer (recvState).
+				p.gather = &stateGather{st: due, own: make([][]float32, p.world), got: make([]int, p.world), saved: make(chan struct{})}
+				due = nil
+			}
+		}
+		if combined && due == nil {
+			close(p.done)
+			p.done = make(chan struct{})
+		}
+		p.mu.Unlock()
+		if due != nil {
+			// Every rank waits for the next parameters until the
+			// checkpoint is on disk, so the shard cannot move past
+			// it meanwhile (as ring ranks wait for their rank 0).
+			if err := h.save(due); err != nil {
+				return nil, err
+			}
+			p.mu.Lock()
+			close(p.done)
+			p.done = make(chan struct{})
+			p.mu.Unlock()
+		}
+		if err != nil {
+			var stale *aggregator.StaleError
+			switch {
+			case errors.Is(err, aggregator.ErrNonFinite):
+				p.abort(err)
+				return nil, status.Errorf(codes.InvalidArgument, "%v (nonfinite_policy fail)", err)
+			case errors.As(err, &stale):
+				return nil, status.Errorf(codes.Aborted, "rank %d: %v", rank, err)
+			}
+			return nil, status.Errorf(codes.InvalidArgument, "rank %d: %v", rank, err)
+		}
+		if f.Last {
+			return done, nil
+		}
+	}
+}
+
+// save writes a due checkpoint; a failure fails the job (as in ring mode,
+// a checkpoint the spec asks for that cannot be written does).
+func (h *psStream) save(due *checkpoint.State) error {
+	p := h.p
+	path, err := p.ckpt.save(due, h.s.cfg.Now())
+	switch {
+	case err != nil && path == "":
+		err = fmt.Errorf("step %d: writing a checkpoint: %w", due.Meta.Step, err)
+		p.abort(err)
+		return status.Error(codes.Internal, err.Error())
+	case err != nil:
+		h.s.log.Warn("checkpoint written, but removing older ones failed", "job", p.jobID, "err", err)
+	default:
+		h.s.log.Debug("checkpoint written", "job", p.jobID, "path", path)
+	}
+	return nil
+}
+
+// resetTimer restarts the step timeout.
+func (h *psStream) resetTimer() {
+	if !h.timer.Stop() {
+		select {
+		case <-h.timer.C:
+		default:
+		}
+	}
+	h.timer.Reset(h.p.stepTimeout)
+}
+
+// wait waits for done (every rank's push of a phase of step combined),
+// within the step timeout.
+func (h *psStream) wait(ctx context.Context, step int64, done chan struct{}) error {
+	p := h.p
+	h.resetTimer()
+	select {
+	case <-done:
+		return nil
+	case <-p.aborted:
+		return abortedStatus(p.abortErr)
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	case <-h.timer.C:
+		p.mu.Lock()
+		var missing []int
+		if p.shard.Step() == step {
+			missing = p.missingLocked(p.shard.Complete())
+		}
+		p.mu.Unlock()
+		err := fmt.Errorf("step %d: rank(s) %v sent no gradient within the step timeout of %v", step, missing, p.stepTimeout)
+		p.abort(err)
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	}
+}
+
+// recvState receives the rank's own compression state for the checkpoint
+// g after step-1 steps; the rank that completes the set writes the
+// checkpoint; every rank is answered checkpoint_written once it is on
+// disk.
+func (h *psStream) recvState(ctx context.Context, step int64, g *stateGather) error {
+	p, rank := h.p, h.rank
+	n := p.recv.OwnLen()
+	want := wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_STATE, Step: step, Total: uint64(n)}
+	for {
+		m, err := h.stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = status.Errorf(codes.InvalidArgument, "rank %d closed its stream instead of sending its compression state for the checkpoint after step %d", rank, step-1)
+			}
+			return err
+		}
+		f := m.GetState()
+		if f == nil {
+			return status.Errorf(codes.InvalidArgument, "rank %d: expected a state frame (the checkpoint after step %d needs the rank's compression state)", rank, step-1)
+		}
+		off, k, err := wire.Check(f, want)
+		if err != nil {
+			return status.Errorf(codes.InvalidArgument, "rank %d: state: %v", rank, err)
+		}
+		if f.Last && off+k != n {
+			return status.Errorf(codes.InvalidArgument, "rank %d: last state frame ends at %d of %d elements", rank, off+k, n)
+		}
+		p.mu.Lock()
+		if g.own[rank] == nil {
+			g.own[rank] = make([]float32, n)
+		}
+		if off != g.got[rank] {
+			p.mu.Unlock()
+			return status.Errorf(codes.InvalidArgument, "rank %d: state frame at offset %d, want %d", rank, off, g.got[rank])
+		}
+		err = wire.GetF32(g.own[rank][off:off+k], f.Data)
+		g.got[rank] += k
+		complete := false
+		if err == nil && f.Last {
+			g.n++
+			complete = g.n == p.world
+			if complete && p.gather == g {
+				p.gather = nil
+			}
+		}
+		p.mu.Unlock()
+		if err != nil {
+			return status.Errorf(codes.InvalidArgument, "rank %d: state: %v", rank, err)
+		}
+		if complete {
+			for r, v := range g.own {
+				g.st.Extra[compress.CheckpointOwn(r)] = models.F32Tensor([]int{n}, v)
+			}
+			g.err = h.save(g.st)
+			close(g.saved)
+		}
+		if f.Last {
+			break
+		}
+	}
+	h.resetTimer()
+	select {
+	case <-g.saved:
+		if g.err != nil {
+			return g.err
+		}
+	case <-p.aborted:
+		return abortedStatus(p.abortErr)
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	case <-h.timer.C:
+		err := fmt.Errorf("the checkpoint after step %d: not every rank sent its compression state within the step timeout of %v", step-1, p.stepTimeout)
+		p.abort(err)
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	}
+	return h.stream.Send(&pb.SyncResponse{CheckpointWritten: true})
 }
 
 // Pull streams a snapshot of a running ps job's parameters.

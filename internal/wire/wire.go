@@ -63,6 +63,22 @@ type Expect struct {
 	Step       int64
 	// Total is the length of the whole tensor in elements.
 	Total uint64
+	// DType is the encoding the frame must have; the zero value means
+	// D_TYPE_F32. (The phase is the caller's to check.)
+	DType pb.DType
+}
+
+// elemBytes is the size of one element of a dense dtype (0: not dense).
+func elemBytes(d pb.DType) int {
+	switch d {
+	case pb.DType_D_TYPE_F32:
+		return 4
+	case pb.DType_D_TYPE_F16, pb.DType_D_TYPE_BF16:
+		return 2
+	case pb.DType_D_TYPE_I8:
+		return 1
+	}
+	return 0
 }
 
 // Mismatch is a frame that is not the one expected. Stale says the frame is
@@ -75,8 +91,10 @@ type Mismatch struct {
 
 func (e *Mismatch) Error() string { return "wire: " + e.Msg }
 
-// Check validates a float32 frame against what is expected and returns the
-// element range [off, off+n) it covers.
+// Check validates a frame's tags and size against what is expected and
+// returns the element range [off, off+n) it covers: len(data) over the
+// element size for dense dtypes, span for D_TYPE_SPARSE_F32 (whose pairs
+// the decoder checks).
 func Check(f *pb.TensorFrame, want Expect) (off, n int, err error) {
 	if f == nil {
 		return 0, 0, &Mismatch{Msg: "missing frame"}
@@ -93,19 +111,28 @@ func Check(f *pb.TensorFrame, want Expect) (off, n int, err error) {
 	if f.Step != want.Step {
 		return 0, 0, &Mismatch{Stale: f.Step < want.Step, Msg: fmt.Sprintf("frame for step %d, want %d", f.Step, want.Step)}
 	}
-	if f.Dtype != pb.DType_D_TYPE_F32 {
-		return 0, 0, &Mismatch{Msg: fmt.Sprintf("dtype %v not accepted here; want D_TYPE_F32", f.Dtype)}
+	dt := want.DType
+	if dt == pb.DType_D_TYPE_UNSPECIFIED {
+		dt = pb.DType_D_TYPE_F32
+	}
+	if f.Dtype != dt {
+		return 0, 0, &Mismatch{Msg: fmt.Sprintf("dtype %v not accepted here; want %v", f.Dtype, dt)}
 	}
 	if f.Total != want.Total {
 		return 0, 0, &Mismatch{Msg: fmt.Sprintf("frame says the tensor has %d elements, want %d", f.Total, want.Total)}
 	}
-	if len(f.Data) > MaxFrameBytes {
-		return 0, 0, &Mismatch{Msg: fmt.Sprintf("frame carries %d bytes; at most %d allowed", len(f.Data), MaxFrameBytes)}
+	if len(f.Data) > MaxFrameBytes || len(f.Scales) > MaxFrameBytes {
+		return 0, 0, &Mismatch{Msg: fmt.Sprintf("frame carries %d data and %d scale bytes; at most %d each allowed", len(f.Data), len(f.Scales), MaxFrameBytes)}
 	}
-	if len(f.Data)%4 != 0 {
-		return 0, 0, &Mismatch{Msg: fmt.Sprintf("frame carries %d bytes, not a multiple of 4 (float32)", len(f.Data))}
+	var elems uint64
+	if eb := elemBytes(dt); eb > 0 {
+		if len(f.Data)%eb != 0 {
+			return 0, 0, &Mismatch{Msg: fmt.Sprintf("frame carries %d bytes, not a multiple of %d (%v)", len(f.Data), eb, dt)}
+		}
+		elems = uint64(len(f.Data) / eb)
+	} else {
+		elems = f.Span // sparse: the data's pairs are checked as they are decoded
 	}
-	elems := uint64(len(f.Data) / 4)
 	if f.Offset > want.Total || elems > want.Total-f.Offset {
 		return 0, 0, &Mismatch{Msg: fmt.Sprintf("frame covers [%d, %d), outside the tensor of %d elements", f.Offset, f.Offset+elems, want.Total)}
 	}

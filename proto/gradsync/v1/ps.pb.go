@@ -125,6 +125,7 @@ type SyncRequest struct {
 	//
 	//	*SyncRequest_Join
 	//	*SyncRequest_Gradient
+	//	*SyncRequest_State
 	Msg           isSyncRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -185,6 +186,15 @@ func (x *SyncRequest) GetGradient() *TensorFrame {
 	return nil
 }
 
+func (x *SyncRequest) GetState() *TensorFrame {
+	if x != nil {
+		if x, ok := x.Msg.(*SyncRequest_State); ok {
+			return x.State
+		}
+	}
+	return nil
+}
+
 type isSyncRequest_Msg interface {
 	isSyncRequest_Msg()
 }
@@ -197,15 +207,32 @@ type SyncRequest_Gradient struct {
 	Gradient *TensorFrame `protobuf:"bytes,2,opt,name=gradient,proto3,oneof"`
 }
 
+type SyncRequest_State struct {
+	// The worker's own compression state after the step before the frame's
+	// step (OP_PUSH_STATE, float32), when the server asked for it.
+	State *TensorFrame `protobuf:"bytes,3,opt,name=state,proto3,oneof"`
+}
+
 func (*SyncRequest_Join) isSyncRequest_Msg() {}
 
 func (*SyncRequest_Gradient) isSyncRequest_Msg() {}
 
+func (*SyncRequest_State) isSyncRequest_Msg() {}
+
 type SyncResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Parameters    *TensorFrame           `protobuf:"bytes,1,opt,name=parameters,proto3" json:"parameters,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Parameters *TensorFrame           `protobuf:"bytes,1,opt,name=parameters,proto3" json:"parameters,omitempty"`
+	// PowerSGD's shared factors (OP_PULL_PARAMETERS): P after phase 1, the
+	// averaged Q after phase 2 (following the parameters).
+	Factors *TensorFrame `protobuf:"bytes,2,opt,name=factors,proto3" json:"factors,omitempty"`
+	// Set on the first parameter frame of a step after which the server
+	// writes a checkpoint: send the compression state (see Sync).
+	SendState bool `protobuf:"varint,3,opt,name=send_state,json=sendState,proto3" json:"send_state,omitempty"`
+	// Answers a worker's state frames once the checkpoint holding them is
+	// on disk (a message without frames).
+	CheckpointWritten bool `protobuf:"varint,4,opt,name=checkpoint_written,json=checkpointWritten,proto3" json:"checkpoint_written,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *SyncResponse) Reset() {
@@ -243,6 +270,27 @@ func (x *SyncResponse) GetParameters() *TensorFrame {
 		return x.Parameters
 	}
 	return nil
+}
+
+func (x *SyncResponse) GetFactors() *TensorFrame {
+	if x != nil {
+		return x.Factors
+	}
+	return nil
+}
+
+func (x *SyncResponse) GetSendState() bool {
+	if x != nil {
+		return x.SendState
+	}
+	return false
+}
+
+func (x *SyncResponse) GetCheckpointWritten() bool {
+	if x != nil {
+		return x.CheckpointWritten
+	}
+	return false
 }
 
 type PullRequest struct {
@@ -350,15 +398,20 @@ const file_gradsync_v1_ps_proto_rawDesc = "" +
 	"num_params\x18\x05 \x01(\x03R\tnumParams\x12\x1f\n" +
 	"\vtotal_steps\x18\x06 \x01(\x03R\n" +
 	"totalSteps\x12%\n" +
-	"\x0etrain_examples\x18\a \x01(\x03R\rtrainExamples\"y\n" +
+	"\x0etrain_examples\x18\a \x01(\x03R\rtrainExamples\"\xab\x01\n" +
 	"\vSyncRequest\x12+\n" +
 	"\x04join\x18\x01 \x01(\v2\x15.gradsync.v1.SyncJoinH\x00R\x04join\x126\n" +
-	"\bgradient\x18\x02 \x01(\v2\x18.gradsync.v1.TensorFrameH\x00R\bgradientB\x05\n" +
-	"\x03msg\"H\n" +
+	"\bgradient\x18\x02 \x01(\v2\x18.gradsync.v1.TensorFrameH\x00R\bgradient\x120\n" +
+	"\x05state\x18\x03 \x01(\v2\x18.gradsync.v1.TensorFrameH\x00R\x05stateB\x05\n" +
+	"\x03msg\"\xca\x01\n" +
 	"\fSyncResponse\x128\n" +
 	"\n" +
 	"parameters\x18\x01 \x01(\v2\x18.gradsync.v1.TensorFrameR\n" +
-	"parameters\"$\n" +
+	"parameters\x122\n" +
+	"\afactors\x18\x02 \x01(\v2\x18.gradsync.v1.TensorFrameR\afactors\x12\x1d\n" +
+	"\n" +
+	"send_state\x18\x03 \x01(\bR\tsendState\x12-\n" +
+	"\x12checkpoint_written\x18\x04 \x01(\bR\x11checkpointWritten\"$\n" +
 	"\vPullRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"H\n" +
 	"\fPullResponse\x128\n" +
@@ -393,17 +446,19 @@ var file_gradsync_v1_ps_proto_goTypes = []any{
 var file_gradsync_v1_ps_proto_depIdxs = []int32{
 	0, // 0: gradsync.v1.SyncRequest.join:type_name -> gradsync.v1.SyncJoin
 	5, // 1: gradsync.v1.SyncRequest.gradient:type_name -> gradsync.v1.TensorFrame
-	5, // 2: gradsync.v1.SyncResponse.parameters:type_name -> gradsync.v1.TensorFrame
-	5, // 3: gradsync.v1.PullResponse.parameters:type_name -> gradsync.v1.TensorFrame
-	1, // 4: gradsync.v1.ParameterServer.Sync:input_type -> gradsync.v1.SyncRequest
-	3, // 5: gradsync.v1.ParameterServer.Pull:input_type -> gradsync.v1.PullRequest
-	2, // 6: gradsync.v1.ParameterServer.Sync:output_type -> gradsync.v1.SyncResponse
-	4, // 7: gradsync.v1.ParameterServer.Pull:output_type -> gradsync.v1.PullResponse
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	5, // 2: gradsync.v1.SyncRequest.state:type_name -> gradsync.v1.TensorFrame
+	5, // 3: gradsync.v1.SyncResponse.parameters:type_name -> gradsync.v1.TensorFrame
+	5, // 4: gradsync.v1.SyncResponse.factors:type_name -> gradsync.v1.TensorFrame
+	5, // 5: gradsync.v1.PullResponse.parameters:type_name -> gradsync.v1.TensorFrame
+	1, // 6: gradsync.v1.ParameterServer.Sync:input_type -> gradsync.v1.SyncRequest
+	3, // 7: gradsync.v1.ParameterServer.Pull:input_type -> gradsync.v1.PullRequest
+	2, // 8: gradsync.v1.ParameterServer.Sync:output_type -> gradsync.v1.SyncResponse
+	4, // 9: gradsync.v1.ParameterServer.Pull:output_type -> gradsync.v1.PullResponse
+	8, // [8:10] is the sub-list for method output_type
+	6, // [6:8] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_ps_proto_init() }
@@ -415,6 +470,7 @@ func file_gradsync_v1_ps_proto_init() {
 	file_gradsync_v1_ps_proto_msgTypes[1].OneofWrappers = []any{
 		(*SyncRequest_Join)(nil),
 		(*SyncRequest_Gradient)(nil),
+		(*SyncRequest_State)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

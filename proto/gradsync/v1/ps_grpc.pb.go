@@ -33,6 +33,16 @@ type ParameterServerClient interface {
 	// Sync: the worker sends a SyncJoin, then receives the current parameters;
 	// then, each step, it sends its gradient frames and receives the next
 	// parameters once every rank's gradient for that step has been applied.
+	// With compression (the job's spec) the gradient frames are encoded:
+	// fp16/bf16/int8 as D_TYPE_F16/BF16/I8, top-k as D_TYPE_SPARSE_F32;
+	// PowerSGD pushes twice per step: phase 1 every P_i = M_i·Q then the
+	// uncompressed tensors, to which the server answers with the summed and
+	// orthogonalised P (factors, phase 1); phase 2 every Q_i = M_iᵀ·P, to
+	// which it answers with the parameters and the averaged Q (factors,
+	// phase 2). Steps before the spec's start_iter push plain float32.
+	// When the parameters carry send_state, the worker sends its own
+	// compression state (error feedback) as state frames at once, for the
+	// checkpoint of that step, and waits for checkpoint_written.
 	// A job that resumes from a checkpoint starts at the checkpoint's step:
 	// the first parameters are tagged with it. The server writes a ps job's
 	// checkpoints itself, when the spec says and when the job stops early.
@@ -91,6 +101,16 @@ type ParameterServerServer interface {
 	// Sync: the worker sends a SyncJoin, then receives the current parameters;
 	// then, each step, it sends its gradient frames and receives the next
 	// parameters once every rank's gradient for that step has been applied.
+	// With compression (the job's spec) the gradient frames are encoded:
+	// fp16/bf16/int8 as D_TYPE_F16/BF16/I8, top-k as D_TYPE_SPARSE_F32;
+	// PowerSGD pushes twice per step: phase 1 every P_i = M_i·Q then the
+	// uncompressed tensors, to which the server answers with the summed and
+	// orthogonalised P (factors, phase 1); phase 2 every Q_i = M_iᵀ·P, to
+	// which it answers with the parameters and the averaged Q (factors,
+	// phase 2). Steps before the spec's start_iter push plain float32.
+	// When the parameters carry send_state, the worker sends its own
+	// compression state (error feedback) as state frames at once, for the
+	// checkpoint of that step, and waits for checkpoint_written.
 	// A job that resumes from a checkpoint starts at the checkpoint's step:
 	// the first parameters are tagged with it. The server writes a ps job's
 	// checkpoints itself, when the spec says and when the job stops early.

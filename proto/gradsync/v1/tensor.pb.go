@@ -29,8 +29,15 @@ const (
 	DType_D_TYPE_F32         DType = 1
 	DType_D_TYPE_F16         DType = 2
 	DType_D_TYPE_BF16        DType = 3
-	// int8 with a float32 scale in TensorFrame.scale.
+	// int8 values (one byte each), with one little-endian float32 scale per
+	// scale_chunk elements in TensorFrame.scales (a value is
+	// int8 · scale / 127).
 	DType_D_TYPE_I8 DType = 4
+	// A sparse piece of a float32 tensor: (uint32 index, float32 value)
+	// pairs, little-endian, indices relative to the frame's offset, strictly
+	// ascending and below span; the elements of [offset, offset+span) not
+	// named are zero.
+	DType_D_TYPE_SPARSE_F32 DType = 5
 )
 
 // Enum value maps for DType.
@@ -41,6 +48,7 @@ var (
 		2: "D_TYPE_F16",
 		3: "D_TYPE_BF16",
 		4: "D_TYPE_I8",
+		5: "D_TYPE_SPARSE_F32",
 	}
 	DType_value = map[string]int32{
 		"D_TYPE_UNSPECIFIED": 0,
@@ -48,6 +56,7 @@ var (
 		"D_TYPE_F16":         2,
 		"D_TYPE_BF16":        3,
 		"D_TYPE_I8":          4,
+		"D_TYPE_SPARSE_F32":  5,
 	}
 )
 
@@ -89,6 +98,9 @@ const (
 	Op_OP_BARRIER         Op = 4
 	Op_OP_PUSH_GRADIENT   Op = 5
 	Op_OP_PULL_PARAMETERS Op = 6
+	// A worker's own compression state (error feedback), sent to the
+	// parameter server for a checkpoint.
+	Op_OP_PUSH_STATE Op = 7
 )
 
 // Enum value maps for Op.
@@ -101,6 +113,7 @@ var (
 		4: "OP_BARRIER",
 		5: "OP_PUSH_GRADIENT",
 		6: "OP_PULL_PARAMETERS",
+		7: "OP_PUSH_STATE",
 	}
 	Op_value = map[string]int32{
 		"OP_UNSPECIFIED":     0,
@@ -110,6 +123,7 @@ var (
 		"OP_BARRIER":         4,
 		"OP_PUSH_GRADIENT":   5,
 		"OP_PULL_PARAMETERS": 6,
+		"OP_PUSH_STATE":      7,
 	}
 )
 
@@ -162,7 +176,14 @@ type TensorFrame struct {
 	// The sender's rank.
 	Rank int32 `protobuf:"varint,12,opt,name=rank,proto3" json:"rank,omitempty"`
 	// The last frame of this step's tensor.
-	Last          bool `protobuf:"varint,13,opt,name=last,proto3" json:"last,omitempty"`
+	Last bool `protobuf:"varint,13,opt,name=last,proto3" json:"last,omitempty"`
+	// D_TYPE_I8: one little-endian float32 scale per scale_chunk elements
+	// of this frame (the last chunk may be shorter).
+	Scales     []byte `protobuf:"bytes,14,opt,name=scales,proto3" json:"scales,omitempty"`
+	ScaleChunk uint32 `protobuf:"varint,15,opt,name=scale_chunk,json=scaleChunk,proto3" json:"scale_chunk,omitempty"`
+	// D_TYPE_SPARSE_F32: the number of elements, from offset, the frame
+	// covers.
+	Span          uint64 `protobuf:"varint,16,opt,name=span,proto3" json:"span,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -288,11 +309,32 @@ func (x *TensorFrame) GetLast() bool {
 	return false
 }
 
+func (x *TensorFrame) GetScales() []byte {
+	if x != nil {
+		return x.Scales
+	}
+	return nil
+}
+
+func (x *TensorFrame) GetScaleChunk() uint32 {
+	if x != nil {
+		return x.ScaleChunk
+	}
+	return 0
+}
+
+func (x *TensorFrame) GetSpan() uint64 {
+	if x != nil {
+		return x.Span
+	}
+	return 0
+}
+
 var File_gradsync_v1_tensor_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_tensor_proto_rawDesc = "" +
 	"\n" +
-	"\x18gradsync/v1/tensor.proto\x12\vgradsync.v1\"\xcf\x02\n" +
+	"\x18gradsync/v1/tensor.proto\x12\vgradsync.v1\"\x9c\x03\n" +
 	"\vTensorFrame\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1e\n" +
 	"\n" +
@@ -309,7 +351,11 @@ const file_gradsync_v1_tensor_proto_rawDesc = "" +
 	" \x01(\fR\x04data\x12\x14\n" +
 	"\x05scale\x18\v \x01(\x02R\x05scale\x12\x12\n" +
 	"\x04rank\x18\f \x01(\x05R\x04rank\x12\x12\n" +
-	"\x04last\x18\r \x01(\bR\x04last*_\n" +
+	"\x04last\x18\r \x01(\bR\x04last\x12\x16\n" +
+	"\x06scales\x18\x0e \x01(\fR\x06scales\x12\x1f\n" +
+	"\vscale_chunk\x18\x0f \x01(\rR\n" +
+	"scaleChunk\x12\x12\n" +
+	"\x04span\x18\x10 \x01(\x04R\x04span*v\n" +
 	"\x05DType\x12\x16\n" +
 	"\x12D_TYPE_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -317,7 +363,8 @@ const file_gradsync_v1_tensor_proto_rawDesc = "" +
 	"\n" +
 	"D_TYPE_F16\x10\x02\x12\x0f\n" +
 	"\vD_TYPE_BF16\x10\x03\x12\r\n" +
-	"\tD_TYPE_I8\x10\x04*\x8e\x01\n" +
+	"\tD_TYPE_I8\x10\x04\x12\x15\n" +
+	"\x11D_TYPE_SPARSE_F32\x10\x05*\xa1\x01\n" +
 	"\x02Op\x12\x12\n" +
 	"\x0eOP_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rOP_ALL_REDUCE\x10\x01\x12\x11\n" +
@@ -326,7 +373,8 @@ const file_gradsync_v1_tensor_proto_rawDesc = "" +
 	"\n" +
 	"OP_BARRIER\x10\x04\x12\x14\n" +
 	"\x10OP_PUSH_GRADIENT\x10\x05\x12\x16\n" +
-	"\x12OP_PULL_PARAMETERS\x10\x06B;Z9github.com/gradsync/gradsync/proto/gradsync/v1;gradsyncv1b\x06proto3"
+	"\x12OP_PULL_PARAMETERS\x10\x06\x12\x11\n" +
+	"\rOP_PUSH_STATE\x10\aB;Z9github.com/gradsync/gradsync/proto/gradsync/v1;gradsyncv1b\x06proto3"
 
 var (
 	file_gradsync_v1_tensor_proto_rawDescOnce sync.Once

@@ -1,0 +1,662 @@
+package compress
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gradsync/gradsync/internal/wire"
+	"github.com/gradsync/gradsync/models"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// Compressed pushes to a parameter server (ps mode). The server owns the
+// parameters and the optimiser; each rank pushes its gradient of a step
+// encoded as its job's compression says, and the server decodes while it
+// sums (in float32), then averages:
+//
+//   - fp16/bf16: D_TYPE_F16/BF16 frames, two bytes per element, rounded
+//     to nearest even as in ring mode (F32ToF16, F32ToBF16).
+//   - int8: D_TYPE_I8 frames, one byte per element and one float32 scale
+//     per DefaultInt8Chunk elements (TensorFrame.scales), with the
+//     stochastic rounding of ring mode seeded per (seed, rank, step).
+//   - top-k: D_TYPE_SPARSE_F32 frames of (index, value) pairs of the k
+//     largest magnitudes of gradient + residual (error feedback kept by
+//     the rank); the server scatter-adds them.
+//   - PowerSGD: two pushes per step (phases 1 and 2, see PSPhase); the
+//     server sums the P_i and orthogonalises their sum (the same float64
+//     Gram–Schmidt as ring mode), the ranks answer with Q_i = M_iᵀ·P, the
+//     server averages Q and forms P·Qᵀ (psLowRank: a fixed-order float64
+//     product, so the ranks compute the same float32 values for their
+//     error feedback), and sends Q with the parameters for warm start.
+//
+// Steps before the scheme's start_iter push plain float32 (phase 0).
+// PSPusher is a rank's half, PSReceiver the server's; both derive the same
+// plan (PSPhases) from the spec and the model's segments.
+
+// Compression state in a checkpoint's extra tensors, as the flat buffers
+// of Flat (the layout follows from the spec, which the checkpoint's spec
+// hash pins), in ring and ps mode alike: CheckpointShared is the state
+// every rank shares (PowerSGD's Q), present once set; CheckpointOwn(r)
+// rank r's own (error-feedback residuals).
+const CheckpointShared = "compress.shared"
+
+// CheckpointOwn names rank's own state in a checkpoint.
+func CheckpointOwn(rank int) string { return "compress.rank" + strconv.Itoa(rank) + ".own" }
+
+// psFrameElems is how many gradient elements one pushed frame covers: a
+// multiple of DefaultInt8Chunk, so that int8 chunks never straddle frames.
+const psFrameElems = wire.DefaultFrameElems
+
+// PSPhase is what one push of a step carries.
+type PSPhase struct {
+	// Phase tags the frames: 0 for a step's only push, 1 and 2 for
+	// PowerSGD's.
+	Phase uint32
+	// DType is the frames' encoding.
+	DType pb.DType
+	// Total is the length in elements of the message the push sums: the
+	// gradient for phase 0, PowerSGD's P and uncompressed tensors (phase
+	// 1) or Q (phase 2).
+	Total int
+}
+
+// psPlan is what both halves know of a job's compressed pushes.
+type psPlan struct {
+	sc     scheme
+	segs   []models.Segment
+	total  int
+	layout psgdLayout // powersgd
+}
+
+func newPSPlan(spec *pb.CompressionSpec, segs []models.Segment, seed int64) (*psPlan, error) {
+	total, err := checkSegments(segs)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := parseScheme(spec, seed)
+	if err != nil {
+		return nil, err
+	}
+	p := &psPlan{sc: sc, segs: segs, total: total}
+	switch sc.typ {
+	case "powersgd":
+		if err := p.sc.psgd.resolve(); err != nil {
+			return nil, err
+		}
+		p.layout = newPSGDLayout(segs, p.sc.psgd.Rank, p.sc.psgd.MinCompressionRate)
+	case "topk":
+		if _, err := p.sc.topk.resolve(segs); err != nil {
+			return nil, err
+		}
+	case "int8":
+		if _, err := p.sc.int8.resolve(segs); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// phases returns the pushes of step.
+func (p *psPlan) phases(step int64) []PSPhase {
+	if p.sc.typ == "none" || step < p.sc.start {
+		return []PSPhase{{DType: pb.DType_D_TYPE_F32, Total: p.total}}
+	}
+	switch p.sc.typ {
+	case "powersgd":
+		l := &p.layout
+		return []PSPhase{{Phase: 1, DType: pb.DType_D_TYPE_F32, Total: l.nP + l.nU}, {Phase: 2, DType: pb.DType_D_TYPE_F32, Total: l.nQ}}
+	case "topk":
+		return []PSPhase{{DType: pb.DType_D_TYPE_SPARSE_F32, Total: p.total}}
+	case "int8":
+		return []PSPhase{{DType: pb.DType_D_TYPE_I8, Total: p.total}}
+	case "fp16":
+		return []PSPhase{{DType: pb.DType_D_TYPE_F16, Total: p.total}}
+	case "bf16":
+		return []PSPhase{{DType: pb.DType_D_TYPE_BF16, Total: p.total}}
+	}
+	panic("compress: unknown scheme " + p.sc.typ)
+}
+
+// PSReceiver is the parameter server's half of a job's compressed pushes:
+// it decodes frames into sums and, for PowerSGD, turns the summed factors
+// into P to send back and finally into the averaged gradient. It is a
+// pure core; the caller serialises calls.
+type PSReceiver struct {
+	plan  *psPlan
+	world int
+	inv   float32
+
+	pu      []float32 // powersgd: this step's orthogonalised P, then the summed uncompressed tensors
+	q       []float32 // powersgd: the last averaged Q (the ranks' warm start)
+	qSet    bool
+	scratch []float64
+}
+
+// NewPSReceiver builds the server's half for a job of world ranks whose
+// gradient is laid out as segs.
+func NewPSReceiver(spec *pb.CompressionSpec, segs []models.Segment, world int) (*PSReceiver, error) {
+	if world < 1 {
+		return nil, fmt.Errorf("compress: world size %d: want ≥ 1", world)
+	}
+	plan, err := newPSPlan(spec, segs, 0) // the seed only matters to the ranks
+	if err != nil {
+		return nil, err
+	}
+	r := &PSReceiver{plan: plan, world: world, inv: 1 / float32(world)}
+	if plan.sc.typ == "powersgd" {
+		l := &plan.layout
+		r.pu = make([]float32, l.nP+l.nU)
+		r.q = make([]float32, l.nQ)
+		r.scratch = make([]float64, l.maxScratch)
+	}
+	return r, nil
+}
+
+// Phases returns the pushes of step: one, or PowerSGD's two.
+func (r *PSReceiver) Phases(step int64) []PSPhase { return r.plan.phases(step) }
+
+// Type is the compression type ("none", "powersgd", …).
+func (r *PSReceiver) Type() string { return r.plan.sc.typ }
+
+// DecodeAdd adds the values of frame f, which covers dst (the element
+// range wire.Check returned for it, given ph's dtype), to dst. Anything
+// malformed is an error; nothing from the frame is trusted.
+func (r *PSReceiver) DecodeAdd(dst []float32, f *pb.TensorFrame, ph PSPhase) error {
+	switch ph.DType {
+	case pb.DType_D_TYPE_F32:
+		return wire.AddF32(dst, f.Data)
+	case pb.DType_D_TYPE_F16:
+		return AddHalf(dst, f.Data, FP16)
+	case pb.DType_D_TYPE_BF16:
+		return AddHalf(dst, f.Data, BF16)
+	case pb.DType_D_TYPE_I8:
+		return DequantizeInt8Add(dst, f.Data, f.Scales, int(f.ScaleChunk))
+	case pb.DType_D_TYPE_SPARSE_F32:
+		return AddSparse(dst, f.Data)
+	}
+	return fmt.Errorf("compress: dtype %v cannot be decoded", ph.DType)
+}
+
+// CombineP takes the sum over ranks of PowerSGD's phase-1 messages (every
+// P_i, then the uncompressed tensors), orthogonalises each matrix's P and
+// returns the P to send to every rank (valid until the next CombineP).
+func (r *PSReceiver) CombineP(sum []float32) []float32 {
+	l := &r.plan.layout
+	copy(r.pu, sum)
+	for i := range l.mats {
+		m := &l.mats[i]
+		orthogonalize(r.pu[m.pOff:m.pOff+m.rows*m.rank], m.rows, m.rank, r.plan.sc.psgd.Epsilon, r.scratch)
+	}
+	return r.pu[:l.nP]
+}
+
+// CombineQ takes the sum over ranks of PowerSGD's phase-2 messages (every
+// Q_i), averages it into the Q it returns (to send to every rank with the
+// parameters; valid until the next CombineQ), and writes the averaged
+// gradient into grad: P·Qᵀ for the compressed matrices, the averaged
+// uncompressed tensors elsewhere.
+func (r *PSReceiver) CombineQ(sum, grad []float32) []float32 {
+	l := &r.plan.layout
+	for i, v := range sum[:l.nQ] {
+		r.q[i] = v * r.inv
+	}
+	r.qSet = true
+	for i := range l.mats {
+		m := &l.mats[i]
+		psLowRank(grad[m.off:m.off+m.rows*m.cols], r.pu[m.pOff:m.pOff+m.rows*m.rank], r.q[m.qOff:m.qOff+m.cols*m.rank], m)
+	}
+	u := r.pu[l.nP:]
+	segs := r.plan.segs
+	for _, i := range l.flat {
+		s := segs[i]
+		g := grad[s.Offset : s.Offset+s.Len]
+		copy(g, u)
+		scale(g, r.inv)
+		u = u[s.Len:]
+	}
+	return r.q
+}
+
+// Shared returns the state every rank shares after the last compressed
+// step (PowerSGD's warm-start Q, as Flat.Shared), or nil when there is none.
+func (r *PSReceiver) Shared() []float32 {
+	if !r.qSet || r.plan.sc.psgd.NoWarmStart {
+		return nil
+	}
+	return r.q
+}
+
+// SetShared restores the shared state a checkpoint holds (see Shared).
+func (r *PSReceiver) SetShared(q []float32) error {
+	if r.plan.sc.typ != "powersgd" || r.plan.sc.psgd.NoWarmStart || len(q) != len(r.q) {
+		return fmt.Errorf("compress: %d shared values; this job's compression keeps %d", len(q), len(r.Shared()))
+	}
+	copy(r.q, q)
+	r.qSet = true
+	return nil
+}
+
+// OwnLen is the length of a rank's own state (error feedback), which a
+// checkpoint gathers from every rank; 0 when there is none.
+func (r *PSReceiver) OwnLen() int {
+	switch sc := &r.plan.sc; {
+	case sc.typ == "topk" && !sc.topk.NoErrorFeedback:
+		return r.plan.total
+	case sc.typ == "powersgd" && !sc.psgd.NoErrorFeedback:
+		return r.plan.layout.nE
+	}
+	return 0
+}
+
+// psLowRank sets g (rows×cols) = pm (rows×r) · qᵀ (r×cols) in a fixed
+// order with float64 accumulation of exact products, so that the server
+// and every rank compute the same float32 values on any machine (no GEMM
+// backend, no fused multiply-add can change them).
+func psLowRank(g, pm, q []float32, m *matrix) {
+	r := m.rank
+	for i := range m.rows {
+		pi := pm[i*r : (i+1)*r]
+		gi := g[i*m.cols : (i+1)*m.cols]
+		for j := range gi {
+			qj := q[j*r : (j+1)*r]
+			var acc float64
+			for k, v := range pi {
+				acc += float64(v) * float64(qj[k])
+			}
+			gi[j] = float32(acc)
+		}
+	}
+}
+
+// PSPusher is a rank's half of its job's compressed pushes: it encodes the
+// rank's gradient of each step into frames, answers PowerSGD's P with its
+// Q, and keeps the rank's compression state (error feedback, warm-start
+// Q), which it exposes as Stateful. It is not safe for concurrent use,
+// except Stats.
+type PSPusher struct {
+	plan *psPlan
+	rank int
+
+	topk *TopK     // topk: selection buffers and residual (no ring)
+	psgd *PowerSGD // powersgd: factors, residuals and Q (no ring)
+
+	pending bool // a compressed step awaits Applied
+	buf     []byte
+	scales  []float32
+	sent    int64 // bytes of the current step's pushes
+
+	mu    sync.Mutex // guards stats
+	stats Stats
+}
+
+var _ Stateful = (*PSPusher)(nil)
+
+// NewPSPusher builds rank's half for a gradient laid out as segs; seed is
+// the job's (int8 rounding and PowerSGD's initial Q derive from it).
+func NewPSPusher(spec *pb.CompressionSpec, segs []models.Segment, rank int, seed int64) (*PSPusher, error) {
+	plan, err := newPSPlan(spec, segs, seed)
+	if err != nil {
+		return nil, err
+	}
+	p := &PSPusher{plan: plan, rank: rank}
+	switch plan.sc.typ {
+	case "topk":
+		p.topk = newTopKCore(plan.total, plan.sc.topk)
+	case "powersgd":
+		p.psgd = newPowerSGDCore(segs, plan.total, plan.sc.psgd)
+		if p.psgd.work == nil { // without error feedback: M_i, kept for phase 2
+			p.psgd.work = make([]float32, p.psgd.nE)
+		}
+	}
+	return p, nil
+}
+
+// Phases returns the pushes of step: one, or PowerSGD's two.
+func (p *PSPusher) Phases(step int64) []PSPhase { return p.plan.phases(step) }
+
+// Stats returns the cumulative counters (as a ring Reducer's; WireBytes
+// is SentBytes: every byte goes to the server once).
+func (p *PSPusher) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats
+}
+
+// timedSend wraps send so that the time spent in it is not counted as
+// compression time and the payload bytes are.
+func (p *PSPusher) timedSend(send func(*pb.TensorFrame) error, comm *time.Duration) func(*pb.TensorFrame) error {
+	return func(f *pb.TensorFrame) error {
+		p.sent += int64(len(f.Data) + len(f.Scales))
+		t0 := time.Now()
+		err := send(f)
+		*comm += time.Since(t0)
+		return err
+	}
+}
+
+func (p *PSPusher) addTime(start time.Time, comm time.Duration) {
+	p.mu.Lock()
+	p.stats.CompressSeconds += (time.Since(start) - comm).Seconds()
+	p.mu.Unlock()
+}
+
+// Push sends the first (for all but PowerSGD the only) push of step:
+// grads, this rank's gradient, encoded as Phases(step)[0] says, as frames
+// tagged like tag (job, generation, op, step, rank) through send, which
+// must not keep a frame after it returns. grads is not changed.
+func (p *PSPusher) Push(step int64, grads []float32, tag *pb.TensorFrame, send func(*pb.TensorFrame) error) error {
+	if len(grads) != p.plan.total {
+		panic(fmt.Sprintf("compress: PSPusher.Push: len(grads) = %d, the segments cover %d", len(grads), p.plan.total))
+	}
+	start := time.Now()
+	var comm time.Duration
+	defer func() { p.addTime(start, comm) }()
+	send = p.timedSend(send, &comm)
+	p.sent = 0
+	ph := p.plan.phases(step)[0]
+	p.pending = ph.DType != pb.DType_D_TYPE_F32 || ph.Phase != 0
+	switch {
+	case ph.Phase == 1:
+		return p.pushP(step, grads, tag, send)
+	case ph.DType == pb.DType_D_TYPE_F32:
+		var sp wire.Splitter
+		return sp.Frames(tag, grads, send)
+	case ph.DType == pb.DType_D_TYPE_SPARSE_F32:
+		return p.pushTopK(grads, tag, send)
+	}
+	var rounder *Int8Rounder
+	if ph.DType == pb.DType_D_TYPE_I8 {
+		rounder = NewInt8Rounder(p.plan.sc.int8.Seed, p.rank, step)
+	}
+	for off := 0; ; off += psFrameElems {
+		end := min(off+psFrameElems, len(grads))
+		x := grads[off:end]
+		f := frameTag(tag, ph, off, len(grads), end >= len(grads))
+		switch ph.DType {
+		case pb.DType_D_TYPE_F16:
+			f.Data = EncodeHalf(p.grow(2*len(x)), x, FP16)
+		case pb.DType_D_TYPE_BF16:
+			f.Data = EncodeHalf(p.grow(2*len(x)), x, BF16)
+		case pb.DType_D_TYPE_I8:
+			size := p.plan.sc.int8.ChunkSize
+			n := (len(x) + size - 1) / size
+			if cap(p.scales) < n {
+				p.scales = make([]float32, n)
+			}
+			buf := p.grow(len(x) + 4*n)
+			rounder.QuantizeInt8(buf[:len(x)], p.scales[:n], x, size)
+			f.Data, f.Scales, f.ScaleChunk = buf[:len(x)], wire.PutF32(buf[len(x):], p.scales[:n]), uint32(size)
+		}
+		if err := send(f); err != nil {
+			return err
+		}
+		if f.Last {
+			return nil
+		}
+	}
+}
+
+// grow returns p.buf resized to n bytes.
+func (p *PSPusher) grow(n int) []byte {
+	if cap(p.buf) < n {
+		p.buf = make([]byte, n)
+	}
+	return p.buf[:n]
+}
+
+// frameTag is a frame of ph tagged like tag, covering the tensor of total
+// elements from off.
+func frameTag(tag *pb.TensorFrame, ph PSPhase, off, total int, last bool) *pb.TensorFrame {
+	return &pb.TensorFrame{JobId: tag.JobId, Generation: tag.Generation, Op: tag.Op, Step: tag.Step, Phase: ph.Phase,
+		Rank: tag.Rank, Chunk: uint32(off / psFrameElems), Offset: uint64(off), Total: uint64(total), Dtype: ph.DType, Last: last}
+}
+
+// phaseTag is tag's tags with phase.
+func phaseTag(tag *pb.TensorFrame, phase uint32) *pb.TensorFrame {
+	return &pb.TensorFrame{JobId: tag.JobId, Generation: tag.Generation, Op: tag.Op, Step: tag.Step, Phase: phase, Rank: tag.Rank}
+}
+
+// pushTopK selects the k largest magnitudes of gradient + residual (the
+// residual is kept until Applied) and sends them as sparse frames, one per
+// psFrameElems elements of the gradient.
+func (p *PSPusher) pushTopK(grads []float32, tag *pb.TensorFrame, send func(*pb.TensorFrame) error) error {
+	t := p.topk
+	w := t.work
+	copy(w, grads)
+	if t.res != nil {
+		add(w, t.res)
+	}
+	t.idx = selectTopK(t.idx[:0], t.keys, w, t.k)
+	ph := PSPhase{DType: pb.DType_D_TYPE_SPARSE_F32, Total: len(grads)}
+	idx := t.idx
+	for off := 0; ; off += psFrameElems {
+		end := min(off+psFrameElems, len(grads))
+		n := 0
+		for n < len(idx) && int(idx[n]) < end {
+			n++
+		}
+		buf := p.grow(8 * n)
+		for i, j := range idx[:n] {
+			binary.LittleEndian.PutUint32(buf[8*i:], uint32(int(j)-off))
+			binary.LittleEndian.PutUint32(buf[8*i+4:], math.Float32bits(w[j]))
+		}
+		idx = idx[n:]
+		f := frameTag(tag, ph, off, len(grads), end >= len(grads))
+		f.Data, f.Span = buf, uint64(end-off)
+		if err := send(f); err != nil {
+			return err
+		}
+		if f.Last {
+			return nil
+		}
+	}
+}
+
+// pushP is PowerSGD's phase 1: with error feedback the matrix to compress
+// is gradient + residual (built in work; the residual is kept until
+// Applied); P_i = M_i·Q with the warm-start Q (or a fresh random one,
+// drawn as in ring mode), then the uncompressed tensors.
+func (p *PSPusher) pushP(step int64, grads []float32, tag *pb.TensorFrame, send func(*pb.TensorFrame) error) error {
+	s := p.psgd
+	if !s.cfg.NoErrorFeedback {
+		for i := range s.mats {
+			m := &s.mats[i]
+			d := s.work[m.eOff : m.eOff+m.rows*m.cols]
+			copy(d, s.err[m.eOff:m.eOff+len(d)])
+			add(d, grads[m.off:m.off+len(d)])
+		}
+	} else {
+		for i := range s.mats {
+			m := &s.mats[i]
+			copy(s.work[m.eOff:m.eOff+m.rows*m.cols], grads[m.off:])
+		}
+	}
+	if !s.qInit || s.cfg.NoWarmStart {
+		for i := range s.mats {
+			s.randomQ(&s.mats[i], step)
+		}
+	}
+	for i := range s.mats {
+		m := &s.mats[i]
+		s.mulPQ(s.pu[m.pOff:m.pOff+m.rows*m.rank], s.work[m.eOff:m.eOff+m.rows*m.cols], s.q[m.qOff:m.qOff+m.cols*m.rank], m)
+	}
+	u := s.pu[s.nP:]
+	for _, i := range s.flat {
+		sg := s.segs[i]
+		copy(u, grads[sg.Offset:sg.Offset+sg.Len])
+		u = u[sg.Len:]
+	}
+	var sp wire.Splitter
+	return sp.Frames(phaseTag(tag, 1), s.pu, send)
+}
+
+// FactorLen is the length of the factors the server sends after phase
+// (1: P, 2: Q); 0 when the scheme has none.
+func (p *PSPusher) FactorLen(phase uint32) int {
+	if p.psgd == nil {
+		return 0
+	}
+	switch phase {
+	case 1:
+		return p.psgd.nP
+	case 2:
+		return p.psgd.nQ
+	}
+	return 0
+}
+
+// PushQ is PowerSGD's phase 2 of step: given the orthogonalised P the
+// server sent (FactorLen(1) values), it sends Q_i = M_iᵀ·P.
+func (p *PSPusher) PushQ(step int64, pm []float32, tag *pb.TensorFrame, send func(*pb.TensorFrame) error) error {
+	s := p.psgd
+	if s == nil || len(pm) != s.nP {
+		return fmt.Errorf("compress: PushQ: %d values of P; this job's PowerSGD has %d", len(pm), p.FactorLen(1))
+	}
+	start := time.Now()
+	var comm time.Duration
+	defer func() { p.addTime(start, comm) }()
+	send = p.timedSend(send, &comm)
+	copy(s.pu, pm)
+	for i := range s.mats {
+		m := &s.mats[i]
+		s.mulQ(s.qNext[m.qOff:m.qOff+m.cols*m.rank], s.work[m.eOff:m.eOff+m.rows*m.cols], s.pu[m.pOff:m.pOff+m.rows*m.rank], m)
+	}
+	var sp wire.Splitter
+	return sp.Frames(phaseTag(tag, 2), s.qNext, send)
+}
+
+// Applied records that the server applied step: the compression state
+// moves on (top-k's residual keeps what was not sent; PowerSGD's keeps
+// M − P·Qᵀ, computed as the server did, and q, the averaged Q the server
+// sent (FactorLen(2) values), becomes the warm start). q is nil for every
+// other scheme and step.
+func (p *PSPusher) Applied(step int64, q []float32) error {
+	start := time.Now()
+	defer p.addTime(start, 0)
+	if p.pending {
+		switch {
+		case p.topk != nil && p.topk.res != nil:
+			t := p.topk
+			for _, j := range t.idx {
+				t.work[j] = 0
+			}
+			t.res, t.work = t.work, t.res
+		case p.psgd != nil:
+			s := p.psgd
+			if len(q) != s.nQ {
+				return fmt.Errorf("compress: %d values of Q after step %d; this job's PowerSGD has %d", len(q), step, s.nQ)
+			}
+			copy(s.q, q)
+			s.qInit = true
+			for i := range s.mats {
+				m := &s.mats[i]
+				n := m.rows * m.cols
+				if s.err == nil {
+					continue
+				}
+				e := s.err[m.eOff : m.eOff+n]
+				psLowRank(e, s.pu[m.pOff:m.pOff+m.rows*m.rank], s.q[m.qOff:m.qOff+m.cols*m.rank], m)
+				d := s.work[m.eOff : m.eOff+n]
+				for i, v := range e {
+					e[i] = d[i] - v
+				}
+			}
+		}
+	}
+	p.pending = false
+	p.mu.Lock()
+	p.stats.Steps++
+	p.stats.RawBytes += 4 * int64(p.plan.total)
+	p.stats.SentBytes += p.sent
+	p.stats.WireBytes += p.sent
+	p.mu.Unlock()
+	return nil
+}
+
+// state is the Stateful this pusher delegates to.
+func (p *PSPusher) state() Stateful {
+	switch {
+	case p.topk != nil:
+		return p.topk
+	case p.psgd != nil:
+		return p.psgd
+	}
+	return noState{}
+}
+
+// noState is the Stateful of a scheme without state.
+type noState struct{ stateless }
+
+func (noState) State() map[string]models.Tensor            { return map[string]models.Tensor{} }
+func (noState) SetState(st map[string]models.Tensor) error { return checkStateNames(st, nil) }
+
+// State implements Stateful.
+func (p *PSPusher) State() map[string]models.Tensor { return p.state().State() }
+
+// SetState implements Stateful.
+func (p *PSPusher) SetState(st map[string]models.Tensor) error { return p.state().SetState(st) }
+
+// FlatLen implements Stateful.
+func (p *PSPusher) FlatLen() (shared, own int) { return p.state().FlatLen() }
+
+// CopyState implements Stateful.
+func (p *PSPusher) CopyState(dst *Flat) { p.state().CopyState(dst) }
+
+// RestoreState implements Stateful.
+func (p *PSPusher) RestoreState(src *Flat) error { return p.state().RestoreState(src) }
+
+// EncodeHalf writes src as little-endian 16-bit values of format f into
+// dst (2·len(src) bytes) and returns it; rounding as Cast's.
+func EncodeHalf(dst []byte, src []float32, f Format) []byte {
+	dst = dst[:2*len(src)]
+	if f == FP16 {
+		for i, v := range src {
+			binary.LittleEndian.PutUint16(dst[2*i:], F32ToF16(v))
+		}
+	} else {
+		for i, v := range src {
+			binary.LittleEndian.PutUint16(dst[2*i:], F32ToBF16(v))
+		}
+	}
+	return dst
+}
+
+// AddHalf adds little-endian 16-bit values of format f to dst; len(src)
+// must be 2·len(dst).
+func AddHalf(dst []float32, src []byte, f Format) error {
+	if len(src) != 2*len(dst) {
+		return fmt.Errorf("compress: %d bytes for %d %v values (want %d)", len(src), len(dst), f, 2*len(dst))
+	}
+	if f == FP16 {
+		for i := range dst {
+			dst[i] += F16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
+		}
+	} else {
+		for i := range dst {
+			dst[i] += BF16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
+		}
+	}
+	return nil
+}
+
+// AddSparse scatter-adds (uint32 index, float32 value) little-endian pairs
+// to dst; indices must be strictly ascending and below len(dst).
+func AddSparse(dst []float32, src []byte) error {
+	if len(src)%8 != 0 {
+		return fmt.Errorf("compress: %d bytes of sparse pairs, not a multiple of 8", len(src))
+	}
+	next := uint64(0) // the smallest index allowed next
+	for i := 0; i < len(src); i += 8 {
+		j := uint64(binary.LittleEndian.Uint32(src[i:]))
+		if j < next || j >= uint64(len(dst)) {
+			return fmt.Errorf("compress: sparse pair %d: index %d not ascending or outside [0,%d)", i/8, j, len(dst))
+		}
+		dst[j] += math.Float32frombits(binary.LittleEndian.Uint32(src[i+4:]))
+		next = j + 1
+	}
+	return nil
+}
