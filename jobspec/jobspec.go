@@ -18,6 +18,7 @@ import (
 
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/data"
+	"github.com/gradsync/gradsync/federated"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -442,6 +443,12 @@ const (
 var Strategies = []string{"fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "median", "trimmed-mean"}
 
 func normalizeFederated(s *pb.JobSpec) error {
+	if RealClients(s) && proto.Size(s.Partition) == 0 {
+		// Real clients without a partition train on their whole local
+		// training split (each worker's own --data-dir).
+		s.Partition = nil
+		return normalizeFederatedSettings(s)
+	}
 	p := s.Partition
 	if p == nil {
 		p = &pb.PartitionSpec{}
@@ -481,12 +488,36 @@ func normalizeFederated(s *pb.JobSpec) error {
 		}
 		return nil
 	}
+	return normalizeFederatedSettings(s)
+}
+
+// RealClients reports whether a fedavg spec runs real clients — one per
+// worker, each training on its own data and talking to the coordinator's
+// Federation service (workers ≥ 2) — rather than simulating every client
+// in one worker (workers: 1).
+func RealClients(s *pb.JobSpec) bool {
+	return s.GetMode() == "fedavg" && s.GetWorkers() > 1
+}
+
+// normalizeFederatedSettings fills and checks a fedavg spec's federated
+// settings.
+func normalizeFederatedSettings(s *pb.JobSpec) error {
 	if s.GetDataset().GetName() == MultiLabelMNIST {
 		return errf("dataset.name", "the multi-label task with mode fedavg %s", notImplementedSuffix)
 	}
-	if s.GetWorkers() != 1 {
-		return errf("workers", "fedavg with %d workers (clients spread over workers, or real clients with their own data) %s; "+
-			"use workers: 1 to simulate every client in one worker", s.GetWorkers(), notImplementedSuffix)
+	if RealClients(s) {
+		// One worker is one client: K is the number of workers.
+		if c := s.GetFederated().GetClients(); c != 0 && c != s.GetWorkers() {
+			return errf("federated.clients", "%d, but a fedavg job on %d workers has one real client per worker; "+
+				"leave clients unset (or %d), or use workers: 1 to simulate %d clients in one worker", c, s.GetWorkers(), s.GetWorkers(), c)
+		}
+		if CheckpointsOn(s) {
+			return errf("checkpoint", "checkpoints of a fedavg job with real clients (workers ≥ 2) %s; use workers: 1 (simulation)", notImplementedSuffix)
+		}
+		if s.Federated == nil {
+			s.Federated = &pb.FederatedSpec{}
+		}
+		s.Federated.Clients = s.GetWorkers()
 	}
 	if s.Federated == nil {
 		s.Federated = &pb.FederatedSpec{}
@@ -614,6 +645,10 @@ func normalizeFederated(s *pb.JobSpec) error {
 	}
 	if f.EvalEveryRounds < 1 {
 		return errf("federated.eval_every_rounds", "%d: must be at least 1", f.EvalEveryRounds)
+	}
+	if m, _ := federated.NumSampled(int(f.Clients), f.Fraction); int(f.MinClients) > m {
+		return errf("federated.min_clients", "%d, but each round samples only %d of the %d clients (max(1, round(fraction %v × %d))); allowed 1..%d",
+			f.MinClients, m, f.Clients, f.Fraction, f.Clients, m)
 	}
 	return nil
 }

@@ -136,7 +136,10 @@ func TestNormalizeRejects(t *testing.T) {
 		{"augment unknown", &pb.JobSpec{Dataset: &pb.DatasetSpec{Augment: "rotate"}}, "dataset.augment", "crop-flip"},
 		{"unknown augment", &pb.JobSpec{Dataset: &pb.DatasetSpec{Augment: "mixup"}}, "dataset.augment", "unknown augmentation"},
 		{"growing job", &pb.JobSpec{Mode: "ring", Workers: proto.Int32(2), MaxWorkers: 3}, "max_workers", "not implemented"},
-		{"fedavg on several workers", &pb.JobSpec{Mode: "fedavg", Workers: proto.Int32(2)}, "workers", "not implemented"},
+		{"real clients with another client count", &pb.JobSpec{Mode: "fedavg", Workers: proto.Int32(2), Federated: &pb.FederatedSpec{Clients: 5}}, "federated.clients", "one real client per worker"},
+		{"real clients with checkpoints", &pb.JobSpec{Mode: "fedavg", Workers: proto.Int32(2), Checkpoint: &pb.CheckpointSpec{EverySteps: 1}}, "checkpoint", "not implemented"},
+		{"real clients elastic", &pb.JobSpec{Mode: "fedavg", Workers: proto.Int32(3), MinWorkers: 2}, "min_workers", "use mode ring"},
+		{"fedavg min clients above sampled", &pb.JobSpec{Mode: "fedavg", Workers: proto.Int32(4), Federated: &pb.FederatedSpec{Fraction: 0.5, MinClients: 3}}, "federated.min_clients", "samples only 2"},
 		{"fedavg with momentum", &pb.JobSpec{Mode: "fedavg", Optimizer: &pb.OptimizerSpec{Momentum: proto.Float64(0.9)}}, "optimizer", "plain SGD"},
 		{"fedavg with epochs", &pb.JobSpec{Mode: "fedavg", Epochs: proto.Int32(2)}, "epochs", "federated.rounds"},
 		{"fedavg with batch size", &pb.JobSpec{Mode: "fedavg", BatchSize: proto.Int32(2)}, "batch_size", "local_batch_size"},
@@ -424,5 +427,35 @@ func TestCheckpointHashIgnoresWorkers(t *testing.T) {
 	b.Seed = proto.Int64(2)
 	if CheckpointHash(a) == CheckpointHash(b) {
 		t.Error("another seed, the same hash")
+	}
+}
+
+// TestRealClients: fedavg on N ≥ 2 workers runs N real clients (K = N),
+// with or without a partition of each client's training split; workers: 1
+// keeps the simulation and its default partition.
+func TestRealClients(t *testing.T) {
+	got, err := Normalize(&pb.JobSpec{Mode: "fedavg", Workers: proto.Int32(3), Federated: &pb.FederatedSpec{Fraction: 1, MinClients: 2}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !RealClients(got) || got.Federated.Clients != 3 || got.Partition != nil || got.Federated.MinClients != 2 {
+		t.Errorf("3 workers: real %v, clients %d, partition %v, min_clients %d; want real, 3, none, 2",
+			RealClients(got), got.Federated.Clients, got.Partition, got.Federated.MinClients)
+	}
+	got, err = Normalize(&pb.JobSpec{Mode: "fedavg", Workers: proto.Int32(3), Federated: &pb.FederatedSpec{Clients: 3},
+		Partition: &pb.PartitionSpec{Type: "dirichlet"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Partition.GetType() != "dirichlet" || got.Partition.Alpha != DefaultDirichletAlpha {
+		t.Errorf("partition %v, want dirichlet with the default alpha", got.Partition)
+	}
+	got, err = Normalize(&pb.JobSpec{Mode: "fedavg"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if RealClients(got) || got.Federated.Clients != DefaultClients || got.Partition.GetType() != defaultPartition {
+		t.Errorf("1 worker: real %v, clients %d, partition %v; want a simulation of %d clients, %s", RealClients(got),
+			got.Federated.Clients, got.Partition, DefaultClients, defaultPartition)
 	}
 }

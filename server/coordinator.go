@@ -173,6 +173,10 @@ func (s *Server) loseWorkerLocked(w *workerEntry, reason string) {
 	if jobID := w.info.JobId; jobID != "" && !s.closed {
 		w.info.JobId = ""
 		if e := s.jobs[jobID]; e != nil && !e.final() {
+			if e.fed != nil { // a real federated client: missing from its rounds, not a failure
+				e.fed.workerLostLocked(w, reason)
+				return
+			}
 			if s.recoverLocked(e, w, reason) {
 				return
 			}
@@ -254,33 +258,7 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		if e == nil || ev.Generation != e.job.Generation {
 			return
 		}
-		e.lastEval = ev
-		if e.run != nil {
-			rec := map[string]any{"kind": "eval", "time": now.UTC().Format(time.RFC3339Nano),
-				"epoch": ev.Epoch, "step": ev.Step, "test_accuracy": ev.TestAccuracy, "test_loss": ev.TestLoss, "train_loss": ev.TrainLoss}
-			if ev.MicroF1 != 0 || ev.MeanAveragePrecision != 0 { // multi-label
-				rec["micro_f1"], rec["macro_f1"], rec["mean_average_precision"] = ev.MicroF1, ev.MacroF1, ev.MeanAveragePrecision
-			}
-			if r := ev.Round; r != nil { // fedavg: the round's participants and what they held
-				hists := make([][]int32, len(r.LabelHistograms))
-				for i, h := range r.LabelHistograms {
-					hists[i] = h.Counts
-				}
-				delete(rec, "epoch")
-				rec["round"], rec["participants"], rec["missing"] = r.Round, r.Participants, r.Missing
-				rec["update_norm"], rec["label_histograms"] = r.UpdateNorm, hists
-			}
-			_ = e.run.Log(rec)
-		}
-		s.replotLocked(e.job.RunDir)
-		what := "epoch"
-		if ev.Round != nil {
-			what = "round"
-		}
-		s.emitLocked(e, pb.EventKind_EVENT_KIND_EVAL, fmt.Sprintf("%s %d: test accuracy %.2f%%", what, ev.Epoch, 100*ev.TestAccuracy),
-			func(r *pb.WatchJobResponse) {
-				r.TestAccuracy, r.TestLoss, r.Epoch = ev.TestAccuracy, ev.TestLoss, ev.Epoch
-			})
+		s.recordEvalLocked(e, ev, now)
 	case *pb.ConnectRequest_Done:
 		if s.closed {
 			return // the job stays RUNNING in the store; the next start decides
@@ -336,6 +314,38 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		s.endJobLocked(e, pb.JobState_JOB_STATE_SUCCEEDED,
 			fmt.Sprintf("test accuracy %.2f%% after %d %s", 100*res.TestAccuracy, res.Epochs, unit))
 	}
+}
+
+// recordEvalLocked records an evaluation of a running job: metrics.jsonl
+// (with the round's participants for fedavg), the charts, and an event.
+func (s *Server) recordEvalLocked(e *jobEntry, ev *pb.TaskEval, now time.Time) {
+	e.lastEval = ev
+	if e.run != nil {
+		rec := map[string]any{"kind": "eval", "time": now.UTC().Format(time.RFC3339Nano),
+			"epoch": ev.Epoch, "step": ev.Step, "test_accuracy": ev.TestAccuracy, "test_loss": ev.TestLoss, "train_loss": ev.TrainLoss}
+		if ev.MicroF1 != 0 || ev.MeanAveragePrecision != 0 { // multi-label
+			rec["micro_f1"], rec["macro_f1"], rec["mean_average_precision"] = ev.MicroF1, ev.MacroF1, ev.MeanAveragePrecision
+		}
+		if r := ev.Round; r != nil { // fedavg: the round's participants and what they held
+			hists := make([][]int32, len(r.LabelHistograms))
+			for i, h := range r.LabelHistograms {
+				hists[i] = h.Counts
+			}
+			delete(rec, "epoch")
+			rec["round"], rec["participants"], rec["missing"] = r.Round, r.Participants, r.Missing
+			rec["update_norm"], rec["label_histograms"] = r.UpdateNorm, hists
+		}
+		_ = e.run.Log(rec)
+	}
+	s.replotLocked(e.job.RunDir)
+	what := "epoch"
+	if ev.Round != nil {
+		what = "round"
+	}
+	s.emitLocked(e, pb.EventKind_EVENT_KIND_EVAL, fmt.Sprintf("%s %d: test accuracy %.2f%%", what, ev.Epoch, 100*ev.TestAccuracy),
+		func(r *pb.WatchJobResponse) {
+			r.TestAccuracy, r.TestLoss, r.Epoch = ev.TestAccuracy, ev.TestLoss, ev.Epoch
+		})
 }
 
 // runningJobLocked returns the running job a worker reports on, or nil when

@@ -37,6 +37,7 @@ type jobEntry struct {
 	notify chan struct{}
 	// While RUNNING:
 	ps        *psJob
+	fed       *fedJob // fedavg with real clients: the round driver (federation.go)
 	run       *runlog.Writer
 	ranksDone []bool
 	rankIPS   []float64
@@ -88,6 +89,9 @@ func isFinal(s pb.JobState) bool {
 func (e *jobEntry) abort(err error) {
 	if e.ps != nil {
 		e.ps.abort(err)
+	}
+	if e.fed != nil {
+		e.fed.abort(err)
 	}
 }
 
@@ -461,6 +465,13 @@ func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
 		e.ps, err = newPSJob(j.Id, j.Generation, world, net, spec, ckptDir, j.ResumeFrom, s.cfg.Now())
 		if err != nil {
 			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("resuming from checkpoint: %v", err))
+			return
+		}
+	}
+	if jobspec.RealClients(spec) {
+		// The coordinator drives the rounds; each worker is one client.
+		if e.fed, err = s.newFedJob(e, net); err != nil {
+			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("starting the federated rounds: %v", err))
 			return
 		}
 	}

@@ -133,6 +133,7 @@ type Server struct {
 	pb.UnimplementedClusterServiceServer
 	pb.UnimplementedCoordinatorServer
 	pb.UnimplementedParameterServerServer
+	pb.UnimplementedFederationServer
 }
 
 // New opens the store and loads every job it holds. Jobs that were PENDING
@@ -194,12 +195,13 @@ func New(cfg Config) (*Server, error) {
 	pb.RegisterClusterServiceServer(s.grpc, s)
 	pb.RegisterCoordinatorServer(s.grpc, s)
 	pb.RegisterParameterServerServer(s.grpc, s)
+	pb.RegisterFederationServer(s.grpc, s)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	cfg.Metrics.InitializeGRPC(s.grpc)
 	s.countJobsLocked()
 	for _, name := range []string{"", pb.JobService_ServiceDesc.ServiceName, pb.ClusterService_ServiceDesc.ServiceName,
-		pb.Coordinator_ServiceDesc.ServiceName, pb.ParameterServer_ServiceDesc.ServiceName} {
+		pb.Coordinator_ServiceDesc.ServiceName, pb.ParameterServer_ServiceDesc.ServiceName, pb.Federation_ServiceDesc.ServiceName} {
 		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
 	return s, nil

@@ -38,6 +38,8 @@ type taskEnv struct {
 	// stepDelay is injected before every step's forward pass
 	// (Config.DebugStepDelay: a slow worker, for fault-injection tests).
 	stepDelay time.Duration
+	// dataDir overrides the spec's dataset.data_dir (Config.DataDir).
+	dataDir string
 	// snaps keeps ring ranks' in-memory snapshots across tasks (nil: the
 	// task keeps its own, which die with it).
 	snaps *snapshotStore
@@ -56,13 +58,20 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	if name == jobspec.MultiLabelMNIST {
 		name = data.MNIST
 	}
-	train, test, err := data.Load(ctx, data.LoadOptions{Name: name, Dir: ds.GetDataDir(),
+	dir := ds.GetDataDir()
+	if env.dataDir != "" {
+		dir = env.dataDir
+	}
+	train, test, err := data.Load(ctx, data.LoadOptions{Name: name, Dir: dir,
 		SyntheticTrain: int(ds.GetSyntheticTrain()), SyntheticTest: int(ds.GetSyntheticTest()), Seed: seed})
 	if err != nil {
 		return nil, err
 	}
 	log.Debug("data loaded", "dataset", train.Name, "train", train.Len(), "test", test.Len(), "seconds", time.Since(loadStart).Seconds())
 	if spec.GetMode() == "fedavg" {
+		if jobspec.RealClients(spec) {
+			return runFedClient(ctx, a, env, train, test)
+		}
 		return runFederated(ctx, a, env, train, test)
 	}
 	var obj objective = newClassification(train, test, spec)

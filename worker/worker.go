@@ -79,6 +79,12 @@ type Config struct {
 	// long before its forward pass, making this a slow worker (a
 	// straggler). 0, the default, for real use.
 	DebugStepDelay time.Duration
+	// DataDir, if set, is where this worker finds the IDX files of the
+	// data set a job names (mnist, fashion-mnist): it overrides the spec's
+	// dataset.data_dir for this worker's tasks. A real federated client
+	// (fedavg on several workers) trains on its own data this way; ps and
+	// ring jobs need the same data set on every worker.
+	DataDir string
 }
 
 // Validate fills defaults and checks the config.
@@ -324,7 +330,8 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 				defer close(t.done)
 				w.log.Info("task assigned", "job", a.JobId, "rank", a.Rank, "world", a.WorldSize, "model", a.Spec.GetModel())
 				res, err := safeRunTask(tctx, a, &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics,
-					ring: w.ring, peerDial: w.peerDialOptions(), stepDelay: w.cfg.DebugStepDelay, snaps: &w.snaps})
+					ring: w.ring, peerDial: w.peerDialOptions(), stepDelay: w.cfg.DebugStepDelay, snaps: &w.snaps,
+					dataDir: w.cfg.DataDir})
 				done := &pb.TaskDone{JobId: a.JobId, Rank: a.Rank, Result: res, Generation: a.Generation}
 				if rf := (*ringFailure)(nil); errors.As(err, &rf) {
 					done.RingLinks = rf.links
