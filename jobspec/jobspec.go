@@ -273,8 +273,8 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if err := compress.Validate(s.Compression); err != nil {
 		return nil, errf("compression", "%v", strings.TrimPrefix(err.Error(), "compress: "))
 	}
-	if s.Compression.Type != defaultCompression && s.Mode != "ring" {
-		return nil, errf("compression.type", "%s compression in mode %s %s; use mode ring", s.Compression.Type, s.Mode, notImplementedSuffix)
+	if s.Compression.Type != defaultCompression && s.Mode != "ring" && s.Mode != "ps" {
+		return nil, errf("compression.type", "%s compression in mode %s %s; use mode ring or ps", s.Compression.Type, s.Mode, notImplementedSuffix)
 	}
 	if err := normalizeCheckpoint(s); err != nil {
 		return nil, err

@@ -144,6 +144,13 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 		return nil, err
 	}
 	defer sync.close()
+	if pc, ok := sync.(*psClient); ok && resumeState != nil {
+		// The server restored the parameters; the compression state of
+		// this rank (error feedback, warm-start Q) is the rank's.
+		if err := restoreCompression(resumeState, rank, world, pc.push, log, a.JobId); err != nil {
+			return nil, err
+		}
+	}
 	var ckpt *checkpointer
 	rs, isRing := sync.(*ringSync)
 	var snaps *jobSnapshots // ring mode: this rank's in-memory snapshots
@@ -438,7 +445,7 @@ type psStart struct {
 func startSync(ctx context.Context, a *pb.Assignment, env *taskEnv, net *models.Network, totalSteps int64, ps psStart) (synchronizer, error) {
 	switch mode := a.Spec.GetMode(); mode {
 	case "ps":
-		return joinPS(ctx, env, a, net.Params(), totalSteps, ps)
+		return joinPS(ctx, env, a, net, totalSteps, ps)
 	case "ring":
 		r, err := env.ring.Join(ctx, ringrpc.RingConfig{JobID: a.JobId, Generation: a.Generation, Rank: int(a.Rank),
 			Peers: a.Peers, DialOptions: env.peerDial})
@@ -475,16 +482,23 @@ type psClient struct {
 	applied  int64 // updates applied to the parameters we hold
 	metrics  *metrics.Registry
 	sp       wire.Splitter
+	push     *compress.PSPusher // encodes the pushes (pscompress.go)
+	factors  []float32          // PowerSGD: the P or Q the server sent
 }
 
 // joinPS opens the Sync stream, joins, and receives the initial parameters
 // (those after start.step steps) into params.
-func joinPS(ctx context.Context, env *taskEnv, a *pb.Assignment, params []float32, totalSteps int64, start psStart) (*psClient, error) {
+func joinPS(ctx context.Context, env *taskEnv, a *pb.Assignment, net *models.Network, totalSteps int64, start psStart) (*psClient, error) {
 	if len(a.PsAddresses) > 0 {
 		return nil, errors.New("external parameter-server shards are not implemented yet")
 	}
+	push, err := compress.NewPSPusher(a.Spec.GetCompression(), net.Segments(), int(a.Rank), a.Spec.GetSeed())
+	if err != nil {
+		return nil, err
+	}
+	params := net.Params()
 	sctx, cancel := context.WithCancel(ctx)
-	c := &psClient{a: a, cancel: cancel, metrics: env.metrics, timeout: time.Duration(a.Spec.GetStepTimeoutSeconds() * float64(time.Second))}
+	c := &psClient{a: a, cancel: cancel, metrics: env.metrics, timeout: time.Duration(a.Spec.GetStepTimeoutSeconds() * float64(time.Second)), push: push}
 	t := time.AfterFunc(c.timeout, func() { c.timedOut.Store(true); cancel() })
 	defer t.Stop()
 	stream, err := pb.NewParameterServerClient(env.conn).Sync(sctx)
@@ -499,7 +513,7 @@ func joinPS(ctx context.Context, env *taskEnv, a *pb.Assignment, params []float3
 		c.close()
 		return nil, c.explain(err)
 	}
-	if err := c.recvParams(params, start.step); err != nil {
+	if _, err := c.recvParams(params, start.step); err != nil {
 		c.close()
 		return nil, err
 	}
@@ -513,22 +527,6 @@ func (c *psClient) explain(err error) error {
 	return fmt.Errorf("parameter server: %w", err)
 }
 
-// step pushes grads for the current step and overwrites params with the
-// parameters after the averaged update, within the step timeout.
-func (c *psClient) step(ctx context.Context, grads, params []float32) error {
-	t := time.AfterFunc(c.timeout, func() { c.timedOut.Store(true); c.cancel() })
-	defer t.Stop()
-	tag := &pb.TensorFrame{JobId: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PUSH_GRADIENT, Step: c.applied, Rank: c.a.Rank}
-	err := c.sp.Frames(tag, grads, func(f *pb.TensorFrame) error {
-		c.metrics.AddBytesSent(c.a.JobId, "ps", len(f.Data))
-		return c.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Gradient{Gradient: f}})
-	})
-	if err != nil {
-		return c.explain(c.recvErr(err))
-	}
-	return c.recvParams(params, c.applied+1)
-}
-
 // recvErr turns a Send error into the stream's real status: gRPC reports
 // io.EOF on Send when the server ended the stream, and the reason comes
 // from Recv.
@@ -539,33 +537,36 @@ func (c *psClient) recvErr(err error) error {
 	return err
 }
 
-// recvParams reads one full parameter tensor tagged with step.
-func (c *psClient) recvParams(params []float32, step int64) error {
+// recvParams reads one full parameter tensor tagged with step; sendState
+// reports that the server asks for this rank's compression state (for a
+// checkpoint).
+func (c *psClient) recvParams(params []float32, step int64) (sendState bool, err error) {
 	want := wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Total: uint64(len(params))}
 	next := 0
 	for {
 		m, err := c.stream.Recv()
 		if err != nil {
-			return c.explain(err)
+			return false, c.explain(err)
 		}
 		off, n, err := wire.Check(m.GetParameters(), want)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if off != next {
-			return fmt.Errorf("parameter frame at offset %d, want %d", off, next)
+			return false, fmt.Errorf("parameter frame at offset %d, want %d", off, next)
 		}
 		if err := wire.GetF32(params[off:off+n], m.GetParameters().Data); err != nil {
-			return err
+			return false, err
 		}
 		c.metrics.AddBytesReceived(c.a.JobId, "ps", len(m.GetParameters().Data))
+		sendState = sendState || m.SendState
 		next += n
 		if m.GetParameters().Last {
 			if next != len(params) {
-				return fmt.Errorf("parameters ended at %d of %d", next, len(params))
+				return false, fmt.Errorf("parameters ended at %d of %d", next, len(params))
 			}
 			c.applied = step
-			return nil
+			return sendState, nil
 		}
 	}
 }

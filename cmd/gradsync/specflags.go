@@ -82,7 +82,7 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.weighting, "weighting", "", "fedavg: aggregation weights: examples, uniform or label-balanced")
 	fl.Float64Var(&f.serverLR, "server-lr", 0, "fedavg: server learning rate (default: the strategy's)")
 	fl.Float64Var(&f.serverMom, "server-momentum", 0, "fedavg: FedAvgM server momentum (default 0.9)")
-	fl.StringVar(&f.compress, "compress", "", "ring mode: gradient compression, e.g. powersgd:rank=2,start_iter=10 | topk:ratio=0.01 | int8 | fp16 | bf16")
+	fl.StringVar(&f.compress, "compress", "", "gradient compression (modes ring and ps), e.g. powersgd:rank=2,start_iter=10 | topk:ratio=0.01 | int8 | fp16 | bf16")
 }
 
 // build reads the job file (if any) and applies the flags that were set.

@@ -1,0 +1,131 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gradsync/gradsync/compress"
+	"github.com/gradsync/gradsync/internal/wire"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// step pushes grads for the current step, encoded as the job's
+// compression says (compress.PSPusher: one push, or PowerSGD's two with
+// the server's P in between), and overwrites params with the parameters
+// after the averaged update, within the step timeout. When the server
+// asks, it then sends this rank's compression state for a checkpoint and
+// waits until the checkpoint is written.
+func (c *psClient) step(ctx context.Context, grads, params []float32) error {
+	t := time.AfterFunc(c.timeout, func() { c.timedOut.Store(true); c.cancel() })
+	defer t.Stop()
+	step := c.applied
+	tag := &pb.TensorFrame{JobId: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Rank: c.a.Rank}
+	send := func(f *pb.TensorFrame) error {
+		c.metrics.AddBytesSent(c.a.JobId, "ps", len(f.Data)+len(f.Scales))
+		return c.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Gradient{Gradient: f}})
+	}
+	phases := c.push.Phases(step)
+	if err := c.push.Push(step, grads, tag, send); err != nil {
+		return c.explain(c.recvErr(err))
+	}
+	powerSGD := phases[len(phases)-1].Phase == 2
+	if powerSGD {
+		pm, err := c.recvFactors(step, 1)
+		if err != nil {
+			return err
+		}
+		if err := c.push.PushQ(step, pm, tag, send); err != nil {
+			return c.explain(c.recvErr(err))
+		}
+	}
+	sendState, err := c.recvParams(params, step+1)
+	if err != nil {
+		return err
+	}
+	var q []float32
+	if powerSGD {
+		if q, err = c.recvFactors(step+1, 2); err != nil {
+			return err
+		}
+	}
+	if err := c.push.Applied(step, q); err != nil {
+		return err
+	}
+	if st := c.push.Stats(); st.SentBytes > 0 {
+		c.metrics.SetCompressionRatio(c.a.JobId, st.Ratio())
+	}
+	if sendState {
+		return c.sendState(step + 1)
+	}
+	return nil
+}
+
+// recvFactors reads PowerSGD's factors the server sends after phase of a
+// step (P: phase 1, tagged with the step; Q: phase 2, tagged with the
+// next), into a buffer valid until the next call.
+func (c *psClient) recvFactors(step int64, phase uint32) ([]float32, error) {
+	n := c.push.FactorLen(phase)
+	if cap(c.factors) < n {
+		c.factors = make([]float32, n)
+	}
+	dst := c.factors[:n]
+	want := wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Total: uint64(n)}
+	next := 0
+	for {
+		m, err := c.stream.Recv()
+		if err != nil {
+			return nil, c.explain(err)
+		}
+		f := m.GetFactors()
+		if f == nil {
+			return nil, fmt.Errorf("parameter server: expected PowerSGD's factors after phase %d of step %d", phase, step)
+		}
+		off, k, err := wire.Check(f, want)
+		if err != nil {
+			return nil, err
+		}
+		if f.Phase != phase || off != next {
+			return nil, fmt.Errorf("factor frame of phase %d at offset %d, want phase %d at %d", f.Phase, off, phase, next)
+		}
+		if err := wire.GetF32(dst[off:off+k], f.Data); err != nil {
+			return nil, err
+		}
+		c.metrics.AddBytesReceived(c.a.JobId, "ps", len(f.Data))
+		next += k
+		if f.Last {
+			if next != n {
+				return nil, fmt.Errorf("factors ended at %d of %d", next, n)
+			}
+			return dst, nil
+		}
+	}
+}
+
+// sendState sends this rank's own compression state (error feedback) for
+// the checkpoint after step-1 steps, and waits for the server to answer
+// that the checkpoint is written.
+func (c *psClient) sendState(step int64) error {
+	ns, no := c.push.FlatLen()
+	fl := &compress.Flat{Shared: make([]float32, ns), Own: make([]float32, no)}
+	c.push.CopyState(fl)
+	tag := &pb.TensorFrame{JobId: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PUSH_STATE, Step: step, Rank: c.a.Rank}
+	err := c.sp.Frames(tag, fl.Own, func(f *pb.TensorFrame) error {
+		return c.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_State{State: f}})
+	})
+	if err != nil {
+		return c.explain(c.recvErr(err))
+	}
+	m, err := c.stream.Recv()
+	if err != nil {
+		return c.explain(err)
+	}
+	if !m.CheckpointWritten {
+		return fmt.Errorf("parameter server: expected checkpoint_written after sending the compression state for step %d", step)
+	}
+	return nil
+}
+
+// compressStats reports the pushes' counters (the progress and result
+// carry them).
+func (c *psClient) compressStats() compress.Stats { return c.push.Stats() }
