@@ -9,8 +9,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/gradsync/gradsync/server"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+	"github.com/gradsync/gradsync/server"
 )
 
 // stragglerEvents runs a 3-worker job of mode in which worker w1 is

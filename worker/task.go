@@ -100,7 +100,7 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	if err != nil {
 		return nil, err
 	}
-	bs := jobspec.StepBatch(spec)      // examples per optimiser step on this rank
+	bs := jobspec.StepBatch(spec)     // examples per optimiser step on this rank
 	micro := int(spec.GetBatchSize()) // examples per forward/backward pass (bs/grad_accum_steps)
 	stepsPerEpoch := sampler.NumBatches(bs)
 	epochs := int(spec.GetEpochs())
