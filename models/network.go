@@ -286,6 +286,15 @@ func (n *Network) SetDropoutStream(stream uint64) {
 	}
 }
 
+// SetDropoutCalls makes every dropout layer draw its next masks as after
+// calls training Forwards: a job resumed after s steps of k forward passes
+// sets s·k, so that its masks are those of a run that never stopped.
+func (n *Network) SetDropoutCalls(calls uint64) {
+	for _, d := range n.dropouts {
+		d.calls = calls
+	}
+}
+
 // rewindDropout makes every dropout layer draw its next masks as on the
 // first training step again (tests use it to hold masks fixed).
 func (n *Network) rewindDropout() {

@@ -405,3 +405,20 @@ func TestSetDropoutStream(t *testing.T) {
 		t.Fatal("streams 7 and 8 drew the same masks")
 	}
 }
+
+// TestSetDropoutCalls: a network told it has done k training Forwards
+// draws the masks of one that did them.
+func TestSetDropoutCalls(t *testing.T) {
+	a, _ := New("cnn", smallOptions("cnn"))
+	b, _ := New("cnn", smallOptions("cnn"))
+	r := rand.New(rand.NewPCG(9, 9))
+	x := randn(r, 2*a.InputSize())
+	for range 3 {
+		a.Forward(x, 2, true)
+	}
+	a.Forward(x, 2, false) // evaluation draws nothing
+	b.SetDropoutCalls(3)
+	if !slices.Equal(a.Forward(x, 2, true), b.Forward(x, 2, true)) {
+		t.Fatal("after SetDropoutCalls(3), the fourth training Forward differs")
+	}
+}
