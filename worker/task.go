@@ -259,6 +259,10 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	}
 	start := time.Now()
 	firstStep := step
+	// Dropout masks come from a per-network counter of training passes: a
+	// resumed task (checkpoint or memory snapshot) sets it as a run that
+	// never stopped would have it.
+	net.SetDropoutCalls(uint64(step) * uint64(max(spec.GetGradAccumSteps(), 1)))
 	// saveOnCancel writes rank 0's state when the task stops early (a user
 	// cancel, or the job ending elsewhere), so that --resume loses nothing:
 	// epochStart + b·bs·world positions of the epoch's order are done.
