@@ -135,6 +135,11 @@ func (c *cluster) startServer() {
 	go func() { c.srvDone <- srv.Serve(ctx, lis) }() // owned by the cluster: stopServer waits for it
 }
 
+// stopServeTimeout bounds a graceful stop in tests: generous, because
+// under -race on a loaded 2-core machine a stop that writes checkpoints and
+// redraws charts takes seconds; a hang still fails.
+const stopServeTimeout = 60 * time.Second
+
 // stopServer stops the server gracefully and waits until Serve returns.
 func (c *cluster) stopServer() {
 	if c.srvCancel == nil {
@@ -142,7 +147,7 @@ func (c *cluster) stopServer() {
 	}
 	c.srvCancel()
 	c.srvCancel = nil
-	t := time.NewTimer(20 * time.Second)
+	t := time.NewTimer(stopServeTimeout)
 	defer t.Stop()
 	select {
 	case err := <-c.srvDone:
@@ -150,7 +155,7 @@ func (c *cluster) stopServer() {
 			c.t.Errorf("Serve: %v", err)
 		}
 	case <-t.C:
-		c.t.Fatal("server did not stop within 20s")
+		c.t.Fatalf("server did not stop within %v", stopServeTimeout)
 	}
 }
 
@@ -199,12 +204,12 @@ func (c *cluster) startWorker(id string, lis net.Listener, advertise string) *te
 // waits for it to return.
 func (w *testWorker) stop(t *testing.T) {
 	w.cancel()
-	tm := time.NewTimer(20 * time.Second)
+	tm := time.NewTimer(stopServeTimeout)
 	defer tm.Stop()
 	select {
 	case <-w.done:
 	case <-tm.C:
-		t.Fatalf("worker %s did not stop within 20s", w.id)
+		t.Fatalf("worker %s did not stop within %v", w.id, stopServeTimeout)
 	}
 }
 
