@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/models"
 )
@@ -269,7 +268,7 @@ func NewSim(cfg SimConfig) (*Sim, error) {
 		return nil, err
 	}
 	if r := cfg.Resume; r != nil {
-		if err := restore(net, strat, r); err != nil {
+		if err := r.Restore(net, strat); err != nil {
 			return nil, err
 		}
 	}
@@ -334,51 +333,11 @@ func NewSim(cfg SimConfig) (*Sim, error) {
 	return s, nil
 }
 
-// restore loads a snapshot's model into net and its server optimiser
-// state into strat.
-func restore(net *models.Network, strat *Strategy, r *Snapshot) error {
-	if err := net.LoadState(r.Model); err != nil {
-		return fmt.Errorf("federated: resume: model: %w", err)
-	}
-	so, ok := strat.Server.(StatefulOptimizer)
-	if !ok {
-		if len(r.Server) > 0 {
-			return fmt.Errorf("federated: resume: strategy %s keeps no server state, but the snapshot has %d tensors", strat.Name, len(r.Server))
-		}
-		return nil
-	}
-	if len(r.Server) == 0 {
-		return so.SetState(nil)
-	}
-	state := map[string][]float32{}
-	n := 0
-	for _, name := range so.StateNames() {
-		buf, err := checkpoint.GetFlat(r.Server, name+".", net.Segments())
-		if err != nil {
-			return fmt.Errorf("federated: resume: server state: %w", err)
-		}
-		state[name] = buf
-		n += len(net.Segments())
-	}
-	if n != len(r.Server) {
-		return fmt.Errorf("federated: resume: server state has %d tensors, strategy %s's has %d", len(r.Server), strat.Name, n)
-	}
-	return so.SetState(state)
-}
-
 // Snapshot returns the state after the last closed round (or the start,
 // or the resumed snapshot, before any): call it from AfterRound, or after
 // Run. The tensors are copies.
 func (s *Sim) Snapshot() Snapshot {
-	snap := Snapshot{Round: s.lastRound, Completed: s.completed, Model: map[string]models.Tensor{}, Server: map[string]models.Tensor{}}
-	checkpoint.PutFlat(snap.Model, "", s.net.Segments(), s.srv.Global())
-	checkpoint.PutFlat(snap.Model, "", s.net.BufferSegments(), s.closeBufs)
-	if so, ok := s.srv.strategy.Server.(StatefulOptimizer); ok {
-		for name, buf := range so.State() {
-			checkpoint.PutFlat(snap.Server, name+".", s.net.Segments(), buf)
-		}
-	}
-	return snap
+	return NewSnapshot(s.lastRound, s.completed, s.net, s.srv.Global(), s.closeBufs, s.srv.strategy)
 }
 
 // Run runs the simulation's rounds; see Simulate.

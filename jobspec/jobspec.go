@@ -511,9 +511,6 @@ func normalizeFederatedSettings(s *pb.JobSpec) error {
 			return errf("federated.clients", "%d, but a fedavg job on %d workers has one real client per worker; "+
 				"leave clients unset (or %d), or use workers: 1 to simulate %d clients in one worker", c, s.GetWorkers(), s.GetWorkers(), c)
 		}
-		if CheckpointsOn(s) {
-			return errf("checkpoint", "checkpoints of a fedavg job with real clients (workers ≥ 2) %s; use workers: 1 (simulation)", notImplementedSuffix)
-		}
 		if s.Federated == nil {
 			s.Federated = &pb.FederatedSpec{}
 		}

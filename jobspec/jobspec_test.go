@@ -137,7 +137,6 @@ func TestNormalizeRejects(t *testing.T) {
 		{"unknown augment", &pb.JobSpec{Dataset: &pb.DatasetSpec{Augment: "mixup"}}, "dataset.augment", "unknown augmentation"},
 		{"growing job", &pb.JobSpec{Mode: "ring", Workers: proto.Int32(2), MaxWorkers: 3}, "max_workers", "not implemented"},
 		{"real clients with another client count", &pb.JobSpec{Mode: "fedavg", Workers: proto.Int32(2), Federated: &pb.FederatedSpec{Clients: 5}}, "federated.clients", "one real client per worker"},
-		{"real clients with checkpoints", &pb.JobSpec{Mode: "fedavg", Workers: proto.Int32(2), Checkpoint: &pb.CheckpointSpec{EverySteps: 1}}, "checkpoint", "not implemented"},
 		{"real clients elastic", &pb.JobSpec{Mode: "fedavg", Workers: proto.Int32(3), MinWorkers: 2}, "min_workers", "use mode ring"},
 		{"fedavg min clients above sampled", &pb.JobSpec{Mode: "fedavg", Workers: proto.Int32(4), Federated: &pb.FederatedSpec{Fraction: 0.5, MinClients: 3}}, "federated.min_clients", "samples only 2"},
 		{"fedavg with momentum", &pb.JobSpec{Mode: "fedavg", Optimizer: &pb.OptimizerSpec{Momentum: proto.Float64(0.9)}}, "optimizer", "plain SGD"},
@@ -377,17 +376,19 @@ func TestLearningRate(t *testing.T) {
 	}
 }
 
-// TestCheckpointsInEveryMode: ps and fedavg jobs checkpoint as ring jobs
-// do; keep defaults to 3.
+// TestCheckpointsInEveryMode: ps and fedavg jobs (simulated or with real
+// clients) checkpoint as ring jobs do; keep defaults to 3.
 func TestCheckpointsInEveryMode(t *testing.T) {
-	for _, mode := range Modes {
-		s, err := Normalize(&pb.JobSpec{Mode: mode, Checkpoint: &pb.CheckpointSpec{EveryEpochs: 1}}, []string{"logreg", "mlp"})
-		if err != nil {
-			t.Errorf("mode %s: %v", mode, err)
-			continue
-		}
-		if !CheckpointsOn(s) || s.GetCheckpoint().GetKeep() != 3 {
-			t.Errorf("mode %s: checkpoint %v", mode, s.GetCheckpoint())
+	for _, w := range []int32{1, 3} {
+		for _, mode := range Modes {
+			s, err := Normalize(&pb.JobSpec{Mode: mode, Workers: proto.Int32(w), Checkpoint: &pb.CheckpointSpec{EveryEpochs: 1}}, []string{"logreg", "mlp"})
+			if err != nil {
+				t.Errorf("mode %s on %d workers: %v", mode, w, err)
+				continue
+			}
+			if !CheckpointsOn(s) || s.GetCheckpoint().GetKeep() != 3 {
+				t.Errorf("mode %s on %d workers: checkpoint %v", mode, w, s.GetCheckpoint())
+			}
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/federated"
 	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/jobspec"
@@ -42,6 +43,23 @@ import (
 //     charts, events); the job ends SUCCEEDED with the final evaluation.
 //   - A worker lost is a client missing from the rounds it is sampled
 //     for, not a failure; the job fails only when every client is gone.
+//   - With checkpoints the coordinator writes one after a closed round
+//     when the spec says (jobspec.CheckpointDue; a round is a step and an
+//     epoch, every_seconds is checked as rounds close), and when the job
+//     is cancelled or fails or the server shuts down: the simulation's
+//     format (federated.SaveCheckpoint) — the global parameters, the
+//     server optimiser's state, the rounds closed. The coordinator has no
+//     batch-norm statistics of its own (each client keeps its running
+//     mean and variance): a checkpoint holds the buffers the job started
+//     with (the model's initial ones, or those of the checkpoint it
+//     resumed from), and a resumed job's clients start theirs afresh.
+//   - A resume (submit --resume, or a server restart's requeue) starts the
+//     rounds after the checkpoint's with its global model and server
+//     state, once the clients join again; with every client answering it
+//     is the undisturbed run, bit for bit, on models without batch norm.
+//     The evaluation of a round that closed before the checkpoint but was
+//     not yet recorded is lost, except the last round's, which a resumed
+//     job asks for before it ends.
 
 // fedOutbox bounds the messages queued for one client; a client that lets
 // this many pile up is not reading and is dropped (it misses its rounds).
@@ -65,6 +83,14 @@ type fedJob struct {
 	rounds   int
 	every    int // evaluate every this many closed rounds
 	deadline time.Duration
+	net      *models.Network     // the model's layout, and the buffers its checkpoints hold
+	strat    *federated.Strategy // the server optimiser, whose state checkpoints hold
+	ckpt     *fedCheckpointer    // nil: the job writes no checkpoints
+	// firstDone is the number of rounds closed before this run (those of
+	// the checkpoint it resumed from); resumedDone says they are all of
+	// them, so only the final evaluation is left.
+	firstDone   int
+	resumedDone bool
 
 	wake      chan struct{} // (capacity 1) the clock's wake-up time changed
 	done      chan struct{} // closed by abort
@@ -78,7 +104,8 @@ type fedJob struct {
 	hists     [][]int         // by client: its label histogram (from its join)
 	weights   [][]float32     // by client: class-balanced loss weights; nil without reweighting
 	open      *fedRound       // the open round, nil when none
-	closed    int             // rounds closed
+	closed    int             // rounds closed, those before a resume included
+	lastRound int             // the number of the last round that closed
 	evals     []*fedEval      // closed rounds waiting for their evaluation, oldest first
 	evaluator *fedSession     // who evaluates; nil: pick one when needed
 	finished  bool            // the last round closed: the job ends with its evaluation
@@ -130,10 +157,22 @@ func (c *fedSession) sendLocked(m fedMsg) {
 	}
 }
 
+// fedCheckpointer writes a real-client fedavg job's checkpoints into dir.
+type fedCheckpointer struct {
+	dir  string
+	keep int
+	meta checkpoint.Meta // the job's: id, spec hash, world size, seed
+	// Guarded by Server.mu:
+	lastSave time.Time // for every_seconds
+	saved    int       // rounds closed at the newest checkpoint on disk (or resumed from)
+}
+
 // newFedJob builds the round driver of e's generation from net's initial
-// parameters and starts its clock (a goroutine owned by the Server: it
-// ends when the job is aborted, and Serve waits for it).
-func (s *Server) newFedJob(e *jobEntry, net *models.Network) (*fedJob, error) {
+// parameters, or, when the job resumes, from its checkpoint's (net is
+// loaded with them), and starts its clock (a goroutine owned by the
+// Server: it ends when the job is aborted, and Serve waits for it).
+// ckptDir "" means no checkpoints.
+func (s *Server) newFedJob(e *jobEntry, net *models.Network, ckptDir string) (*fedJob, error) {
 	j := e.job
 	spec := j.Spec
 	f := spec.GetFederated()
@@ -147,19 +186,48 @@ func (s *Server) newFedJob(e *jobEntry, net *models.Network) (*fedJob, error) {
 		return nil, err
 	}
 	n := len(j.WorkerIds)
+	rounds := int(f.GetRounds())
+	var snap *federated.Snapshot
+	if j.ResumeFrom != "" {
+		if snap, err = federated.LoadCheckpoint(j.ResumeFrom, jobspec.CheckpointHash(spec)); err != nil {
+			return nil, fmt.Errorf("resuming from checkpoint: %w", err)
+		}
+		if snap.Completed > rounds {
+			return nil, fmt.Errorf("resuming from checkpoint %s: %d rounds closed, the job has %d", j.ResumeFrom, snap.Completed, rounds)
+		}
+		if err := snap.Restore(net, strat); err != nil {
+			return nil, fmt.Errorf("resuming from checkpoint %s: %w", j.ResumeFrom, err)
+		}
+	}
 	deadline := time.Duration(f.GetRoundDeadlineSeconds() * float64(time.Second))
-	srv, err := federated.NewServer(federated.ServerConfig{Clients: n, Fraction: f.GetFraction(), Rounds: int(f.GetRounds()),
+	srv, err := federated.NewServer(federated.ServerConfig{Clients: n, Fraction: f.GetFraction(), Rounds: rounds,
 		MinClients: int(f.GetMinClients()), Deadline: deadline, Seed: spec.GetSeed()}, strat, slices.Clone(net.Params()))
 	if err != nil {
 		return nil, err
 	}
+	firstDone, lastRound := 0, 0
+	if snap != nil {
+		firstDone, lastRound = snap.Completed, snap.Round
+		if snap.Completed < rounds {
+			if err := srv.Resume(snap.Round, snap.Completed); err != nil {
+				return nil, fmt.Errorf("resuming from checkpoint %s: %w", j.ResumeFrom, err)
+			}
+		}
+	}
 	_, _, _, classes := jobspec.InputShape(spec)
 	fj := &fedJob{
 		s: s, e: e, jobID: j.Id, gen: j.Generation, spec: spec, n: n, params: net.NumParams(), classes: classes,
-		rounds: int(f.GetRounds()), every: max(int(f.GetEvalEveryRounds()), 1), deadline: deadline,
+		rounds: rounds, every: max(int(f.GetEvalEveryRounds()), 1), deadline: deadline,
+		net: net, strat: strat, firstDone: firstDone, resumedDone: firstDone == rounds,
 		wake: make(chan struct{}, 1), done: make(chan struct{}),
 		srv: srv, startBy: s.cfg.Now().Add(deadline), sessions: make([]*fedSession, n),
 		hists: make([][]int, n), weights: make([][]float32, n), lost: map[string]bool{},
+		closed: firstDone, lastRound: lastRound,
+	}
+	if ckptDir != "" {
+		fj.ckpt = &fedCheckpointer{dir: ckptDir, keep: int(spec.GetCheckpoint().GetKeep()),
+			meta:     checkpoint.Meta{JobID: j.Id, SpecHash: jobspec.CheckpointHash(spec), WorldSize: n, Seed: spec.GetSeed()},
+			lastSave: s.cfg.Now(), saved: firstDone}
 	}
 	fj.wakeAt = fj.startBy
 	s.streams.Add(1)
@@ -269,7 +337,16 @@ func (fj *fedJob) startLocked(now time.Time) {
 			joined = append(joined, k)
 		}
 	}
-	fj.s.log.Info("federated rounds start", "job", fj.jobID, "clients", fj.n, "joined", joined)
+	fj.s.log.Info("federated rounds start", "job", fj.jobID, "clients", fj.n, "joined", joined, "rounds_done", fj.firstDone)
+	if fj.resumedDone {
+		// The checkpoint is of the last round: only its evaluation is left.
+		fj.finished = true
+		fj.evalBy = now.Add(fj.deadline)
+		fj.evals = append(fj.evals, &fedEval{info: &pb.RoundInfo{Round: int32(fj.lastRound)}, model: slices.Clone(fj.srv.Global())})
+		fj.sendEvalsLocked()
+		fj.rearmLocked()
+		return
+	}
 	acts, err := fj.srv.Start(now)
 	fj.applyLocked(acts, err)
 }
@@ -278,6 +355,9 @@ func (fj *fedJob) startLocked(now time.Time) {
 // (the actions then end with a *RoundFailed), or nil.
 func (fj *fedJob) applyLocked(acts []federated.Action, err error) {
 	for _, a := range acts {
+		if !fj.activeLocked() {
+			return // a checkpoint that could not be written ended the job
+		}
 		switch a := a.(type) {
 		case *federated.OpenRound:
 			fj.open = &fedRound{round: a.Round, sampled: a.Clients, deadline: a.Deadline, model: slices.Clone(a.Global)}
@@ -331,18 +411,32 @@ func (fj *fedJob) sendRoundLocked(c *fedSession) {
 // for when one is due.
 func (fj *fedJob) closedLocked(a *federated.RoundClosed) {
 	fj.closed++
+	fj.lastRound = a.Round
 	fj.lastTrain = a.Stats.TrainLoss
 	now := fj.s.cfg.Now()
 	e := fj.e
 	elapsed := now.Sub(e.started).Seconds()
 	p := &pb.Progress{Epoch: int32(a.Round), Step: int64(a.Round), TotalSteps: int64(fj.rounds), Loss: a.Stats.TrainLoss,
 		LearningRate: fj.spec.GetFederated().GetClientLr(), ElapsedSeconds: elapsed,
-		EtaSeconds: elapsed / float64(fj.closed) * float64(fj.rounds-fj.closed)}
+		EtaSeconds: elapsed / float64(fj.closed-fj.firstDone) * float64(fj.rounds-fj.closed)}
 	e.job.Progress = p
 	fj.logLocked(map[string]any{"kind": "progress", "rank": 0, "epoch": p.Epoch, "step": p.Step, "total_steps": p.TotalSteps,
 		"loss": p.Loss, "learning_rate": p.LearningRate, "elapsed_seconds": p.ElapsedSeconds,
 		"participants": a.Participants, "missing": a.Missing, "at_deadline": a.AtDeadline})
 	fj.s.emitLocked(e, pb.EventKind_EVENT_KIND_PROGRESS, "", nil)
+	if c := fj.ckpt; c != nil && jobspec.CheckpointDue(fj.spec, int64(fj.closed), true, fj.closed-1, now.Sub(c.lastSave)) {
+		switch path, err := fj.saveLocked(now); {
+		case err != nil && path == "":
+			// As in the simulation: a checkpoint the spec asks for that
+			// cannot be written fails the job.
+			fj.failLocked(fmt.Sprintf("round %d: writing a checkpoint: %v", a.Round, err))
+			return
+		case err != nil:
+			fj.s.log.Warn("checkpoint written, but removing older ones failed", "job", fj.jobID, "err", err)
+		default:
+			fj.s.log.Debug("checkpoint written", "job", fj.jobID, "path", path)
+		}
+	}
 	if fj.closed != fj.rounds && fj.closed%fj.every != 0 {
 		return
 	}
@@ -425,6 +519,34 @@ func (fj *fedJob) succeedLocked() {
 		}
 	}
 	fj.s.endJobLocked(fj.e, pb.JobState_JOB_STATE_SUCCEEDED, msg)
+}
+
+// saveLocked writes a checkpoint of the state after the last closed
+// round, unless the newest on disk already is of it ("", nil).
+func (fj *fedJob) saveLocked(now time.Time) (string, error) {
+	c := fj.ckpt
+	if fj.closed <= c.saved {
+		return "", nil
+	}
+	snap := federated.NewSnapshot(fj.lastRound, fj.closed, fj.net, fj.srv.Global(), fj.net.Buffers(), fj.strat)
+	meta := c.meta
+	meta.Created = now
+	path, err := federated.SaveCheckpoint(c.dir, snap, meta, c.keep)
+	if path != "" { // written, even if removing older ones failed
+		c.saved, c.lastSave = fj.closed, now
+	}
+	return path, err
+}
+
+// saveStoppedLocked writes the checkpoint of a job that stops early (after
+// abort): the state after its last closed round, so that a resume loses
+// nothing. It writes nothing ("", nil) for a job without checkpoints or
+// that closed no round since it started.
+func (fj *fedJob) saveStoppedLocked(now time.Time) (string, error) {
+	if fj.ckpt == nil {
+		return "", nil
+	}
+	return fj.saveLocked(now)
 }
 
 func (fj *fedJob) failLocked(msg string) {

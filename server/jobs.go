@@ -95,16 +95,24 @@ func (e *jobEntry) abort(err error) {
 	}
 }
 
-// checkpointStoppedLocked writes the checkpoint of a ps job that stops
-// early (after abort): the parameter server's state after its last step,
-// so a resume loses nothing (ring jobs' rank 0 does this itself). The
+// checkpointStoppedLocked writes the checkpoint of a ps job or a fedavg
+// job with real clients that stops early (after abort): the parameter
+// server's state after its last step, or the global model and server
+// optimiser after the last closed round, so a resume loses nothing (ring
+// jobs' rank 0 and the fedavg simulation do this themselves). The
 // outcome is logged and announced as a job event: a failed write is not
 // silent, but does not change how the job ended.
 func (s *Server) checkpointStoppedLocked(e *jobEntry) {
-	if e.ps == nil {
+	var path string
+	var err error
+	switch {
+	case e.ps != nil:
+		path, err = e.ps.saveStopped(s.cfg.Now())
+	case e.fed != nil:
+		path, err = e.fed.saveStoppedLocked(s.cfg.Now())
+	default:
 		return
 	}
-	path, err := e.ps.saveStopped(s.cfg.Now())
 	switch {
 	case err != nil:
 		s.log.Warn("checkpoint at stop failed", "job", e.job.Id, "err", err)
@@ -470,7 +478,7 @@ func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
 	}
 	if jobspec.RealClients(spec) {
 		// The coordinator drives the rounds; each worker is one client.
-		if e.fed, err = s.newFedJob(e, net); err != nil {
+		if e.fed, err = s.newFedJob(e, net, ckptDir); err != nil {
 			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("starting the federated rounds: %v", err))
 			return
 		}
@@ -684,6 +692,12 @@ func (s *Server) resumeSpec(req *pb.SubmitJobRequest) (*pb.JobSpec, string, erro
 		// Normalize fills these with defaults that fedavg does not use,
 		// and refuses them when set: it fills them again the same way.
 		spec.Epochs, spec.BatchSize = nil, nil
+		// The checkpoint's global model is for its clients: one real
+		// client per worker, or all of them simulated in one.
+		if k := spec.GetFederated().GetClients(); spec.GetWorkers() > 1 && spec.GetWorkers() != k {
+			return nil, "", status.Errorf(codes.InvalidArgument, "job %s has %d federated clients: resume it on %d workers (one real client each) or on 1 (simulated), not %d",
+				old.Id, k, k, spec.GetWorkers())
+		}
 	}
 	return spec, path, nil
 }

@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/gradsync/gradsync/checkpoint"
@@ -153,17 +152,12 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 	return res, nil
 }
 
-// saveFederated writes a fedavg simulation's snapshot as a checkpoint.
+// saveFederated writes a fedavg simulation's snapshot as a checkpoint
+// (federated.SaveCheckpoint: the format the coordinator's real-client
+// jobs write too).
 func (c *checkpointer) saveFederated(snap federated.Snapshot, now time.Time) (string, error) {
-	st := &checkpoint.State{
-		Meta: checkpoint.Meta{JobID: c.jobID, SpecHash: specHash(c.spec), Step: int64(snap.Completed), Epoch: snap.Round,
-			WorldSize: c.world, Seed: c.spec.GetSeed()},
-		Tensors: snap.Model, Optim: map[string]checkpoint.Tensor{}, Extra: map[string]checkpoint.Tensor{},
-	}
-	for name, t := range snap.Server {
-		st.Extra[serverPrefix+name] = t
-	}
-	path, err := checkpoint.Save(c.dir, st, int(c.spec.GetCheckpoint().GetKeep()))
+	meta := checkpoint.Meta{JobID: c.jobID, SpecHash: specHash(c.spec), WorldSize: c.world, Seed: c.spec.GetSeed()}
+	path, err := federated.SaveCheckpoint(c.dir, snap, meta, int(c.spec.GetCheckpoint().GetKeep()))
 	if err != nil {
 		return "", err
 	}
@@ -171,26 +165,7 @@ func (c *checkpointer) saveFederated(snap federated.Snapshot, now time.Time) (st
 	return path, nil
 }
 
-// serverPrefix marks the federated server optimiser's state in a
-// checkpoint's extra tensors.
-const serverPrefix = "server."
-
 // loadFederated reads a fedavg checkpoint as the snapshot to resume from.
 func loadFederated(path string, spec *pb.JobSpec) (*federated.Snapshot, error) {
-	st, err := checkpoint.Load(path)
-	if err != nil {
-		return nil, err
-	}
-	if st.Meta.SpecHash != specHash(spec) {
-		return nil, fmt.Errorf("checkpoint %s was written for another spec", path)
-	}
-	snap := &federated.Snapshot{Round: st.Meta.Epoch, Completed: int(st.Meta.Step), Model: st.Tensors, Server: map[string]checkpoint.Tensor{}}
-	for name, t := range st.Extra {
-		rest, ok := strings.CutPrefix(name, serverPrefix)
-		if !ok {
-			return nil, fmt.Errorf("checkpoint %s: unexpected extra tensor %q in a fedavg checkpoint", path, name)
-		}
-		snap.Server[rest] = t
-	}
-	return snap, nil
+	return federated.LoadCheckpoint(path, specHash(spec))
 }
