@@ -138,7 +138,8 @@ type Server struct {
 
 // New opens the store and loads every job it holds. Jobs that were PENDING
 // are queued again; jobs that were RUNNING when the previous server stopped
-// are marked FAILED (resuming them needs checkpoints, a later feature).
+// are queued again to resume from their latest checkpoint, or marked FAILED
+// when they have none.
 func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err

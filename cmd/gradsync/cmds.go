@@ -329,7 +329,7 @@ func newSubmitCmd(g *globals) *cobra.Command {
 	}
 	sf.register(c)
 	c.Flags().BoolVarP(&wait, "watch", "w", false, "follow the job until it ends and print its summary")
-	c.Flags().StringVar(&resumeJob, "resume", "", "run an ended job again from its latest checkpoint (ring mode with checkpoint settings); --workers may change")
+	c.Flags().StringVar(&resumeJob, "resume", "", "run an ended job again from its latest checkpoint (any mode, with checkpoint settings); --workers may change (fedavg with real clients: the same number, or 1)")
 	return c
 }
 
