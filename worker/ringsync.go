@@ -51,7 +51,7 @@ type ringSync struct {
 	// step.
 	pending       *compress.Overlapped
 	pendingCtx    context.Context
-	pendingCancel context.CancelFunc
+	pendingCancel context.CancelCauseFunc
 
 	seq     int64 // tags this type's own collectives: -1, -2, … (the reducer's are ≥ 0)
 	steps   int64 // optimiser steps taken
@@ -113,10 +113,12 @@ func (r *ringSync) beginStep(ctx context.Context, grads []float32) (func(from in
 	if !ok || r.noOverlap {
 		return nil, nil
 	}
-	sctx, cancel := context.WithTimeout(ctx, r.timeout)
+	// The step timeout bounds the all-reduce, not backward: it starts in
+	// step, once backward is done (as without overlap).
+	sctx, cancel := context.WithCancelCause(ctx)
 	o, err := p.Start(sctx, grads, r.steps)
 	if err != nil {
-		cancel()
+		cancel(nil)
 		return nil, err
 	}
 	r.pending, r.pendingCtx, r.pendingCancel = o, sctx, cancel
@@ -128,7 +130,9 @@ func (r *ringSync) step(ctx context.Context, grads, params []float32) error {
 		// The all-reduce began with backward (beginStep).
 		ctx, cancel := r.pendingCtx, r.pendingCancel
 		r.pending, r.pendingCtx, r.pendingCancel = nil, nil, nil
-		defer cancel()
+		defer cancel(nil)
+		t := time.AfterFunc(r.timeout, func() { cancel(context.DeadlineExceeded) })
+		defer t.Stop()
 		if err := o.Wait(); err != nil {
 			return r.explain(ctx, err)
 		}
@@ -207,7 +211,7 @@ func (r *ringSync) explain(ctx context.Context, err error) error {
 	switch {
 	case errors.As(err, &pe):
 		return fmt.Errorf("peer rank %d: %w", pe.Rank, err)
-	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+	case ctx.Err() != nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded):
 		return fmt.Errorf("all-reduce did not finish within the step timeout of %v: %w", r.timeout, err)
 	}
 	return err
