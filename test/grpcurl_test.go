@@ -124,9 +124,9 @@ func TestGrpcurl(t *testing.T) {
 		{"workers -1", `{"workers":-1}`, "workers"},
 		{"workers 0", `{"workers":0}`, "workers"},
 		{"unknown dataset", `{"dataset":{"name":"imagenet"}}`, "dataset.name"},
-		{"compression not implemented yet", `{"compression":{"type":"powersgd"}}`, "compression.type"},
-		{"powersgd", `{"compression":{"type":"powersgd"}}`, "compression.type"},
-		{"checkpoint", `{"checkpoint":{"every_steps":100}}`, "checkpoint"},
+		{"option not implemented yet", `{"parameter_server":{"consistency":"async"}}`, "parameter_server.consistency"},
+		{"powersgd in fedavg", `{"mode":"fedavg","compression":{"type":"powersgd"}}`, "compression.type"},
+		{"checkpoint keep -1", `{"checkpoint":{"every_steps":100,"keep":-1}}`, "checkpoint.keep"},
 	}
 	for _, b := range bad {
 		out, code := grpcurl(ctx, t, bin, "-d", `{"spec":`+b.spec+`}`, s.addr, "gradsync.v1.JobService/SubmitJob")
