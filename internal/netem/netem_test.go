@@ -90,6 +90,48 @@ func TestRate(t *testing.T) {
 	t.Logf("400 KB each way over 4 MB/s: %v", el)
 }
 
+// TestRateIsDelivered: a fast link (40 MB/s, a 16 KiB chunk every 0.4 ms)
+// still carries about its rate although every sleep wakes late: 4 MB take
+// about 100 ms, not several times that.
+func TestRateIsDelivered(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	const size = 4_000_000
+	got := make(chan error, 1)
+	go func() {
+		c, err := lis.Accept()
+		if err != nil {
+			got <- err
+			return
+		}
+		defer c.Close()
+		_, err = io.CopyN(io.Discard, c, size)
+		got <- err
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := Link{Rate: 40e6}.Dial(ctx, lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	if _, err := c.Write(make([]byte, size)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	el := time.Since(start)
+	t.Logf("4 MB over a 40 MB/s link: %v (nominal 100 ms)", el)
+	if el < 90*time.Millisecond || el > 250*time.Millisecond {
+		t.Fatalf("4 MB over a 40 MB/s link took %v, want about 100 ms", el)
+	}
+}
+
 func TestUnlimitedIsIdentity(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
