@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gradsync/gradsync/compress"
+	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/wire"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -52,9 +53,8 @@ func (c *psClient) step(ctx context.Context, grads, params []float32) error {
 	if err := c.push.Applied(step, q); err != nil {
 		return err
 	}
-	if st := c.push.Stats(); st.SentBytes > 0 {
-		c.metrics.SetCompressionRatio(c.a.JobId, st.Ratio())
-	}
+	st := c.push.Stats()
+	c.metrics.ObserveCompression(c.a.JobId, metrics.CompressionTotals{RawBytes: st.RawBytes, SentBytes: st.SentBytes, Seconds: st.CompressSeconds})
 	if sendState {
 		return c.sendState(step + 1)
 	}

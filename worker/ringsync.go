@@ -166,9 +166,8 @@ func (r *ringSync) apply(ctx context.Context, grads, params []float32) error {
 	}
 	r.steps++
 	if r.metrics != nil {
-		if st := r.reducer.Stats(); st.SentBytes > 0 {
-			r.metrics.SetCompressionRatio(r.jobID, float64(st.RawBytes)/float64(st.SentBytes))
-		}
+		st := r.reducer.Stats()
+		r.metrics.ObserveCompression(r.jobID, metrics.CompressionTotals{RawBytes: st.RawBytes, SentBytes: st.SentBytes, Seconds: st.CompressSeconds})
 	}
 	if t, ok := r.ring.(trafficker); ok && r.metrics != nil {
 		sent, recv, right, left := t.Traffic()

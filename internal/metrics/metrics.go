@@ -56,6 +56,9 @@ type Registry struct {
 	sentBytes         *prometheus.CounterVec   // job, peer
 	receivedBytes     *prometheus.CounterVec   // job, peer
 	compressionRatio  *prometheus.GaugeVec     // job
+	gradRawBytes      *prometheus.CounterVec   // job
+	gradSentBytes     *prometheus.CounterVec   // job
+	compressSeconds   *prometheus.CounterVec   // job
 	collectiveSeconds *prometheus.HistogramVec // op
 	heartbeatsMissed  prometheus.Counter
 	recoveries        prometheus.Counter
@@ -63,8 +66,17 @@ type Registry struct {
 	stragglerDelay    *prometheus.GaugeVec // job, rank
 	stragglers        prometheus.Counter
 
-	mu     sync.Mutex      // guards states
-	states map[string]bool // every state SetJobCounts has exported
+	mu     sync.Mutex                   // guards states and compressed
+	states map[string]bool              // every state SetJobCounts has exported
+	seen   map[string]CompressionTotals // per job, the totals last observed
+}
+
+// CompressionTotals are a job's cumulative gradient-compression counters on
+// one process (compress.Stats): bytes before and after compression and the
+// seconds spent compressing.
+type CompressionTotals struct {
+	RawBytes, SentBytes int64
+	Seconds             float64
 }
 
 // NewRegistry creates a registry with gradsync's metrics, the Go runtime
@@ -101,6 +113,18 @@ func NewRegistry() *Registry {
 			Namespace: namespace, Name: "compression_ratio",
 			Help: "Uncompressed gradient bytes divided by bytes on the wire, for a job's latest step (1 without compression).",
 		}, []string{"job"}),
+		gradRawBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "gradient_raw_bytes_total",
+			Help: "Gradient bytes before compression (4 per float32 value) a job's ranks reduced on this process.",
+		}, []string{"job"}),
+		gradSentBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "gradient_sent_bytes_total",
+			Help: "Gradient message bytes after compression a job's ranks contributed on this process (raw/sent is the compression ratio).",
+		}, []string{"job"}),
+		compressSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "compress_seconds_total",
+			Help: "Seconds a job's ranks on this process spent compressing and decompressing gradients (outside collectives).",
+		}, []string{"job"}),
 		collectiveSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "collective_duration_seconds",
 			Help:    "Latency of one collective operation (all_reduce, broadcast, push, pull, ...).",
@@ -126,14 +150,14 @@ func NewRegistry() *Registry {
 			Namespace: namespace, Name: "stragglers_total",
 			Help: "Straggler episodes reported: a rank found clearly slower than the others of its job.",
 		}),
-		states: map[string]bool{},
+		states: map[string]bool{}, seen: map[string]CompressionTotals{},
 	}
 	r.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		r.grpc,
 		r.jobs, r.stepSeconds, r.imagesPerSecond, r.sentBytes, r.receivedBytes,
-		r.compressionRatio, r.collectiveSeconds, r.heartbeatsMissed, r.recoveries, r.nonFiniteSkips,
+		r.compressionRatio, r.gradRawBytes, r.gradSentBytes, r.compressSeconds, r.collectiveSeconds, r.heartbeatsMissed, r.recoveries, r.nonFiniteSkips,
 		r.stragglerDelay, r.stragglers,
 	)
 	for _, s := range JobStates {
@@ -206,13 +230,28 @@ func (r *Registry) AddBytesReceived(job, peer string, n int) {
 	r.receivedBytes.WithLabelValues(job, peer).Add(float64(n))
 }
 
-// SetCompressionRatio sets a job's compression ratio: uncompressed bytes
-// over bytes on the wire (4 for fp32→int8, 1 without compression).
-func (r *Registry) SetCompressionRatio(job string, ratio float64) {
-	if r == nil {
+// ObserveCompression publishes a job's cumulative compression counters on
+// this process (t only grows while the job runs): the ratio gauge and the
+// raw bytes, sent bytes and compression seconds counters, advanced by what
+// is new since the last call for the job.
+func (r *Registry) ObserveCompression(job string, t CompressionTotals) {
+	if r == nil || t.SentBytes <= 0 {
 		return
 	}
-	r.compressionRatio.WithLabelValues(job).Set(ratio)
+	r.mu.Lock()
+	last := r.seen[job]
+	r.seen[job] = t
+	r.mu.Unlock()
+	r.compressionRatio.WithLabelValues(job).Set(float64(t.RawBytes) / float64(t.SentBytes))
+	if d := t.RawBytes - last.RawBytes; d > 0 {
+		r.gradRawBytes.WithLabelValues(job).Add(float64(d))
+	}
+	if d := t.SentBytes - last.SentBytes; d > 0 {
+		r.gradSentBytes.WithLabelValues(job).Add(float64(d))
+	}
+	if d := t.Seconds - last.Seconds; d > 0 {
+		r.compressSeconds.WithLabelValues(job).Add(d)
+	}
 }
 
 // ObserveCollective records the latency of one collective operation, op
@@ -273,6 +312,12 @@ func (r *Registry) ForgetJob(job string) {
 	r.sentBytes.DeletePartialMatch(l)
 	r.receivedBytes.DeletePartialMatch(l)
 	r.compressionRatio.DeletePartialMatch(l)
+	r.gradRawBytes.DeletePartialMatch(l)
+	r.gradSentBytes.DeletePartialMatch(l)
+	r.compressSeconds.DeletePartialMatch(l)
+	r.mu.Lock()
+	delete(r.seen, job)
+	r.mu.Unlock()
 	r.stragglerDelay.DeletePartialMatch(l)
 }
 
