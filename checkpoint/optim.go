@@ -162,3 +162,25 @@ func adamName(o *optim.Adam) string {
 	}
 	return "adam"
 }
+
+// CaptureOptimizer stores opt's state, whichever optimiser it is (*optim.SGD
+// or *optim.Adam; any other keeps no state and stores nothing).
+func (s *State) CaptureOptimizer(opt any, segs []models.Segment) {
+	switch o := opt.(type) {
+	case *optim.SGD:
+		s.CaptureSGD(o, segs)
+	case *optim.Adam:
+		s.CaptureAdam(o, segs)
+	}
+}
+
+// RestoreOptimizer loads opt's state (CaptureOptimizer's counterpart).
+func (s *State) RestoreOptimizer(opt any, segs []models.Segment) error {
+	switch o := opt.(type) {
+	case *optim.SGD:
+		return s.RestoreSGD(o, segs)
+	case *optim.Adam:
+		return s.RestoreAdam(o, segs)
+	}
+	return nil
+}

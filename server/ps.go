@@ -15,7 +15,6 @@ import (
 	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/data"
-	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
@@ -117,13 +116,7 @@ func newPSJob(jobID string, gen uint64, world int, net *models.Network, spec *pb
 		if err := net.LoadState(st.Tensors); err != nil {
 			return nil, fmt.Errorf("checkpoint %s: %w", resumeFrom, err)
 		}
-		switch o := opt.(type) {
-		case *optim.SGD:
-			err = st.RestoreSGD(o, net.Segments())
-		case *optim.Adam:
-			err = st.RestoreAdam(o, net.Segments())
-		}
-		if err != nil {
+		if err := st.RestoreOptimizer(opt, net.Segments()); err != nil {
 			return nil, fmt.Errorf("checkpoint %s: optimiser state: %w", resumeFrom, err)
 		}
 		start.Meta, start.Extra = st.Meta, st.Extra
@@ -195,12 +188,7 @@ func (p *psJob) captureLocked() *checkpoint.State {
 	if q := p.recv.Shared(); q != nil {
 		st.Extra[compress.CheckpointShared] = models.F32Tensor([]int{len(q)}, q)
 	}
-	switch o := p.opt.(type) {
-	case *optim.SGD:
-		st.CaptureSGD(o, c.net.Segments())
-	case *optim.Adam:
-		st.CaptureAdam(o, c.net.Segments())
-	}
+	st.CaptureOptimizer(p.opt, c.net.Segments())
 	return st
 }
 

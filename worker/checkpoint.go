@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/gradsync/gradsync/checkpoint"
-	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -42,12 +41,7 @@ func (c *checkpointer) save(net *models.Network, opt jobspec.Stepper, step int64
 		Tensors: net.State(),
 		Extra:   extra,
 	}
-	switch o := opt.(type) {
-	case *optim.SGD:
-		st.CaptureSGD(o, net.Segments())
-	case *optim.Adam:
-		st.CaptureAdam(o, net.Segments())
-	}
+	st.CaptureOptimizer(opt, net.Segments())
 	path, err := checkpoint.Save(c.dir, st, int(c.spec.GetCheckpoint().GetKeep()))
 	if err != nil {
 		return "", err
@@ -69,13 +63,7 @@ func resume(path string, spec *pb.JobSpec, net *models.Network, opt jobspec.Step
 	if err := net.LoadState(st.Tensors); err != nil {
 		return checkpoint.Meta{}, fmt.Errorf("checkpoint %s: %w", path, err)
 	}
-	switch o := opt.(type) {
-	case *optim.SGD:
-		err = st.RestoreSGD(o, net.Segments())
-	case *optim.Adam:
-		err = st.RestoreAdam(o, net.Segments())
-	}
-	if err != nil {
+	if err := st.RestoreOptimizer(opt, net.Segments()); err != nil {
 		return checkpoint.Meta{}, fmt.Errorf("checkpoint %s: optimiser state: %w", path, err)
 	}
 	return st.Meta, nil
