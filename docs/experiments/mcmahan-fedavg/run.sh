@@ -10,8 +10,9 @@
 # 5th (its rounds are short; evaluation would otherwise take half its time).
 # Env: GS (binary; built to /tmp/gsfl if absent), RUNS_DIR (default /tmp/flruns),
 # LR (client learning rate; default 0.1 for fedavg, 0.2 for fedsgd), SEED (default 1).
+# STOP_AT (e.g. 0.99) ends the run at the first evaluation that reaches it.
 # Prints the run directory; rounds.csv next to this script gets one line per
-# evaluated round (method, round, test accuracy, elapsed seconds).
+# evaluated round (method, lr, round, test accuracy, elapsed seconds, CPU seconds).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
@@ -30,12 +31,43 @@ case $method in
   fedsgd) args=(--local-epochs 1 --lr "${LR:-0.2}" --rounds 100000 -f "$HERE/fedsgd.yaml") ;;
   *) echo "usage: $0 fedavg|fedsgd SECONDS" >&2; exit 2 ;;
 esac
-# Stop at the wall-clock budget; the run directory keeps every evaluation.
-timeout --signal=INT "${2:?seconds}" "$GS" "${COMMON[@]}" "${args[@]}" >/dev/null 2>&1 || true
-dir=$(ls -td "$RUNS_DIR"/*/ | head -1)
+# Stop at the wall-clock budget, or once an evaluation reaches STOP_AT (a
+# fraction, e.g. 0.99); the run directory keeps every evaluation. A sampler
+# records the process's CPU seconds (user + system, from /proc) every 2 s, so
+# that runs sharing the machine with other work (`nice -n 19`) can still be
+# compared by the compute they used.
+before=$(ls -td "$RUNS_DIR"/*/ 2>/dev/null | head -1 || true)
+timeout --signal=INT "${2:?seconds}" "$GS" "${COMMON[@]}" "${args[@]}" >/dev/null 2>&1 &
+tpid=$!
+sleep 1
+gpid=$(pgrep -P "$tpid" | head -1 || true)
+dir=""
+cpulog=$(mktemp)
+tick=$(getconf CLK_TCK)
+while kill -0 "$tpid" 2>/dev/null; do
+  if [ -z "$dir" ]; then
+    d=$(ls -td "$RUNS_DIR"/*/ 2>/dev/null | head -1 || true)
+    [ -n "$d" ] && [ "$d" != "$before" ] && dir=$d
+  fi
+  if [ -n "$gpid" ] && [ -r "/proc/$gpid/stat" ]; then
+    # fields 14 and 15 are utime and stime in clock ticks (comm has no spaces here)
+    awk -v t="$(date +%s)" -v hz="$tick" '{print t, ($14+$15)/hz}' "/proc/$gpid/stat" >>"$cpulog" || true
+  fi
+  if [ -n "${STOP_AT:-}" ] && [ -n "$dir" ] && [ -f "$dir/metrics.jsonl" ] &&
+    jq -e --argjson t "$STOP_AT" 'select(.kind=="eval" and .test_accuracy >= $t)' "$dir/metrics.jsonl" >/dev/null 2>&1; then
+    kill -INT "$gpid" 2>/dev/null || true
+  fi
+  sleep 2
+done
+wait "$tpid" || true
+dir=${dir:-$(ls -td "$RUNS_DIR"/*/ | head -1)}
 echo "$dir"
-[ -f "$HERE/rounds.csv" ] || echo "method,lr,round,test_accuracy,elapsed_seconds" >"$HERE/rounds.csv"
+[ -f "$HERE/rounds.csv" ] || echo "method,lr,round,test_accuracy,elapsed_seconds,cpu_seconds" >"$HERE/rounds.csv"
 start=$(jq -rs '[.[] | select(.kind=="state" and .state=="RUNNING")][0].time' "$dir/metrics.jsonl")
 jq -rc --arg m "$method" --arg lr "${LR:-default}" --arg start "$start" \
-  'select(.kind=="eval") | [$m, $lr, .round, .test_accuracy, ((.time|sub("\\.[0-9]+Z$";"Z")|fromdate) - ($start|sub("\\.[0-9]+Z$";"Z")|fromdate))] | @csv' \
-  "$dir/metrics.jsonl" >>"$HERE/rounds.csv"
+  'select(.kind=="eval") | [$m, $lr, .round, .test_accuracy, ((.time|sub("\\.[0-9]+Z$";"Z")|fromdate) - ($start|sub("\\.[0-9]+Z$";"Z")|fromdate)), (.time|sub("\\.[0-9]+Z$";"Z")|fromdate)] | @csv' \
+  "$dir/metrics.jsonl" |
+  # the last column becomes the CPU seconds sampled at or just before that moment
+  awk -F, -v OFS=, -v cpulogf="$cpulog" 'BEGIN { while ((getline l < cpulogf) > 0) { split(l, a, " "); n++; ts[n]=a[1]; cs[n]=a[2] } }
+    { t=$NF; c=""; for (i=1; i<=n; i++) if (ts[i] <= t) c=cs[i]; $NF=c; print }' >>"$HERE/rounds.csv"
+rm -f "$cpulog"
