@@ -319,8 +319,18 @@ type Progress struct {
 	// Seconds per step (mean since the last report) of forward and backward
 	// (and any injected --debug-step-delay).
 	ComputeSeconds float64 `protobuf:"fixed64,12,opt,name=compute_seconds,json=computeSeconds,proto3" json:"compute_seconds,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// ps mode with consistency async or bounded, over this rank's pushes so
+	// far (every shard's receipt counts): mean and largest staleness in
+	// steps of the slowest rank and in updates, seconds waited for the
+	// staleness bound, and gradients refused as too stale.
+	PsStaleStepsMean   float64 `protobuf:"fixed64,13,opt,name=ps_stale_steps_mean,json=psStaleStepsMean,proto3" json:"ps_stale_steps_mean,omitempty"`
+	PsStaleStepsMax    int64   `protobuf:"varint,14,opt,name=ps_stale_steps_max,json=psStaleStepsMax,proto3" json:"ps_stale_steps_max,omitempty"`
+	PsStaleUpdatesMean float64 `protobuf:"fixed64,15,opt,name=ps_stale_updates_mean,json=psStaleUpdatesMean,proto3" json:"ps_stale_updates_mean,omitempty"`
+	PsStaleUpdatesMax  int64   `protobuf:"varint,16,opt,name=ps_stale_updates_max,json=psStaleUpdatesMax,proto3" json:"ps_stale_updates_max,omitempty"`
+	PsWaitSeconds      float64 `protobuf:"fixed64,17,opt,name=ps_wait_seconds,json=psWaitSeconds,proto3" json:"ps_wait_seconds,omitempty"`
+	PsRefused          int64   `protobuf:"varint,18,opt,name=ps_refused,json=psRefused,proto3" json:"ps_refused,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Progress) Reset() {
@@ -437,6 +447,48 @@ func (x *Progress) GetComputeSeconds() float64 {
 	return 0
 }
 
+func (x *Progress) GetPsStaleStepsMean() float64 {
+	if x != nil {
+		return x.PsStaleStepsMean
+	}
+	return 0
+}
+
+func (x *Progress) GetPsStaleStepsMax() int64 {
+	if x != nil {
+		return x.PsStaleStepsMax
+	}
+	return 0
+}
+
+func (x *Progress) GetPsStaleUpdatesMean() float64 {
+	if x != nil {
+		return x.PsStaleUpdatesMean
+	}
+	return 0
+}
+
+func (x *Progress) GetPsStaleUpdatesMax() int64 {
+	if x != nil {
+		return x.PsStaleUpdatesMax
+	}
+	return 0
+}
+
+func (x *Progress) GetPsWaitSeconds() float64 {
+	if x != nil {
+		return x.PsWaitSeconds
+	}
+	return 0
+}
+
+func (x *Progress) GetPsRefused() int64 {
+	if x != nil {
+		return x.PsRefused
+	}
+	return 0
+}
+
 // JobResult is what a finished job achieved.
 type JobResult struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
@@ -464,8 +516,18 @@ type JobResult struct {
 	MicroF1              float64 `protobuf:"fixed64,15,opt,name=micro_f1,json=microF1,proto3" json:"micro_f1,omitempty"`
 	MacroF1              float64 `protobuf:"fixed64,16,opt,name=macro_f1,json=macroF1,proto3" json:"macro_f1,omitempty"`
 	MeanAveragePrecision float64 `protobuf:"fixed64,17,opt,name=mean_average_precision,json=meanAveragePrecision,proto3" json:"mean_average_precision,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// FNV-1a (64-bit) of the little-endian bytes of rank 0's parameters at
+	// the end, so runs can be compared bit for bit.
+	ParameterChecksum uint64 `protobuf:"fixed64,18,opt,name=parameter_checksum,json=parameterChecksum,proto3" json:"parameter_checksum,omitempty"`
+	// ps mode, async or bounded: rank 0's staleness figures (see Progress).
+	PsStaleStepsMean   float64 `protobuf:"fixed64,19,opt,name=ps_stale_steps_mean,json=psStaleStepsMean,proto3" json:"ps_stale_steps_mean,omitempty"`
+	PsStaleStepsMax    int64   `protobuf:"varint,20,opt,name=ps_stale_steps_max,json=psStaleStepsMax,proto3" json:"ps_stale_steps_max,omitempty"`
+	PsStaleUpdatesMean float64 `protobuf:"fixed64,21,opt,name=ps_stale_updates_mean,json=psStaleUpdatesMean,proto3" json:"ps_stale_updates_mean,omitempty"`
+	PsStaleUpdatesMax  int64   `protobuf:"varint,22,opt,name=ps_stale_updates_max,json=psStaleUpdatesMax,proto3" json:"ps_stale_updates_max,omitempty"`
+	PsWaitSeconds      float64 `protobuf:"fixed64,23,opt,name=ps_wait_seconds,json=psWaitSeconds,proto3" json:"ps_wait_seconds,omitempty"`
+	PsRefused          int64   `protobuf:"varint,24,opt,name=ps_refused,json=psRefused,proto3" json:"ps_refused,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *JobResult) Reset() {
@@ -613,6 +675,55 @@ func (x *JobResult) GetMacroF1() float64 {
 func (x *JobResult) GetMeanAveragePrecision() float64 {
 	if x != nil {
 		return x.MeanAveragePrecision
+	}
+	return 0
+}
+
+func (x *JobResult) GetParameterChecksum() uint64 {
+	if x != nil {
+		return x.ParameterChecksum
+	}
+	return 0
+}
+
+func (x *JobResult) GetPsStaleStepsMean() float64 {
+	if x != nil {
+		return x.PsStaleStepsMean
+	}
+	return 0
+}
+
+func (x *JobResult) GetPsStaleStepsMax() int64 {
+	if x != nil {
+		return x.PsStaleStepsMax
+	}
+	return 0
+}
+
+func (x *JobResult) GetPsStaleUpdatesMean() float64 {
+	if x != nil {
+		return x.PsStaleUpdatesMean
+	}
+	return 0
+}
+
+func (x *JobResult) GetPsStaleUpdatesMax() int64 {
+	if x != nil {
+		return x.PsStaleUpdatesMax
+	}
+	return 0
+}
+
+func (x *JobResult) GetPsWaitSeconds() float64 {
+	if x != nil {
+		return x.PsWaitSeconds
+	}
+	return 0
+}
+
+func (x *JobResult) GetPsRefused() int64 {
+	if x != nil {
+		return x.PsRefused
 	}
 	return 0
 }
@@ -1162,7 +1273,7 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\arun_dir\x18\f \x01(\tR\x06runDir\x12+\n" +
 	"\x05ranks\x18\r \x03(\v2\x15.gradsync.v1.ProgressR\x05ranks\x12\x1f\n" +
 	"\vresume_from\x18\x0e \x01(\tR\n" +
-	"resumeFrom\"\xb5\x03\n" +
+	"resumeFrom\"\xbc\x05\n" +
 	"\bProgress\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x05R\x05epoch\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1f\n" +
@@ -1178,7 +1289,14 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\x11compression_ratio\x18\n" +
 	" \x01(\x01R\x10compressionRatio\x12*\n" +
 	"\x11left_wait_seconds\x18\v \x01(\x01R\x0fleftWaitSeconds\x12'\n" +
-	"\x0fcompute_seconds\x18\f \x01(\x01R\x0ecomputeSeconds\"\xfe\x04\n" +
+	"\x0fcompute_seconds\x18\f \x01(\x01R\x0ecomputeSeconds\x12-\n" +
+	"\x13ps_stale_steps_mean\x18\r \x01(\x01R\x10psStaleStepsMean\x12+\n" +
+	"\x12ps_stale_steps_max\x18\x0e \x01(\x03R\x0fpsStaleStepsMax\x121\n" +
+	"\x15ps_stale_updates_mean\x18\x0f \x01(\x01R\x12psStaleUpdatesMean\x12/\n" +
+	"\x14ps_stale_updates_max\x18\x10 \x01(\x03R\x11psStaleUpdatesMax\x12&\n" +
+	"\x0fps_wait_seconds\x18\x11 \x01(\x01R\rpsWaitSeconds\x12\x1d\n" +
+	"\n" +
+	"ps_refused\x18\x12 \x01(\x03R\tpsRefused\"\xb4\a\n" +
 	"\tJobResult\x12#\n" +
 	"\rtest_accuracy\x18\x01 \x01(\x01R\ftestAccuracy\x12\x1b\n" +
 	"\ttest_loss\x18\x02 \x01(\x01R\btestLoss\x12\x1d\n" +
@@ -1198,7 +1316,15 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\x10compress_seconds\x18\x0e \x01(\x01R\x0fcompressSeconds\x12\x19\n" +
 	"\bmicro_f1\x18\x0f \x01(\x01R\amicroF1\x12\x19\n" +
 	"\bmacro_f1\x18\x10 \x01(\x01R\amacroF1\x124\n" +
-	"\x16mean_average_precision\x18\x11 \x01(\x01R\x14meanAveragePrecision\"`\n" +
+	"\x16mean_average_precision\x18\x11 \x01(\x01R\x14meanAveragePrecision\x12-\n" +
+	"\x12parameter_checksum\x18\x12 \x01(\x06R\x11parameterChecksum\x12-\n" +
+	"\x13ps_stale_steps_mean\x18\x13 \x01(\x01R\x10psStaleStepsMean\x12+\n" +
+	"\x12ps_stale_steps_max\x18\x14 \x01(\x03R\x0fpsStaleStepsMax\x121\n" +
+	"\x15ps_stale_updates_mean\x18\x15 \x01(\x01R\x12psStaleUpdatesMean\x12/\n" +
+	"\x14ps_stale_updates_max\x18\x16 \x01(\x03R\x11psStaleUpdatesMax\x12&\n" +
+	"\x0fps_wait_seconds\x18\x17 \x01(\x01R\rpsWaitSeconds\x12\x1d\n" +
+	"\n" +
+	"ps_refused\x18\x18 \x01(\x03R\tpsRefused\"`\n" +
 	"\x10SubmitJobRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.gradsync.v1.JobSpecR\x04spec\x12\"\n" +
 	"\rresume_job_id\x18\x02 \x01(\tR\vresumeJobId\"7\n" +

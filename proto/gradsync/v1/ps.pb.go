@@ -36,6 +36,16 @@ type SyncJoin struct {
 	// position after each step (data.Position); a job with checkpoints
 	// needs it.
 	TrainExamples int64 `protobuf:"varint,7,opt,name=train_examples,json=trainExamples,proto3" json:"train_examples,omitempty"`
+	// The shard this stream joins, of num_shards (0 counts as 1): the
+	// shard owns the range aggregator.Partition(num_params, num_shards)[shard]
+	// of the flat parameters, and every frame on the stream covers that
+	// range only (offsets and totals relative to it).
+	Shard     int32 `protobuf:"varint,8,opt,name=shard,proto3" json:"shard,omitempty"`
+	NumShards int32 `protobuf:"varint,9,opt,name=num_shards,json=numShards,proto3" json:"num_shards,omitempty"`
+	// The job's normalized spec. A `gradsync aggregator` process learns the
+	// job from it (model, optimiser, consistency); every rank must send the
+	// same. The coordinator's own shards use the spec it holds.
+	Spec          *JobSpec `protobuf:"bytes,10,opt,name=spec,proto3" json:"spec,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -117,6 +127,27 @@ func (x *SyncJoin) GetTrainExamples() int64 {
 		return x.TrainExamples
 	}
 	return 0
+}
+
+func (x *SyncJoin) GetShard() int32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *SyncJoin) GetNumShards() int32 {
+	if x != nil {
+		return x.NumShards
+	}
+	return 0
+}
+
+func (x *SyncJoin) GetSpec() *JobSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
 }
 
 type SyncRequest struct {
@@ -231,8 +262,12 @@ type SyncResponse struct {
 	// Answers a worker's state frames once the checkpoint holding them is
 	// on disk (a message without frames).
 	CheckpointWritten bool `protobuf:"varint,4,opt,name=checkpoint_written,json=checkpointWritten,proto3" json:"checkpoint_written,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Consistency async and bounded: what became of the gradient this
+	// answer follows (set on the first parameter frame of each answer to a
+	// push).
+	Receipt       *PushReceipt `protobuf:"bytes,5,opt,name=receipt,proto3" json:"receipt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SyncResponse) Reset() {
@@ -293,6 +328,97 @@ func (x *SyncResponse) GetCheckpointWritten() bool {
 	return false
 }
 
+func (x *SyncResponse) GetReceipt() *PushReceipt {
+	if x != nil {
+		return x.Receipt
+	}
+	return nil
+}
+
+// PushReceipt says what an async or bounded shard did with a gradient.
+type PushReceipt struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False: refused as more than staleness steps stale (refused), or
+	// skipped as non-finite (nonfinite_policy skip).
+	Applied bool `protobuf:"varint,1,opt,name=applied,proto3" json:"applied,omitempty"`
+	Refused bool `protobuf:"varint,2,opt,name=refused,proto3" json:"refused,omitempty"`
+	// The shard's clock (slowest rank's step) at the gradient's arrival
+	// minus its clock when the rank read the parameters it was computed on.
+	StaleSteps int64 `protobuf:"varint,3,opt,name=stale_steps,json=staleSteps,proto3" json:"stale_steps,omitempty"`
+	// Gradients (of any rank) the shard applied in between.
+	StaleUpdates int64 `protobuf:"varint,4,opt,name=stale_updates,json=staleUpdates,proto3" json:"stale_updates,omitempty"`
+	// Seconds the rank waited (bounded) before these parameters were sent,
+	// for the slowest rank to come within staleness steps.
+	WaitSeconds   float64 `protobuf:"fixed64,5,opt,name=wait_seconds,json=waitSeconds,proto3" json:"wait_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushReceipt) Reset() {
+	*x = PushReceipt{}
+	mi := &file_gradsync_v1_ps_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushReceipt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushReceipt) ProtoMessage() {}
+
+func (x *PushReceipt) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_ps_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushReceipt.ProtoReflect.Descriptor instead.
+func (*PushReceipt) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PushReceipt) GetApplied() bool {
+	if x != nil {
+		return x.Applied
+	}
+	return false
+}
+
+func (x *PushReceipt) GetRefused() bool {
+	if x != nil {
+		return x.Refused
+	}
+	return false
+}
+
+func (x *PushReceipt) GetStaleSteps() int64 {
+	if x != nil {
+		return x.StaleSteps
+	}
+	return 0
+}
+
+func (x *PushReceipt) GetStaleUpdates() int64 {
+	if x != nil {
+		return x.StaleUpdates
+	}
+	return 0
+}
+
+func (x *PushReceipt) GetWaitSeconds() float64 {
+	if x != nil {
+		return x.WaitSeconds
+	}
+	return 0
+}
+
 type PullRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
@@ -302,7 +428,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_gradsync_v1_ps_proto_msgTypes[3]
+	mi := &file_gradsync_v1_ps_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -314,7 +440,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_ps_proto_msgTypes[3]
+	mi := &file_gradsync_v1_ps_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -327,7 +453,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{3}
+	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PullRequest) GetJobId() string {
@@ -346,7 +472,7 @@ type PullResponse struct {
 
 func (x *PullResponse) Reset() {
 	*x = PullResponse{}
-	mi := &file_gradsync_v1_ps_proto_msgTypes[4]
+	mi := &file_gradsync_v1_ps_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -358,7 +484,7 @@ func (x *PullResponse) String() string {
 func (*PullResponse) ProtoMessage() {}
 
 func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_ps_proto_msgTypes[4]
+	mi := &file_gradsync_v1_ps_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -371,7 +497,7 @@ func (x *PullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
 func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{4}
+	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PullResponse) GetParameters() *TensorFrame {
@@ -385,7 +511,7 @@ var File_gradsync_v1_ps_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_ps_proto_rawDesc = "" +
 	"\n" +
-	"\x14gradsync/v1/ps.proto\x12\vgradsync.v1\x1a\x18gradsync/v1/tensor.proto\"\xdb\x01\n" +
+	"\x14gradsync/v1/ps.proto\x12\vgradsync.v1\x1a\x16gradsync/v1/spec.proto\x1a\x18gradsync/v1/tensor.proto\"\xba\x02\n" +
 	"\bSyncJoin\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1e\n" +
 	"\n" +
@@ -398,12 +524,17 @@ const file_gradsync_v1_ps_proto_rawDesc = "" +
 	"num_params\x18\x05 \x01(\x03R\tnumParams\x12\x1f\n" +
 	"\vtotal_steps\x18\x06 \x01(\x03R\n" +
 	"totalSteps\x12%\n" +
-	"\x0etrain_examples\x18\a \x01(\x03R\rtrainExamples\"\xab\x01\n" +
+	"\x0etrain_examples\x18\a \x01(\x03R\rtrainExamples\x12\x14\n" +
+	"\x05shard\x18\b \x01(\x05R\x05shard\x12\x1d\n" +
+	"\n" +
+	"num_shards\x18\t \x01(\x05R\tnumShards\x12(\n" +
+	"\x04spec\x18\n" +
+	" \x01(\v2\x14.gradsync.v1.JobSpecR\x04spec\"\xab\x01\n" +
 	"\vSyncRequest\x12+\n" +
 	"\x04join\x18\x01 \x01(\v2\x15.gradsync.v1.SyncJoinH\x00R\x04join\x126\n" +
 	"\bgradient\x18\x02 \x01(\v2\x18.gradsync.v1.TensorFrameH\x00R\bgradient\x120\n" +
 	"\x05state\x18\x03 \x01(\v2\x18.gradsync.v1.TensorFrameH\x00R\x05stateB\x05\n" +
-	"\x03msg\"\xca\x01\n" +
+	"\x03msg\"\xfe\x01\n" +
 	"\fSyncResponse\x128\n" +
 	"\n" +
 	"parameters\x18\x01 \x01(\v2\x18.gradsync.v1.TensorFrameR\n" +
@@ -411,7 +542,15 @@ const file_gradsync_v1_ps_proto_rawDesc = "" +
 	"\afactors\x18\x02 \x01(\v2\x18.gradsync.v1.TensorFrameR\afactors\x12\x1d\n" +
 	"\n" +
 	"send_state\x18\x03 \x01(\bR\tsendState\x12-\n" +
-	"\x12checkpoint_written\x18\x04 \x01(\bR\x11checkpointWritten\"$\n" +
+	"\x12checkpoint_written\x18\x04 \x01(\bR\x11checkpointWritten\x122\n" +
+	"\areceipt\x18\x05 \x01(\v2\x18.gradsync.v1.PushReceiptR\areceipt\"\xaa\x01\n" +
+	"\vPushReceipt\x12\x18\n" +
+	"\aapplied\x18\x01 \x01(\bR\aapplied\x12\x18\n" +
+	"\arefused\x18\x02 \x01(\bR\arefused\x12\x1f\n" +
+	"\vstale_steps\x18\x03 \x01(\x03R\n" +
+	"staleSteps\x12#\n" +
+	"\rstale_updates\x18\x04 \x01(\x03R\fstaleUpdates\x12!\n" +
+	"\fwait_seconds\x18\x05 \x01(\x01R\vwaitSeconds\"$\n" +
 	"\vPullRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"H\n" +
 	"\fPullResponse\x128\n" +
@@ -434,31 +573,35 @@ func file_gradsync_v1_ps_proto_rawDescGZIP() []byte {
 	return file_gradsync_v1_ps_proto_rawDescData
 }
 
-var file_gradsync_v1_ps_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_gradsync_v1_ps_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_gradsync_v1_ps_proto_goTypes = []any{
 	(*SyncJoin)(nil),     // 0: gradsync.v1.SyncJoin
 	(*SyncRequest)(nil),  // 1: gradsync.v1.SyncRequest
 	(*SyncResponse)(nil), // 2: gradsync.v1.SyncResponse
-	(*PullRequest)(nil),  // 3: gradsync.v1.PullRequest
-	(*PullResponse)(nil), // 4: gradsync.v1.PullResponse
-	(*TensorFrame)(nil),  // 5: gradsync.v1.TensorFrame
+	(*PushReceipt)(nil),  // 3: gradsync.v1.PushReceipt
+	(*PullRequest)(nil),  // 4: gradsync.v1.PullRequest
+	(*PullResponse)(nil), // 5: gradsync.v1.PullResponse
+	(*JobSpec)(nil),      // 6: gradsync.v1.JobSpec
+	(*TensorFrame)(nil),  // 7: gradsync.v1.TensorFrame
 }
 var file_gradsync_v1_ps_proto_depIdxs = []int32{
-	0, // 0: gradsync.v1.SyncRequest.join:type_name -> gradsync.v1.SyncJoin
-	5, // 1: gradsync.v1.SyncRequest.gradient:type_name -> gradsync.v1.TensorFrame
-	5, // 2: gradsync.v1.SyncRequest.state:type_name -> gradsync.v1.TensorFrame
-	5, // 3: gradsync.v1.SyncResponse.parameters:type_name -> gradsync.v1.TensorFrame
-	5, // 4: gradsync.v1.SyncResponse.factors:type_name -> gradsync.v1.TensorFrame
-	5, // 5: gradsync.v1.PullResponse.parameters:type_name -> gradsync.v1.TensorFrame
-	1, // 6: gradsync.v1.ParameterServer.Sync:input_type -> gradsync.v1.SyncRequest
-	3, // 7: gradsync.v1.ParameterServer.Pull:input_type -> gradsync.v1.PullRequest
-	2, // 8: gradsync.v1.ParameterServer.Sync:output_type -> gradsync.v1.SyncResponse
-	4, // 9: gradsync.v1.ParameterServer.Pull:output_type -> gradsync.v1.PullResponse
-	8, // [8:10] is the sub-list for method output_type
-	6, // [6:8] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	6,  // 0: gradsync.v1.SyncJoin.spec:type_name -> gradsync.v1.JobSpec
+	0,  // 1: gradsync.v1.SyncRequest.join:type_name -> gradsync.v1.SyncJoin
+	7,  // 2: gradsync.v1.SyncRequest.gradient:type_name -> gradsync.v1.TensorFrame
+	7,  // 3: gradsync.v1.SyncRequest.state:type_name -> gradsync.v1.TensorFrame
+	7,  // 4: gradsync.v1.SyncResponse.parameters:type_name -> gradsync.v1.TensorFrame
+	7,  // 5: gradsync.v1.SyncResponse.factors:type_name -> gradsync.v1.TensorFrame
+	3,  // 6: gradsync.v1.SyncResponse.receipt:type_name -> gradsync.v1.PushReceipt
+	7,  // 7: gradsync.v1.PullResponse.parameters:type_name -> gradsync.v1.TensorFrame
+	1,  // 8: gradsync.v1.ParameterServer.Sync:input_type -> gradsync.v1.SyncRequest
+	4,  // 9: gradsync.v1.ParameterServer.Pull:input_type -> gradsync.v1.PullRequest
+	2,  // 10: gradsync.v1.ParameterServer.Sync:output_type -> gradsync.v1.SyncResponse
+	5,  // 11: gradsync.v1.ParameterServer.Pull:output_type -> gradsync.v1.PullResponse
+	10, // [10:12] is the sub-list for method output_type
+	8,  // [8:10] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_ps_proto_init() }
@@ -466,6 +609,7 @@ func file_gradsync_v1_ps_proto_init() {
 	if File_gradsync_v1_ps_proto != nil {
 		return
 	}
+	file_gradsync_v1_spec_proto_init()
 	file_gradsync_v1_tensor_proto_init()
 	file_gradsync_v1_ps_proto_msgTypes[1].OneofWrappers = []any{
 		(*SyncRequest_Join)(nil),
@@ -478,7 +622,7 @@ func file_gradsync_v1_ps_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gradsync_v1_ps_proto_rawDesc), len(file_gradsync_v1_ps_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

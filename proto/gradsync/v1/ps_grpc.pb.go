@@ -32,7 +32,11 @@ const (
 type ParameterServerClient interface {
 	// Sync: the worker sends a SyncJoin, then receives the current parameters;
 	// then, each step, it sends its gradient frames and receives the next
-	// parameters once every rank's gradient for that step has been applied.
+	// parameters once every rank's gradient for that step has been applied
+	// (consistency sync), or as soon as its own has been (async), or once
+	// the slowest rank is at most staleness steps behind (bounded; those
+	// answers carry a PushReceipt). A job with K shards has one stream per
+	// rank and shard, each carrying that shard's range of the parameters.
 	// With compression (the job's spec) the gradient frames are encoded:
 	// fp16/bf16/int8 as D_TYPE_F16/BF16/I8, top-k as D_TYPE_SPARSE_F32;
 	// PowerSGD pushes twice per step: phase 1 every P_i = M_i·Q then the
@@ -100,7 +104,11 @@ type ParameterServer_PullClient = grpc.ServerStreamingClient[PullResponse]
 type ParameterServerServer interface {
 	// Sync: the worker sends a SyncJoin, then receives the current parameters;
 	// then, each step, it sends its gradient frames and receives the next
-	// parameters once every rank's gradient for that step has been applied.
+	// parameters once every rank's gradient for that step has been applied
+	// (consistency sync), or as soon as its own has been (async), or once
+	// the slowest rank is at most staleness steps behind (bounded; those
+	// answers carry a PushReceipt). A job with K shards has one stream per
+	// rank and shard, each carrying that shard's range of the parameters.
 	// With compression (the job's spec) the gradient frames are encoded:
 	// fp16/bf16/int8 as D_TYPE_F16/BF16/I8, top-k as D_TYPE_SPARSE_F32;
 	// PowerSGD pushes twice per step: phase 1 every P_i = M_i·Q then the

@@ -978,11 +978,19 @@ func (x *PartitionSpec) GetShardsPerClient() int32 {
 // ParameterServerSpec configures ps mode.
 type ParameterServerSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Number of aggregator shards (default 1, hosted in the server).
+	// Number of aggregator shards (default 1). The flat parameters are cut
+	// into this many contiguous ranges of (nearly) equal length; each
+	// worker pushes and pulls every range over its own stream, in
+	// parallel. Hosted in the server unless addresses are given.
 	Shards int32 `protobuf:"varint,1,opt,name=shards,proto3" json:"shards,omitempty"`
 	// sync (default) | async | bounded.
-	Consistency   string `protobuf:"bytes,2,opt,name=consistency,proto3" json:"consistency,omitempty"`
-	Staleness     int32  `protobuf:"varint,3,opt,name=staleness,proto3" json:"staleness,omitempty"`
+	Consistency string `protobuf:"bytes,2,opt,name=consistency,proto3" json:"consistency,omitempty"`
+	// bounded: how many steps a worker may be ahead of the slowest (≥ 0).
+	Staleness int32 `protobuf:"varint,3,opt,name=staleness,proto3" json:"staleness,omitempty"`
+	// host:port of one `gradsync aggregator` process per shard, in shard
+	// order (empty: the server hosts the shards). The aggregators learn
+	// the job from the workers' joins.
+	Addresses     []string `protobuf:"bytes,4,rep,name=addresses,proto3" json:"addresses,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1036,6 +1044,13 @@ func (x *ParameterServerSpec) GetStaleness() int32 {
 		return x.Staleness
 	}
 	return 0
+}
+
+func (x *ParameterServerSpec) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
 }
 
 var File_gradsync_v1_spec_proto protoreflect.FileDescriptor
@@ -1146,11 +1161,12 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\rPartitionSpec\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x14\n" +
 	"\x05alpha\x18\x02 \x01(\x01R\x05alpha\x12*\n" +
-	"\x11shards_per_client\x18\x03 \x01(\x05R\x0fshardsPerClient\"m\n" +
+	"\x11shards_per_client\x18\x03 \x01(\x05R\x0fshardsPerClient\"\x8b\x01\n" +
 	"\x13ParameterServerSpec\x12\x16\n" +
 	"\x06shards\x18\x01 \x01(\x05R\x06shards\x12 \n" +
 	"\vconsistency\x18\x02 \x01(\tR\vconsistency\x12\x1c\n" +
-	"\tstaleness\x18\x03 \x01(\x05R\tstalenessB;Z9github.com/gradsync/gradsync/proto/gradsync/v1;gradsyncv1b\x06proto3"
+	"\tstaleness\x18\x03 \x01(\x05R\tstaleness\x12\x1c\n" +
+	"\taddresses\x18\x04 \x03(\tR\taddressesB;Z9github.com/gradsync/gradsync/proto/gradsync/v1;gradsyncv1b\x06proto3"
 
 var (
 	file_gradsync_v1_spec_proto_rawDescOnce sync.Once
