@@ -78,10 +78,6 @@ func errf(field, format string, a ...any) *FieldError {
 	return &FieldError{Field: field, Msg: fmt.Sprintf(format, a...)}
 }
 
-func notImplemented(field string, value any) *FieldError {
-	return errf(field, "%v %s", value, notImplementedSuffix)
-}
-
 // Parse reads a JobSpec from YAML or JSON (JSON is YAML). Field names may be
 // the proto names (batch_size) or their JSON forms (batchSize). Unknown
 // fields are an error.
@@ -296,31 +292,8 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if s.Mode == "ring" && s.BucketCapMb == 0 {
 		s.BucketCapMb = 25
 	}
-	if s.ParameterServer == nil {
-		s.ParameterServer = &pb.ParameterServerSpec{}
-	}
-	ps := s.ParameterServer
-	if ps.Shards == 0 {
-		ps.Shards = 1
-	}
-	if ps.Shards < 1 || ps.Shards > maxPSShards {
-		return nil, errf("parameter_server.shards", "%d out of range; allowed 1..%d", ps.Shards, maxPSShards)
-	}
-	if ps.Shards != 1 {
-		return nil, errf("parameter_server.shards", "%d shards: more than one shard %s", ps.Shards, notImplementedSuffix)
-	}
-	if ps.Consistency == "" {
-		ps.Consistency = defaultPSConsistency
-	}
-	switch ps.Consistency {
-	case defaultPSConsistency:
-		if ps.Staleness != 0 {
-			return nil, errf("parameter_server.staleness", "needs consistency bounded")
-		}
-	case "async", "bounded":
-		return nil, notImplemented("parameter_server.consistency", ps.Consistency)
-	default:
-		return nil, errf("parameter_server.consistency", "unknown consistency %q; allowed: sync, async, bounded", ps.Consistency)
+	if err := normalizePS(s); err != nil {
+		return nil, err
 	}
 	if s.GradClipNorm != 0 {
 		if s.GradClipNorm < 0 || math.IsNaN(s.GradClipNorm) || math.IsInf(s.GradClipNorm, 0) {

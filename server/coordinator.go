@@ -232,11 +232,13 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		s.cfg.Metrics.SetImagesPerSecond(e.job.Id, int(r), p.ImagesPerSecond)
 		e.job.Ranks[r] = proto.Clone(p).(*pb.Progress)
 		if e.run != nil {
-			_ = e.run.Log(map[string]any{"kind": "progress", "time": now.UTC().Format(time.RFC3339Nano), "rank": r,
+			rec := map[string]any{"kind": "progress", "time": now.UTC().Format(time.RFC3339Nano), "rank": r,
 				"epoch": p.Epoch, "step": p.Step, "total_steps": p.TotalSteps, "loss": p.Loss,
 				"images_per_second": p.ImagesPerSecond, "learning_rate": p.LearningRate, "elapsed_seconds": p.ElapsedSeconds,
 				"sent_bytes_per_step": p.SentBytesPerStep, "compression_ratio": p.CompressionRatio,
-				"compute_seconds": p.ComputeSeconds, "left_wait_seconds": p.LeftWaitSeconds})
+				"compute_seconds": p.ComputeSeconds, "left_wait_seconds": p.LeftWaitSeconds}
+			addPSStaleness(rec, e.job.Spec, p)
+			_ = e.run.Log(rec)
 		}
 		s.noteDelayLocked(e, int(r), p, now)
 		if r != 0 {

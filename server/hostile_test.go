@@ -81,8 +81,8 @@ func TestHostileInputs(t *testing.T) {
 		}, codes.InvalidArgument},
 		{"SubmitJob: 1 KB name", func() error { return submit(&pb.JobSpec{Name: strings.Repeat("x", 1000)}) }, codes.InvalidArgument},
 		{"SubmitJob: 5 MiB message", func() error { return submit(&pb.JobSpec{Name: strings.Repeat("x", 5<<20)}) }, codes.ResourceExhausted},
-		{"SubmitJob: option not implemented (async parameter server)", func() error {
-			return submit(&pb.JobSpec{ParameterServer: &pb.ParameterServerSpec{Consistency: "async"}})
+		{"SubmitJob: option not implemented (two parameter-server shards with compression)", func() error {
+			return submit(&pb.JobSpec{ParameterServer: &pb.ParameterServerSpec{Shards: 2}, Compression: &pb.CompressionSpec{Type: "fp16"}})
 		}, codes.InvalidArgument},
 		{"GetJob: empty id", func() error { _, err := c.jobs.GetJob(ctx, &pb.GetJobRequest{}); return err }, codes.InvalidArgument},
 		{"GetJob: unknown job", func() error { _, err := c.jobs.GetJob(ctx, &pb.GetJobRequest{JobId: "job-nope"}); return err }, codes.NotFound},

@@ -36,7 +36,7 @@ type jobEntry struct {
 	base   int
 	notify chan struct{}
 	// While RUNNING:
-	ps        *psJob
+	ps        *psGroup
 	fed       *fedJob // fedavg with real clients: the round driver (federation.go)
 	run       *runlog.Writer
 	ranksDone []bool
@@ -467,12 +467,21 @@ func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
 	if jobspec.CheckpointsOn(spec) {
 		ckptDir = checkpointDir(j.RunDir)
 	}
-	if spec.Mode == "ps" {
+	var psAddrs []string
+	if spec.Mode == "ps" && len(spec.GetParameterServer().GetAddresses()) > 0 {
+		// The shards are `gradsync aggregator` processes, which learn
+		// the job from the workers' joins.
+		psAddrs = spec.GetParameterServer().GetAddresses()
+	} else if spec.Mode == "ps" {
 		// The server holds a ps job's state: it writes the checkpoints
 		// and, for a resume, loads one.
-		e.ps, err = newPSJob(j.Id, j.Generation, world, net, spec, ckptDir, j.ResumeFrom, s.cfg.Now())
+		e.ps, err = newPSGroup(psEnv{now: s.cfg.Now, log: s.log, metrics: s.cfg.Metrics}, j.Id, j.Generation, world, net, spec, ckptDir, j.ResumeFrom)
 		if err != nil {
-			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("resuming from checkpoint: %v", err))
+			what := "starting the parameter server"
+			if j.ResumeFrom != "" {
+				what = "resuming from checkpoint"
+			}
+			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("%s: %v", what, err))
 			return
 		}
 	}
@@ -493,7 +502,7 @@ func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
 		w.info.JobId = j.Id
 		w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Assignment{Assignment: &pb.Assignment{
 			JobId: j.Id, Generation: j.Generation, Rank: int32(r), WorldSize: int32(world),
-			Spec: spec, Peers: peers, NumParams: int64(net.NumParams()),
+			Spec: spec, Peers: peers, PsAddresses: psAddrs, NumParams: int64(net.NumParams()),
 			CheckpointDir: ckptDir, ResumeFrom: j.ResumeFrom, TrainedSteps: e.trainedSteps,
 		}}})
 	}

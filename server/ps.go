@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -15,35 +16,46 @@ import (
 	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/data"
+	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
-// psJob is aggregator shard 0 of one running job in ps mode: the
-// synchronous shard plus what the gRPC handlers need to wait on it.
+// psJob is one aggregator shard of one running job in ps mode: the
+// synchronous or asynchronous core plus what the gRPC handlers need to
+// wait on it. The coordinator hosts a job's shards (psGroup) unless the
+// spec names `gradsync aggregator` processes, which host one each
+// (Aggregator).
 type psJob struct {
 	jobID       string
 	gen         uint64
 	world       int
-	total       int
+	total       int // parameters of the whole model
 	stepTimeout time.Duration
+	env         psEnv
+
+	// This shard's place: index of numShards, owning rng of the flat
+	// parameters (frames on its streams cover rng only).
+	index, numShards int
+	rng              aggregator.Range
 
 	spec *pb.JobSpec
 	opt  jobspec.Stepper
 	ckpt *psCheckpointer // nil: the job writes no checkpoints
 
-	mu         sync.Mutex // guards shard, opt, recv, grad, pFactor, qFactor, gather, done, joined, totalSteps, trainN, stopped
-	shard      *aggregator.SyncShard
-	recv       *compress.PSReceiver // decodes the compressed pushes; PowerSGD's server half
-	grad       []float32            // PowerSGD: the averaged gradient CombineQ forms
-	pFactor    []float32            // PowerSGD: the current step's P, once its phase 1 is summed
-	qFactor    []float32            // PowerSGD: the last step's averaged Q, once applied
-	gather     *stateGather         // a due checkpoint waiting for the ranks' compression state
-	totalSteps int64                // from the first join; every rank must agree
-	trainN     int64                // training examples, from the first join; every rank must agree
-	done       chan struct{}        // closed when the current step's update is applied (and checkpointed, when due)
+	mu         sync.Mutex             // guards shard, async, opt, recv, grad, pFactor, qFactor, gather, done, joined, totalSteps, trainN, stopped
+	shard      *aggregator.SyncShard  // consistency sync; nil otherwise
+	async      *aggregator.AsyncShard // consistency async and bounded; nil for sync
+	recv       *compress.PSReceiver   // decodes the compressed pushes; PowerSGD's server half
+	grad       []float32              // PowerSGD: the averaged gradient CombineQ forms
+	pFactor    []float32              // PowerSGD: the current step's P, once its phase 1 is summed
+	qFactor    []float32              // PowerSGD: the last step's averaged Q, once applied
+	gather     *stateGather           // a due checkpoint waiting for the ranks' compression state
+	totalSteps int64                  // from the first join; every rank must agree
+	trainN     int64                  // training examples, from the first join; every rank must agree
+	done       chan struct{}          // sync: closed when the current step's update is applied (and checkpointed, when due); async: when any gradient is applied or a rank finishes
 	joined     []bool
 	lags       arrivalLags // guarded by mu: how late each rank's gradient arrives
 	stopped    bool        // set by abort: the shard takes no more gradients
@@ -96,10 +108,36 @@ type psCheckpointer struct {
 	savedStep int64 // the step of the newest checkpoint on disk
 }
 
-// newPSJob builds the parameter server of a job's generation from net's
-// parameters, or, with resumeFrom, from that checkpoint (parameters,
-// optimiser state and step). ckptDir "" means no checkpoints.
-func newPSJob(jobID string, gen uint64, world int, net *models.Network, spec *pb.JobSpec, ckptDir, resumeFrom string, now time.Time) (*psJob, error) {
+// psEnv is what a shard uses of the process hosting it.
+type psEnv struct {
+	now     func() time.Time
+	log     *slog.Logger
+	metrics *metrics.Registry // may be nil
+}
+
+// newPSJob builds shard index of the parameter server of a job's
+// generation from net's parameters, or, with resumeFrom, from that
+// checkpoint (parameters, optimiser state and step; one shard only).
+// ckptDir "" means no checkpoints (jobspec allows them with one shard in
+// the server only).
+func newPSJob(env psEnv, jobID string, gen uint64, world int, net *models.Network, spec *pb.JobSpec, index int, ckptDir, resumeFrom string) (*psJob, error) {
+	numShards := int(max(spec.GetParameterServer().GetShards(), 1))
+	if index < 0 || index >= numShards {
+		panic(fmt.Sprintf("server: shard %d of %d", index, numShards))
+	}
+	if net.NumParams() < numShards {
+		return nil, fmt.Errorf("%d parameter-server shards for a model of %d parameters; use at most %d", numShards, net.NumParams(), net.NumParams())
+	}
+	if numShards > 1 && (ckptDir != "" || resumeFrom != "") {
+		return nil, errors.New("checkpoints with more than one parameter-server shard are not implemented")
+	}
+	rng := aggregator.Partition(net.NumParams(), numShards)[index]
+	segs := net.Segments()
+	if numShards > 1 {
+		// Compression is refused with shards (jobspec): the plan only
+		// needs the range's length.
+		segs = []models.Segment{{Name: fmt.Sprintf("shard%d", index), Shape: []int{rng.Len()}, Len: rng.Len()}}
+	}
 	opt := jobspec.NewOptimizer(spec)
 	var start struct {
 		checkpoint.Meta
@@ -121,7 +159,7 @@ func newPSJob(jobID string, gen uint64, world int, net *models.Network, spec *pb
 		}
 		start.Meta, start.Extra = st.Meta, st.Extra
 	}
-	recv, err := compress.NewPSReceiver(spec.GetCompression(), net.Segments(), world)
+	recv, err := compress.NewPSReceiver(spec.GetCompression(), segs, world)
 	if err != nil {
 		return nil, fmt.Errorf("compression: %w", err)
 	}
@@ -136,19 +174,31 @@ func newPSJob(jobID string, gen uint64, world int, net *models.Network, spec *pb
 			}
 		}
 	}
-	params := append([]float32(nil), net.Params()...)
+	params := append([]float32(nil), net.Params()[rng.Lo:rng.Hi]...)
 	p := &psJob{
-		recv: recv, grad: make([]float32, len(params)),
-		jobID: jobID, gen: gen, world: world, total: len(params), spec: spec, opt: opt,
+		recv: recv, grad: make([]float32, len(params)), env: env,
+		jobID: jobID, gen: gen, world: world, total: net.NumParams(), spec: spec, opt: opt,
+		index: index, numShards: numShards, rng: rng,
 		stepTimeout: time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second)),
-		shard:       aggregator.NewSyncShard(params, world, opt, spec.GetNonfinitePolicy() == "skip"),
 		done:        make(chan struct{}), joined: make([]bool, world), aborted: make(chan struct{}),
 	}
-	p.shard.StartAt(start.Step)
+	skip := spec.GetNonfinitePolicy() == "skip"
+	switch ps := spec.GetParameterServer(); ps.GetConsistency() {
+	case jobspec.PSAsync:
+		p.async = aggregator.NewAsyncShard(params, world, opt, aggregator.Unbounded, skip)
+	case jobspec.PSBounded:
+		p.async = aggregator.NewAsyncShard(params, world, opt, int(ps.GetStaleness()), skip)
+	default:
+		p.shard = aggregator.NewSyncShard(params, world, opt, skip)
+		p.shard.StartAt(start.Step)
+	}
+	if p.async != nil && (ckptDir != "" || resumeFrom != "") {
+		return nil, errors.New("checkpoints need consistency sync")
+	}
 	if ckptDir != "" {
 		p.ckpt = &psCheckpointer{dir: ckptDir, keep: int(spec.GetCheckpoint().GetKeep()), hash: jobspec.CheckpointHash(spec),
 			jobID: jobID, seed: spec.GetSeed(), net: net, startStep: start.Step, startEpoch: start.Epoch,
-			startConsumed: start.EpochConsumed, lastSave: now, savedStep: start.Step}
+			startConsumed: start.EpochConsumed, lastSave: env.now(), savedStep: start.Step}
 	}
 	return p, nil
 }
@@ -262,30 +312,50 @@ func abortedStatus(err error) error {
 	return status.Errorf(codes.Aborted, "job aborted: %v", err)
 }
 
-// Sync serves one worker's push/pull stream for one job (see ps.proto).
+// Sync serves one worker's push/pull stream for one shard of a job whose
+// shards the coordinator hosts (see ps.proto).
 func (s *Server) Sync(stream pb.ParameterServer_SyncServer) error {
-	ctx := stream.Context()
-	m, err := stream.Recv()
+	join, err := recvJoin(stream)
 	if err != nil {
 		return err
 	}
-	join := m.GetJoin()
-	if join == nil {
-		return status.Error(codes.InvalidArgument, "the first message on Sync must be a join")
-	}
 	s.mu.Lock()
 	e := s.jobs[join.JobId]
-	var p *psJob
+	var g *psGroup
 	var state pb.JobState
 	if e != nil {
-		p, state = e.ps, e.job.State
+		g, state = e.ps, e.job.State
 	}
 	s.mu.Unlock()
 	switch {
 	case e == nil:
 		return status.Errorf(codes.NotFound, "job %q not found", join.JobId)
-	case state != pb.JobState_JOB_STATE_RUNNING || p == nil:
+	case state != pb.JobState_JOB_STATE_RUNNING || g == nil:
 		return status.Errorf(codes.FailedPrecondition, "job %s is not running on this parameter server", join.JobId)
+	case join.Shard < 0 || int(join.Shard) >= len(g.shards):
+		return status.Errorf(codes.InvalidArgument, "shard %d out of range [0,%d)", join.Shard, len(g.shards))
+	}
+	return g.shards[join.Shard].serve(stream, join)
+}
+
+// recvJoin reads the join that opens a Sync stream.
+func recvJoin(stream pb.ParameterServer_SyncServer) (*pb.SyncJoin, error) {
+	m, err := stream.Recv()
+	if err != nil {
+		return nil, err
+	}
+	join := m.GetJoin()
+	if join == nil {
+		return nil, status.Error(codes.InvalidArgument, "the first message on Sync must be a join")
+	}
+	return join, nil
+}
+
+// serve checks a rank's join of this shard and serves its stream until
+// the rank closes it (its last step done) or the job stops.
+func (p *psJob) serve(stream pb.ParameterServer_SyncServer, join *pb.SyncJoin) error {
+	ctx := stream.Context()
+	switch {
 	case join.Generation != p.gen:
 		return status.Errorf(codes.Aborted, "generation %d is stale; the job is at generation %d", join.Generation, p.gen)
 	case join.Rank < 0 || int(join.Rank) >= p.world:
@@ -294,6 +364,8 @@ func (s *Server) Sync(stream pb.ParameterServer_SyncServer) error {
 		return status.Errorf(codes.InvalidArgument, "world size %d, the job has %d", join.WorldSize, p.world)
 	case join.NumParams != int64(p.total):
 		return status.Errorf(codes.InvalidArgument, "model has %d parameters, the server's has %d", join.NumParams, p.total)
+	case int(max(join.NumShards, 1)) != p.numShards || int(join.Shard) != p.index:
+		return status.Errorf(codes.InvalidArgument, "joined shard %d of %d; this is shard %d of the job's %d", join.Shard, max(join.NumShards, 1), p.index, p.numShards)
 	}
 	rank := int(join.Rank)
 	p.mu.Lock()
@@ -324,10 +396,16 @@ func (s *Server) Sync(stream pb.ParameterServer_SyncServer) error {
 		return status.Errorf(codes.InvalidArgument, "rank %d has %d training examples but another rank has %d (different data?)", rank, join.TrainExamples, p.trainN)
 	}
 	p.joined[rank] = true
+	if p.async != nil {
+		p.mu.Unlock()
+		h := &psStream{p: p, rank: rank, stream: stream, timer: time.NewTimer(p.stepTimeout)}
+		defer h.timer.Stop()
+		return h.serveAsync(ctx)
+	}
 	step := p.shard.Step()
 	p.mu.Unlock()
 
-	h := &psStream{s: s, p: p, rank: rank, stream: stream, timer: time.NewTimer(p.stepTimeout)}
+	h := &psStream{p: p, rank: rank, stream: stream, timer: time.NewTimer(p.stepTimeout)}
 	defer h.timer.Stop()
 	if err := h.sendParams(step, nil, false); err != nil {
 		return err
@@ -371,9 +449,8 @@ func (s *Server) Sync(stream pb.ParameterServer_SyncServer) error {
 	}
 }
 
-// psStream is the server's side of one rank's Sync stream.
+// psStream is the server's side of one rank's Sync stream to one shard.
 type psStream struct {
-	s      *Server
 	p      *psJob
 	rank   int
 	stream pb.ParameterServer_SyncServer
@@ -412,7 +489,7 @@ func (h *psStream) sendFactors(step int64, phase uint32, v []float32) error {
 // of the phase is in and combined (for the last phase: the update applied
 // and checkpointed when due), or nil when the worker closed the stream.
 func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, error) {
-	p, s, rank := h.p, h.s, h.rank
+	p, env, rank := h.p, h.p.env, h.rank
 	want := wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: ph.DType}
 	for {
 		m, err := h.stream.Recv()
@@ -473,15 +550,15 @@ func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, er
 			}
 		}
 		if f.Last && err == nil && ph.Phase <= 1 {
-			p.lags.arrived(rank, p.world, s.cfg.Now(), combined)
+			p.lags.arrived(rank, p.world, env.now(), combined)
 		}
 		if p.shard.Skipped() > skipped {
-			s.cfg.Metrics.NonFiniteStepSkipped()
-			s.log.Warn("step skipped: gradient holds NaN or Inf (nonfinite_policy skip)", "job", p.jobID, "step", step)
+			env.metrics.NonFiniteStepSkipped()
+			env.log.Warn("step skipped: gradient holds NaN or Inf (nonfinite_policy skip)", "job", p.jobID, "step", step)
 		}
 		var due *checkpoint.State
 		if applied && err == nil {
-			due = p.dueLocked(s.cfg.Now())
+			due = p.dueLocked(env.now())
 			if due != nil && p.recv.OwnLen() > 0 {
 				// The ranks' error feedback is part of it: they send it
 				// with their next parameters' answer (recvState).
@@ -527,16 +604,16 @@ func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, er
 // a checkpoint the spec asks for that cannot be written does).
 func (h *psStream) save(due *checkpoint.State) error {
 	p := h.p
-	path, err := p.ckpt.save(due, h.s.cfg.Now())
+	path, err := p.ckpt.save(due, p.env.now())
 	switch {
 	case err != nil && path == "":
 		err = fmt.Errorf("step %d: writing a checkpoint: %w", due.Meta.Step, err)
 		p.abort(err)
 		return status.Error(codes.Internal, err.Error())
 	case err != nil:
-		h.s.log.Warn("checkpoint written, but removing older ones failed", "job", p.jobID, "err", err)
+		p.env.log.Warn("checkpoint written, but removing older ones failed", "job", p.jobID, "err", err)
 	default:
-		h.s.log.Debug("checkpoint written", "job", p.jobID, "path", path)
+		p.env.log.Debug("checkpoint written", "job", p.jobID, "path", path)
 	}
 	return nil
 }
@@ -655,26 +732,53 @@ func (h *psStream) recvState(ctx context.Context, step int64, g *stateGather) er
 	return h.stream.Send(&pb.SyncResponse{CheckpointWritten: true})
 }
 
-// Pull streams a snapshot of a running ps job's parameters.
+// Pull streams a snapshot of a running ps job's parameters, whose shards
+// the coordinator hosts: each shard's range as it is when read (with
+// consistency sync and several shards, they may be a step apart while a
+// step is being applied), tagged with shard 0's step.
 func (s *Server) Pull(req *pb.PullRequest, stream pb.ParameterServer_PullServer) error {
 	s.mu.Lock()
 	e := s.jobs[req.JobId]
-	var p *psJob
+	var g *psGroup
 	if e != nil && e.job.State == pb.JobState_JOB_STATE_RUNNING {
-		p = e.ps
+		g = e.ps
 	}
 	s.mu.Unlock()
 	if e == nil {
 		return status.Errorf(codes.NotFound, "job %q not found", req.JobId)
 	}
-	if p == nil {
+	if g == nil {
 		return status.Errorf(codes.FailedPrecondition, "job %s is not running on this parameter server", req.JobId)
 	}
-	p.mu.Lock()
-	snap := append([]float32(nil), p.shard.Params()...)
-	step := p.shard.Step()
-	p.mu.Unlock()
+	snap := make([]float32, g.shards[0].total)
+	var step int64
+	for i, p := range g.shards {
+		p.mu.Lock()
+		copy(snap[p.rng.Lo:p.rng.Hi], p.paramsLocked())
+		if i == 0 {
+			step = p.stepLocked()
+		}
+		p.mu.Unlock()
+	}
+	p := g.shards[0]
 	var sp wire.Splitter
 	return sp.Frames(&pb.TensorFrame{JobId: p.jobID, Generation: p.gen, Op: pb.Op_OP_PULL_PARAMETERS, Step: step},
 		snap, func(f *pb.TensorFrame) error { return stream.Send(&pb.PullResponse{Parameters: f}) })
+}
+
+// paramsLocked are the shard's current parameters.
+func (p *psJob) paramsLocked() []float32 {
+	if p.async != nil {
+		return p.async.Params()
+	}
+	return p.shard.Params()
+}
+
+// stepLocked is the shard's step: sync, the step it collects; async, its
+// clock (the slowest rank's next step).
+func (p *psJob) stepLocked() int64 {
+	if p.async != nil {
+		return p.async.Clock()
+	}
+	return p.shard.Step()
 }

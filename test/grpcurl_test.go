@@ -124,7 +124,7 @@ func TestGrpcurl(t *testing.T) {
 		{"workers -1", `{"workers":-1}`, "workers"},
 		{"workers 0", `{"workers":0}`, "workers"},
 		{"unknown dataset", `{"dataset":{"name":"imagenet"}}`, "dataset.name"},
-		{"option not implemented yet", `{"parameter_server":{"consistency":"async"}}`, "parameter_server.consistency"},
+		{"option not implemented yet", `{"parameter_server":{"shards":2},"compression":{"type":"fp16"}}`, "parameter_server.shards"},
 		{"powersgd in fedavg", `{"mode":"fedavg","compression":{"type":"powersgd"}}`, "compression.type"},
 		{"checkpoint keep -1", `{"checkpoint":{"every_steps":100,"keep":-1}}`, "checkpoint.keep"},
 	}

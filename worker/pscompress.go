@@ -1,9 +1,7 @@
 package worker
 
 import (
-	"context"
 	"fmt"
-	"time"
 
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/internal/metrics"
@@ -11,52 +9,51 @@ import (
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
-// step pushes grads for the current step, encoded as the job's
-// compression says (compress.PSPusher: one push, or PowerSGD's two with
-// the server's P in between), and overwrites params with the parameters
-// after the averaged update, within the step timeout. When the server
-// asks, it then sends this rank's compression state for a checkpoint and
-// waits until the checkpoint is written.
-func (c *psClient) step(ctx context.Context, grads, params []float32) error {
-	t := time.AfterFunc(c.timeout, func() { c.timedOut.Store(true); c.cancel() })
-	defer t.Stop()
-	step := c.applied
+// step pushes grads (this shard's range of the rank's gradient) for
+// step, encoded as the job's compression says (compress.PSPusher: one
+// push, or PowerSGD's two with the server's P in between), and overwrites
+// params (the range) with the parameters after the update. When the
+// server asks, it then sends this rank's compression state for a
+// checkpoint and waits until the checkpoint is written. The caller
+// bounds it by the step timeout (psClient.step).
+func (l *psLink) step(step int64, grads, params []float32) error {
+	c := l.c
 	tag := &pb.TensorFrame{JobId: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Rank: c.a.Rank}
 	send := func(f *pb.TensorFrame) error {
 		c.metrics.AddBytesSent(c.a.JobId, "ps", len(f.Data)+len(f.Scales))
-		return c.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Gradient{Gradient: f}})
+		return l.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Gradient{Gradient: f}})
 	}
-	phases := c.push.Phases(step)
-	if err := c.push.Push(step, grads, tag, send); err != nil {
-		return c.explain(c.recvErr(err))
+	phases := l.push.Phases(step)
+	if err := l.push.Push(step, grads, tag, send); err != nil {
+		return l.explain(l.recvErr(err))
 	}
 	powerSGD := phases[len(phases)-1].Phase == 2
 	if powerSGD {
-		pm, err := c.recvFactors(step, 1)
+		pm, err := l.recvFactors(step, 1)
 		if err != nil {
 			return err
 		}
-		if err := c.push.PushQ(step, pm, tag, send); err != nil {
-			return c.explain(c.recvErr(err))
+		if err := l.push.PushQ(step, pm, tag, send); err != nil {
+			return l.explain(l.recvErr(err))
 		}
 	}
-	sendState, err := c.recvParams(params, step+1)
+	sendState, err := l.recvParams(params, step+1)
 	if err != nil {
 		return err
 	}
 	var q []float32
 	if powerSGD {
-		if q, err = c.recvFactors(step+1, 2); err != nil {
+		if q, err = l.recvFactors(step+1, 2); err != nil {
 			return err
 		}
 	}
-	if err := c.push.Applied(step, q); err != nil {
+	if err := l.push.Applied(step, q); err != nil {
 		return err
 	}
-	st := c.push.Stats()
+	st := l.push.Stats()
 	c.metrics.ObserveCompression(c.a.JobId, metrics.CompressionTotals{RawBytes: st.RawBytes, SentBytes: st.SentBytes, Seconds: st.CompressSeconds})
 	if sendState {
-		return c.sendState(step + 1)
+		return l.sendState(step + 1)
 	}
 	return nil
 }
@@ -64,18 +61,19 @@ func (c *psClient) step(ctx context.Context, grads, params []float32) error {
 // recvFactors reads PowerSGD's factors the server sends after phase of a
 // step (P: phase 1, tagged with the step; Q: phase 2, tagged with the
 // next), into a buffer valid until the next call.
-func (c *psClient) recvFactors(step int64, phase uint32) ([]float32, error) {
-	n := c.push.FactorLen(phase)
-	if cap(c.factors) < n {
-		c.factors = make([]float32, n)
+func (l *psLink) recvFactors(step int64, phase uint32) ([]float32, error) {
+	c := l.c
+	n := l.push.FactorLen(phase)
+	if cap(l.factors) < n {
+		l.factors = make([]float32, n)
 	}
-	dst := c.factors[:n]
+	dst := l.factors[:n]
 	want := wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Total: uint64(n)}
 	next := 0
 	for {
-		m, err := c.stream.Recv()
+		m, err := l.stream.Recv()
 		if err != nil {
-			return nil, c.explain(err)
+			return nil, l.explain(err)
 		}
 		f := m.GetFactors()
 		if f == nil {
@@ -105,27 +103,24 @@ func (c *psClient) recvFactors(step int64, phase uint32) ([]float32, error) {
 // sendState sends this rank's own compression state (error feedback) for
 // the checkpoint after step-1 steps, and waits for the server to answer
 // that the checkpoint is written.
-func (c *psClient) sendState(step int64) error {
-	ns, no := c.push.FlatLen()
+func (l *psLink) sendState(step int64) error {
+	c := l.c
+	ns, no := l.push.FlatLen()
 	fl := &compress.Flat{Shared: make([]float32, ns), Own: make([]float32, no)}
-	c.push.CopyState(fl)
+	l.push.CopyState(fl)
 	tag := &pb.TensorFrame{JobId: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PUSH_STATE, Step: step, Rank: c.a.Rank}
-	err := c.sp.Frames(tag, fl.Own, func(f *pb.TensorFrame) error {
-		return c.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_State{State: f}})
+	err := l.sp.Frames(tag, fl.Own, func(f *pb.TensorFrame) error {
+		return l.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_State{State: f}})
 	})
 	if err != nil {
-		return c.explain(c.recvErr(err))
+		return l.explain(l.recvErr(err))
 	}
-	m, err := c.stream.Recv()
+	m, err := l.stream.Recv()
 	if err != nil {
-		return c.explain(err)
+		return l.explain(err)
 	}
 	if !m.CheckpointWritten {
 		return fmt.Errorf("parameter server: expected checkpoint_written after sending the compression state for step %d", step)
 	}
 	return nil
 }
-
-// compressStats reports the pushes' counters (the progress and result
-// carry them).
-func (c *psClient) compressStats() compress.Stats { return c.push.Stats() }

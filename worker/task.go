@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -16,7 +15,6 @@ import (
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/tensor"
-	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -32,6 +30,9 @@ type taskEnv struct {
 	rep     *reporter
 	log     *slog.Logger
 	metrics *metrics.Registry // may be nil
+	// psDial are the options for connections to `gradsync aggregator`
+	// processes (those of the coordinator's connection).
+	psDial []grpc.DialOption
 	// ring is this worker's peer endpoint; peerDial secures its links.
 	ring     *ringrpc.Endpoint
 	peerDial []grpc.DialOption
@@ -145,9 +146,10 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	}
 	defer sync.close()
 	if pc, ok := sync.(*psClient); ok && resumeState != nil {
-		// The server restored the parameters; the compression state of
-		// this rank (error feedback, warm-start Q) is the rank's.
-		if err := restoreCompression(resumeState, rank, world, pc.push, log, a.JobId); err != nil {
+		// The server restored the parameters (one shard: jobspec); the
+		// compression state of this rank (error feedback, warm-start Q)
+		// is the rank's.
+		if err := restoreCompression(resumeState, rank, world, pc.links[0].push, log, a.JobId); err != nil {
 			return nil, err
 		}
 	}
@@ -353,6 +355,9 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 					}
 				}
 				times.report(p)
+				if ps, ok := sync.(psStatser); ok {
+					ps.psStaleness().fill(p, nil)
+				}
 				env.metrics.SetImagesPerSecond(a.JobId, rank, p.ImagesPerSecond)
 				rep.trySend(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Progress{Progress: &pb.TaskProgress{
 					JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, Progress: p}}})
@@ -400,6 +405,10 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 			res.CompressSeconds = st.CompressSeconds
 		}
 	}
+	if ps, ok := sync.(psStatser); ok {
+		ps.psStaleness().fill(nil, res)
+	}
+	res.ParameterChecksum = paramChecksum(net.Params())
 	wall := time.Since(start).Seconds()
 	res.ImagesPerSecond = float64(step-firstStep) * float64(bs) / wall
 	if snaps != nil && step > firstStep {
@@ -474,110 +483,4 @@ func startSync(ctx context.Context, a *pb.Assignment, env *taskEnv, net *models.
 	default:
 		return nil, fmt.Errorf("mode %q is not supported by this worker", mode)
 	}
-}
-
-// psClient is this rank's push/pull stream to the job's parameter server.
-type psClient struct {
-	a        *pb.Assignment
-	stream   pb.ParameterServer_SyncClient
-	cancel   context.CancelFunc
-	timeout  time.Duration
-	timedOut atomic.Bool
-	applied  int64 // updates applied to the parameters we hold
-	metrics  *metrics.Registry
-	sp       wire.Splitter
-	push     *compress.PSPusher // encodes the pushes (pscompress.go)
-	factors  []float32          // PowerSGD: the P or Q the server sent
-}
-
-// joinPS opens the Sync stream, joins, and receives the initial parameters
-// (those after start.step steps) into params.
-func joinPS(ctx context.Context, env *taskEnv, a *pb.Assignment, net *models.Network, totalSteps int64, start psStart) (*psClient, error) {
-	if len(a.PsAddresses) > 0 {
-		return nil, errors.New("external parameter-server shards are not implemented yet")
-	}
-	push, err := compress.NewPSPusher(a.Spec.GetCompression(), net.Segments(), int(a.Rank), a.Spec.GetSeed())
-	if err != nil {
-		return nil, err
-	}
-	params := net.Params()
-	sctx, cancel := context.WithCancel(ctx)
-	c := &psClient{a: a, cancel: cancel, metrics: env.metrics, timeout: time.Duration(a.Spec.GetStepTimeoutSeconds() * float64(time.Second)), push: push}
-	t := time.AfterFunc(c.timeout, func() { c.timedOut.Store(true); cancel() })
-	defer t.Stop()
-	stream, err := pb.NewParameterServerClient(env.conn).Sync(sctx)
-	if err != nil {
-		cancel()
-		return nil, c.explain(err)
-	}
-	c.stream = stream
-	if err := stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Join{Join: &pb.SyncJoin{
-		JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, WorldSize: a.WorldSize, NumParams: int64(len(params)), TotalSteps: totalSteps,
-		TrainExamples: int64(start.trainExamples)}}}); err != nil {
-		c.close()
-		return nil, c.explain(err)
-	}
-	if _, err := c.recvParams(params, start.step); err != nil {
-		c.close()
-		return nil, err
-	}
-	return c, nil
-}
-
-func (c *psClient) explain(err error) error {
-	if c.timedOut.Load() {
-		return fmt.Errorf("no answer from the parameter server within the step timeout of %v: %w", c.timeout, err)
-	}
-	return fmt.Errorf("parameter server: %w", err)
-}
-
-// recvErr turns a Send error into the stream's real status: gRPC reports
-// io.EOF on Send when the server ended the stream, and the reason comes
-// from Recv.
-func (c *psClient) recvErr(err error) error {
-	if _, rerr := c.stream.Recv(); rerr != nil {
-		return rerr
-	}
-	return err
-}
-
-// recvParams reads one full parameter tensor tagged with step; sendState
-// reports that the server asks for this rank's compression state (for a
-// checkpoint).
-func (c *psClient) recvParams(params []float32, step int64) (sendState bool, err error) {
-	want := wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Total: uint64(len(params))}
-	next := 0
-	for {
-		m, err := c.stream.Recv()
-		if err != nil {
-			return false, c.explain(err)
-		}
-		off, n, err := wire.Check(m.GetParameters(), want)
-		if err != nil {
-			return false, err
-		}
-		if off != next {
-			return false, fmt.Errorf("parameter frame at offset %d, want %d", off, next)
-		}
-		if err := wire.GetF32(params[off:off+n], m.GetParameters().Data); err != nil {
-			return false, err
-		}
-		c.metrics.AddBytesReceived(c.a.JobId, "ps", len(m.GetParameters().Data))
-		sendState = sendState || m.SendState
-		next += n
-		if m.GetParameters().Last {
-			if next != len(params) {
-				return false, fmt.Errorf("parameters ended at %d of %d", next, len(params))
-			}
-			c.applied = step
-			return sendState, nil
-		}
-	}
-}
-
-func (c *psClient) close() {
-	if c.stream != nil {
-		_ = c.stream.CloseSend()
-	}
-	c.cancel()
 }

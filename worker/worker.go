@@ -137,6 +137,13 @@ func New(cfg Config) (*Worker, error) {
 }
 
 func (w *Worker) dialOptions() []grpc.DialOption {
+	return append(w.aggregatorDialOptions(), w.cfg.DialOptions...)
+}
+
+// aggregatorDialOptions are the options for connections to `gradsync
+// aggregator` processes: the coordinator's, less Config.DialOptions
+// (which are for the coordinator only).
+func (w *Worker) aggregatorDialOptions() []grpc.DialOption {
 	creds := insecure.NewCredentials()
 	if w.cfg.TLS != nil {
 		creds = credentials.NewTLS(w.cfg.TLS)
@@ -145,7 +152,7 @@ func (w *Worker) dialOptions() []grpc.DialOption {
 	if !w.cfg.Link.Unlimited() {
 		opts = append(opts, grpc.WithContextDialer(w.cfg.Link.Dial))
 	}
-	return append(opts, w.cfg.DialOptions...)
+	return opts
 }
 
 // peerDialOptions are the options for connections to other workers (added
@@ -330,7 +337,7 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 				defer close(t.done)
 				w.log.Info("task assigned", "job", a.JobId, "rank", a.Rank, "world", a.WorldSize, "model", a.Spec.GetModel())
 				res, err := safeRunTask(tctx, a, &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics,
-					ring: w.ring, peerDial: w.peerDialOptions(), stepDelay: w.cfg.DebugStepDelay, snaps: &w.snaps,
+					ring: w.ring, peerDial: w.peerDialOptions(), psDial: w.aggregatorDialOptions(), stepDelay: w.cfg.DebugStepDelay, snaps: &w.snaps,
 					dataDir: w.cfg.DataDir})
 				done := &pb.TaskDone{JobId: a.JobId, Rank: a.Rank, Result: res, Generation: a.Generation}
 				if rf := (*ringFailure)(nil); errors.As(err, &rf) {

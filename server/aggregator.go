@@ -1,0 +1,242 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gradsync/gradsync/internal/metrics"
+	"github.com/gradsync/gradsync/internal/rpc"
+	"github.com/gradsync/gradsync/internal/security"
+	"github.com/gradsync/gradsync/jobspec"
+	"github.com/gradsync/gradsync/models"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// AggregatorConfig configures a `gradsync aggregator` process. The zero
+// value is not usable: TLS or Insecure must be set, as for the server.
+type AggregatorConfig struct {
+	// TLS is the server-side TLS configuration; with client certificates
+	// required (mTLS), only workers may call ParameterServer.
+	TLS *tls.Config
+	// Insecure allows plaintext (only on a trusted network).
+	Insecure bool
+	Logger   *slog.Logger
+	// Now is the clock (default time.Now).
+	Now     func() time.Time
+	Metrics *metrics.Registry // may be nil
+}
+
+// Validate fills in defaults and checks the configuration.
+func (c *AggregatorConfig) Validate() error {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.TLS == nil && !c.Insecure {
+		return errors.New("aggregator: no TLS configured; give certificates (gradsync certs init) or ask for plaintext explicitly (--insecure)")
+	}
+	return nil
+}
+
+// Aggregator is a parameter-server shard process (`gradsync aggregator`):
+// it serves ParameterServer.Sync for the jobs whose spec names it in
+// parameter_server.addresses. It needs no set-up per job: the first
+// rank's join of (job, generation, shard) carries the normalized spec,
+// from which the aggregator builds the model's initial parameters (the
+// seed makes them those of the coordinator and every worker), takes its
+// range and the optimiser; every later join must carry the same spec.
+// The job's state is dropped when its last stream ends (a rank joining
+// after that is refused: FailedPrecondition), so a finished or failed
+// job leaves nothing behind. Deadlines come from the spec
+// (step_timeout_seconds), as in the server.
+type Aggregator struct {
+	cfg    AggregatorConfig
+	grpc   *grpc.Server
+	health *health.Server
+
+	mu    sync.Mutex // guards jobs, ended
+	jobs  map[aggKey]*aggJob
+	ended map[aggKey]bool
+
+	pb.UnimplementedParameterServerServer
+}
+
+type aggKey struct {
+	job   string
+	gen   uint64
+	shard int32
+}
+
+// aggJob is one shard of one job's generation and its open streams.
+type aggJob struct {
+	p      *psJob
+	spec   *pb.JobSpec
+	active int // streams being served
+}
+
+// NewAggregator builds an aggregator process's gRPC server.
+func NewAggregator(cfg AggregatorConfig) (*Aggregator, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.TLS == nil {
+		cfg.Logger.Warn("plaintext gRPC: no TLS and no client certificates checked (asked for with --insecure)")
+	}
+	a := &Aggregator{cfg: cfg, jobs: map[aggKey]*aggJob{}, ended: map[aggKey]bool{}}
+	auth := &security.AuthOptions{Insecure: cfg.TLS == nil}
+	opts := append(cfg.Metrics.GRPCServerOptions(), rpc.ServerOptions(cfg.Logger, cfg.TLS, auth)...)
+	a.grpc = grpc.NewServer(opts...)
+	a.health = health.NewServer()
+	pb.RegisterParameterServerServer(a.grpc, a)
+	healthpb.RegisterHealthServer(a.grpc, a.health)
+	reflection.Register(a.grpc)
+	cfg.Metrics.InitializeGRPC(a.grpc)
+	for _, name := range []string{"", pb.ParameterServer_ServiceDesc.ServiceName} {
+		a.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
+	return a, nil
+}
+
+// Serve serves on lis until ctx is cancelled, then stops: every job's
+// shard is aborted (its workers get Aborted) and the streams drain.
+func (a *Aggregator) Serve(ctx context.Context, lis net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { // owned by Serve: the gRPC accept loop (errc is buffered)
+		errc <- a.grpc.Serve(lis)
+	}()
+	var err error
+	served := false // errc was read
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		served = true
+	}
+	a.health.Shutdown()
+	a.mu.Lock()
+	for _, j := range a.jobs {
+		j.p.abort(errors.New("the aggregator is shutting down"))
+	}
+	a.mu.Unlock()
+	done := make(chan struct{})
+	go func() { // owned by Serve: graceful stop, bounded below
+		a.grpc.GracefulStop()
+		close(done)
+	}()
+	t := time.NewTimer(5 * time.Second)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		a.grpc.Stop()
+		<-done
+	}
+	if !served {
+		err = <-errc
+	}
+	if errors.Is(err, grpc.ErrServerStopped) {
+		err = nil
+	}
+	return err
+}
+
+// Jobs is the number of job shards the aggregator holds now.
+func (a *Aggregator) Jobs() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.jobs)
+}
+
+// Sync serves one rank's stream to the shard this process hosts for the
+// job of its join (see ps.proto).
+func (a *Aggregator) Sync(stream pb.ParameterServer_SyncServer) error {
+	join, err := recvJoin(stream)
+	if err != nil {
+		return err
+	}
+	j, err := a.acquire(join)
+	if err != nil {
+		return err
+	}
+	defer a.release(join, j)
+	return j.p.serve(stream, join)
+}
+
+// acquire finds or builds the shard a join names and counts the stream.
+func (a *Aggregator) acquire(join *pb.SyncJoin) (*aggJob, error) {
+	if join.Spec == nil {
+		return nil, status.Error(codes.InvalidArgument, "a join of a `gradsync aggregator` shard must carry the job's spec")
+	}
+	spec, err := jobspec.Normalize(join.Spec, models.Names())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "the job's spec: %v", err)
+	}
+	ps := spec.GetParameterServer()
+	switch {
+	case spec.Mode != "ps":
+		return nil, status.Errorf(codes.InvalidArgument, "job %s is in mode %s; aggregators serve mode ps", join.JobId, spec.Mode)
+	case len(ps.GetAddresses()) == 0:
+		return nil, status.Errorf(codes.InvalidArgument, "job %s names no aggregator addresses; its shards are in the server", join.JobId)
+	case join.NumShards != ps.Shards || join.Shard < 0 || join.Shard >= ps.Shards:
+		return nil, status.Errorf(codes.InvalidArgument, "joined shard %d of %d; the job has %d shards", join.Shard, join.NumShards, ps.Shards)
+	case join.WorldSize < 1:
+		return nil, status.Errorf(codes.InvalidArgument, "world size %d", join.WorldSize)
+	}
+	key := aggKey{job: join.JobId, gen: join.Generation, shard: join.Shard}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ended[key] {
+		return nil, status.Errorf(codes.FailedPrecondition, "shard %d of job %s (generation %d) has ended here: every stream to it closed", join.Shard, join.JobId, join.Generation)
+	}
+	j := a.jobs[key]
+	if j == nil {
+		c, h, w, classes := jobspec.InputShape(spec)
+		net, err := models.New(spec.Model, models.Options{Channels: c, Height: h, Width: w, Classes: classes, Seed: spec.GetSeed()})
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "building model %s: %v", spec.Model, err)
+		}
+		env := psEnv{now: a.cfg.Now, log: a.cfg.Logger, metrics: a.cfg.Metrics}
+		p, err := newPSJob(env, join.JobId, join.Generation, int(join.WorldSize), net, spec, int(join.Shard), "", "")
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "%v", err)
+		}
+		j = &aggJob{p: p, spec: spec}
+		a.jobs[key] = j
+		a.cfg.Logger.Info("shard started", "job", join.JobId, "generation", join.Generation, "shard", join.Shard, "of", ps.Shards,
+			"range", fmt.Sprintf("[%d,%d)", p.rng.Lo, p.rng.Hi), "consistency", ps.Consistency, "world", join.WorldSize)
+	} else if !proto.Equal(j.spec, spec) {
+		return nil, status.Errorf(codes.InvalidArgument, "rank %d's spec of job %s differs from the first rank's", join.Rank, join.JobId)
+	}
+	j.active++
+	return j, nil
+}
+
+// release counts a stream out; the last one drops the shard.
+func (a *Aggregator) release(join *pb.SyncJoin, j *aggJob) {
+	key := aggKey{job: join.JobId, gen: join.Generation, shard: join.Shard}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	j.active--
+	if j.active > 0 {
+		return
+	}
+	j.p.abort(errors.New("every stream to the shard has closed"))
+	delete(a.jobs, key)
+	a.ended[key] = true
+	a.cfg.Logger.Info("shard ended", "job", join.JobId, "generation", join.Generation, "shard", join.Shard)
+}

@@ -1,0 +1,179 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/internal/wire"
+	"github.com/gradsync/gradsync/jobspec"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// serveAsync serves a rank's stream to an async or bounded shard: for
+// each step, wait until the rank may read (bounded: at most staleness
+// steps ahead of the slowest rank; never longer than the step timeout),
+// send the shard's parameters as they are then (with the receipt of the
+// rank's last gradient), and take its next gradient, applied as soon as
+// it is in (aggregator.AsyncShard). There is no barrier: a rank that
+// finishes closes its stream and no longer holds the others back.
+func (h *psStream) serveAsync(ctx context.Context) error {
+	p, rank := h.p, h.rank
+	buf := make([]float32, p.rng.Len())
+	var rc *pb.PushReceipt
+	for {
+		p.mu.Lock()
+		step := p.async.Next(rank)
+		p.mu.Unlock()
+		waited, err := h.waitReady(ctx, step)
+		if err != nil {
+			return err
+		}
+		p.mu.Lock()
+		if p.stopped {
+			p.mu.Unlock()
+			return abortedStatus(p.abortErr)
+		}
+		copy(buf, p.async.Read(rank))
+		p.mu.Unlock()
+		if rc != nil {
+			rc.WaitSeconds = waited.Seconds()
+		}
+		first := true
+		err = h.sp.Frames(&pb.TensorFrame{JobId: p.jobID, Generation: p.gen, Op: pb.Op_OP_PULL_PARAMETERS, Step: step},
+			buf, func(f *pb.TensorFrame) error {
+				m := &pb.SyncResponse{Parameters: f}
+				if first {
+					m.Receipt, first = rc, false
+				}
+				return h.stream.Send(m)
+			})
+		if err != nil {
+			return err
+		}
+		if rc, err = h.recvAsync(step); err != nil || rc == nil {
+			return err // rc == nil: the rank closed its stream
+		}
+	}
+}
+
+// signalLocked wakes every stream waiting on the shard (async: a
+// gradient was taken or a rank finished).
+func (p *psJob) signalLocked() {
+	close(p.done)
+	p.done = make(chan struct{})
+}
+
+// recvAsync receives the rank's gradient of step and gives it to the
+// shard. It returns the receipt, or nil when the rank closed its stream
+// (it has finished; the others no longer wait for it).
+func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
+	p, rank := h.p, h.rank
+	ph := p.recv.Phases(step)[0] // no compression with async (jobspec): plain float32
+	want := wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: ph.DType}
+	for {
+		m, err := h.stream.Recv()
+		if errors.Is(err, io.EOF) {
+			p.mu.Lock()
+			p.async.Finish(rank)
+			p.signalLocked()
+			p.mu.Unlock()
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		f := m.GetGradient()
+		if f == nil {
+			return nil, status.Error(codes.InvalidArgument, "expected a gradient frame")
+		}
+		off, n, err := wire.Check(f, want)
+		if err != nil {
+			var mm *wire.Mismatch
+			if errors.As(err, &mm) && mm.Stale {
+				return nil, status.Errorf(codes.Aborted, "rank %d: %v", rank, err)
+			}
+			return nil, status.Errorf(codes.InvalidArgument, "rank %d: %v", rank, err)
+		}
+		if f.Last && off+n != ph.Total {
+			return nil, status.Errorf(codes.InvalidArgument, "rank %d: last frame ends at %d of %d elements", rank, off+n, ph.Total)
+		}
+		p.mu.Lock()
+		if p.stopped {
+			p.mu.Unlock()
+			return nil, abortedStatus(p.abortErr)
+		}
+		// Each rank's gradient is applied at the learning rate of the
+		// step it was computed for.
+		p.opt.SetLR(float32(jobspec.LearningRate(p.spec, step, p.totalSteps)))
+		rc, complete, err := p.async.Add(rank, step, off, n, func(dst []float32) error { return p.recv.DecodeAdd(dst, f, ph) })
+		if complete {
+			p.signalLocked()
+		}
+		p.mu.Unlock()
+		if err != nil {
+			var stale *aggregator.StaleError
+			switch {
+			case errors.Is(err, aggregator.ErrNonFinite):
+				p.abort(err)
+				return nil, status.Errorf(codes.InvalidArgument, "%v (nonfinite_policy fail)", err)
+			case errors.As(err, &stale):
+				return nil, status.Errorf(codes.Aborted, "rank %d: %v", rank, err)
+			}
+			return nil, status.Errorf(codes.InvalidArgument, "rank %d: %v", rank, err)
+		}
+		if !complete {
+			continue
+		}
+		switch {
+		case rc.Refused:
+			p.env.log.Warn("gradient refused: computed on parameters too stale", "job", p.jobID, "shard", p.index, "rank", rank, "step", step,
+				"stale_steps", rc.StaleSteps, "staleness", p.spec.GetParameterServer().GetStaleness())
+		case !rc.Applied:
+			p.env.metrics.NonFiniteStepSkipped()
+			p.env.log.Warn("gradient skipped: it holds NaN or Inf (nonfinite_policy skip)", "job", p.jobID, "rank", rank, "step", step)
+		}
+		return &pb.PushReceipt{Applied: rc.Applied, Refused: rc.Refused, StaleSteps: rc.StaleSteps, StaleUpdates: rc.StaleUpdates}, nil
+	}
+}
+
+// waitReady waits until the rank may read the parameters for step (see
+// aggregator.AsyncShard.Ready), within the step timeout; past it the job
+// fails, naming the ranks it waited for. It returns how long it waited.
+func (h *psStream) waitReady(ctx context.Context, step int64) (time.Duration, error) {
+	p := h.p
+	start := p.env.now()
+	h.resetTimer()
+	for {
+		p.mu.Lock()
+		if p.stopped {
+			p.mu.Unlock()
+			return 0, abortedStatus(p.abortErr)
+		}
+		if p.async.Ready(h.rank) {
+			p.mu.Unlock()
+			return p.env.now().Sub(start), nil
+		}
+		done := p.done
+		laggards, clock := p.async.Laggards(), p.async.Clock()
+		p.mu.Unlock()
+		select {
+		case <-done:
+		case <-p.aborted:
+			return 0, abortedStatus(p.abortErr)
+		case <-ctx.Done():
+			return 0, status.FromContextError(ctx.Err()).Err()
+		case <-h.timer.C:
+			err := fmt.Errorf("parameter-server shard %d: rank %d at step %d may be at most %d step(s) ahead of the slowest, but rank(s) %v stayed at step %d for the step timeout of %v",
+				p.index, h.rank, step, p.spec.GetParameterServer().GetStaleness(), laggards, clock, p.stepTimeout)
+			p.abort(err)
+			return 0, status.Error(codes.DeadlineExceeded, err.Error())
+		}
+	}
+}

@@ -1,0 +1,323 @@
+package worker
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/compress"
+	"github.com/gradsync/gradsync/internal/metrics"
+	"github.com/gradsync/gradsync/internal/wire"
+	"github.com/gradsync/gradsync/models"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// psClient is this rank's push/pull streams to the job's parameter-server
+// shards: one link per shard, each carrying the shard's range of the
+// flat parameters (aggregator.Partition), all driven in parallel each
+// step.
+type psClient struct {
+	a        *pb.Assignment
+	links    []*psLink
+	conns    []*grpc.ClientConn // to `gradsync aggregator` processes; closed by close
+	cancel   context.CancelFunc // ends every link's stream
+	timeout  time.Duration
+	timedOut atomic.Bool
+	applied  int64 // updates applied to the parameters we hold
+	metrics  *metrics.Registry
+	stats    psStats
+}
+
+// psLink is one shard's Sync stream.
+type psLink struct {
+	c       *psClient
+	index   int
+	addr    string // the aggregator's address; "" for the coordinator's own shards
+	rng     aggregator.Range
+	stream  pb.ParameterServer_SyncClient
+	sp      wire.Splitter
+	push    *compress.PSPusher // encodes the pushes (pscompress.go)
+	factors []float32          // PowerSGD: the P or Q the server sent
+	receipt *pb.PushReceipt    // async/bounded: the receipt of the last answer
+}
+
+// psStats sums the receipts of async and bounded shards.
+type psStats struct {
+	receipts                 int64
+	staleSteps, staleUpdates int64 // sums
+	maxSteps, maxUpdates     int64
+	refused                  int64
+	waitSeconds              float64 // per step, the longest wait of any shard
+	steps                    int64
+}
+
+// joinPS opens one Sync stream per shard (to the coordinator, or to the
+// aggregators the assignment names), joins, and receives the initial
+// parameters (those after start.step steps) into params.
+func joinPS(ctx context.Context, env *taskEnv, a *pb.Assignment, net *models.Network, totalSteps int64, start psStart) (*psClient, error) {
+	k := int(max(a.Spec.GetParameterServer().GetShards(), 1))
+	addrs := a.PsAddresses
+	if len(addrs) != 0 && len(addrs) != k {
+		return nil, fmt.Errorf("%d parameter-server addresses for %d shards", len(addrs), k)
+	}
+	params := net.Params()
+	if len(params) < k {
+		return nil, fmt.Errorf("%d parameter-server shards for %d parameters", k, len(params))
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	c := &psClient{a: a, cancel: cancel, metrics: env.metrics, timeout: time.Duration(a.Spec.GetStepTimeoutSeconds() * float64(time.Second))}
+	t := time.AfterFunc(c.timeout, func() { c.timedOut.Store(true); cancel() })
+	defer t.Stop()
+	for i, rng := range aggregator.Partition(len(params), k) {
+		segs := net.Segments()
+		if k > 1 {
+			// No compression with shards (jobspec): the pusher only
+			// needs the range's length.
+			segs = []models.Segment{{Name: fmt.Sprintf("shard%d", i), Shape: []int{rng.Len()}, Len: rng.Len()}}
+		}
+		push, err := compress.NewPSPusher(a.Spec.GetCompression(), segs, int(a.Rank), a.Spec.GetSeed())
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		l := &psLink{c: c, index: i, rng: rng, push: push}
+		c.links = append(c.links, l)
+		conn := env.conn
+		join := &pb.SyncJoin{JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, WorldSize: a.WorldSize, NumParams: int64(len(params)),
+			TotalSteps: totalSteps, TrainExamples: int64(start.trainExamples), Shard: int32(i), NumShards: int32(k)}
+		if len(addrs) > 0 {
+			l.addr = addrs[i]
+			if conn, err = grpc.NewClient(l.addr, env.psDial...); err != nil {
+				c.close()
+				return nil, l.explain(err)
+			}
+			c.conns = append(c.conns, conn)
+			join.Spec = a.Spec // the aggregator learns the job from it
+		}
+		if l.stream, err = pb.NewParameterServerClient(conn).Sync(sctx); err != nil {
+			c.close()
+			return nil, l.explain(err)
+		}
+		if err := l.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Join{Join: join}}); err != nil {
+			c.close()
+			return nil, l.explain(l.recvErr(err))
+		}
+	}
+	err := c.parallel(func(l *psLink) error {
+		_, err := l.recvParams(params[l.rng.Lo:l.rng.Hi], start.step)
+		return err
+	})
+	if err != nil {
+		c.close()
+		return nil, err
+	}
+	c.applied = start.step
+	return c, nil
+}
+
+// parallel runs fn on every link, concurrently when there are several,
+// and returns the first error; the first failure ends every link's
+// stream, so no link waits on a shard that will not answer.
+func (c *psClient) parallel(fn func(*psLink) error) error {
+	if len(c.links) == 1 {
+		return fn(c.links[0])
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex // guards first
+		first error
+	)
+	for _, l := range c.links {
+		wg.Add(1)
+		go func() { // owned by parallel: one shard's push and pull
+			defer wg.Done()
+			if err := fn(l); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+					c.cancel()
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// step pushes grads for the current step to every shard in parallel and
+// overwrites params with the parameters they answer, within the step
+// timeout (see psLink.step).
+func (c *psClient) step(ctx context.Context, grads, params []float32) error {
+	t := time.AfterFunc(c.timeout, func() { c.timedOut.Store(true); c.cancel() })
+	defer t.Stop()
+	step := c.applied
+	err := c.parallel(func(l *psLink) error {
+		return l.step(step, grads[l.rng.Lo:l.rng.Hi], params[l.rng.Lo:l.rng.Hi])
+	})
+	if err != nil {
+		return err
+	}
+	c.applied = step + 1
+	c.noteReceipts()
+	return nil
+}
+
+// noteReceipts adds the step's receipts (async and bounded shards) to the
+// rank's staleness figures.
+func (c *psClient) noteReceipts() {
+	st := &c.stats
+	var wait float64
+	for _, l := range c.links {
+		rc := l.receipt
+		if rc == nil {
+			continue
+		}
+		l.receipt = nil
+		st.receipts++
+		st.staleSteps += rc.StaleSteps
+		st.staleUpdates += rc.StaleUpdates
+		st.maxSteps = max(st.maxSteps, rc.StaleSteps)
+		st.maxUpdates = max(st.maxUpdates, rc.StaleUpdates)
+		if rc.Refused {
+			st.refused++
+		}
+		wait = max(wait, rc.WaitSeconds)
+	}
+	st.waitSeconds += wait
+	st.steps++
+}
+
+// psStatser is a synchronizer with staleness figures (ps mode).
+type psStatser interface{ psStaleness() psStats }
+
+func (c *psClient) psStaleness() psStats { return c.stats }
+
+// fill copies the figures into a progress report and a result (either
+// may be nil); nothing when no shard sent a receipt (consistency sync).
+func (st psStats) fill(p *pb.Progress, r *pb.JobResult) {
+	if st.receipts == 0 {
+		return
+	}
+	n := float64(st.receipts)
+	if p != nil {
+		p.PsStaleStepsMean, p.PsStaleStepsMax = float64(st.staleSteps)/n, st.maxSteps
+		p.PsStaleUpdatesMean, p.PsStaleUpdatesMax = float64(st.staleUpdates)/n, st.maxUpdates
+		p.PsWaitSeconds, p.PsRefused = st.waitSeconds, st.refused
+	}
+	if r != nil {
+		r.PsStaleStepsMean, r.PsStaleStepsMax = float64(st.staleSteps)/n, st.maxSteps
+		r.PsStaleUpdatesMean, r.PsStaleUpdatesMax = float64(st.staleUpdates)/n, st.maxUpdates
+		r.PsWaitSeconds, r.PsRefused = st.waitSeconds, st.refused
+	}
+}
+
+// compressStats reports the pushes' counters, summed over the shards
+// (the progress and result carry them).
+func (c *psClient) compressStats() compress.Stats {
+	var s compress.Stats
+	for _, l := range c.links {
+		st := l.push.Stats()
+		s.Steps = max(s.Steps, st.Steps)
+		s.RawBytes += st.RawBytes
+		s.SentBytes += st.SentBytes
+		s.CompressSeconds += st.CompressSeconds
+	}
+	return s
+}
+
+func (c *psClient) close() {
+	for _, l := range c.links {
+		if l.stream != nil {
+			_ = l.stream.CloseSend()
+		}
+	}
+	c.cancel()
+	for _, conn := range c.conns {
+		_ = conn.Close()
+	}
+}
+
+// explain names the shard an error came from: which one, of how many,
+// where, and whether the step timeout ended it.
+func (l *psLink) explain(err error) error {
+	c := l.c
+	who := "parameter server"
+	if len(c.links) > 1 || l.addr != "" {
+		who = fmt.Sprintf("parameter-server shard %d of %d", l.index, max(c.a.Spec.GetParameterServer().GetShards(), 1))
+		if l.addr != "" {
+			who += " (aggregator " + l.addr + ")"
+		}
+	}
+	if c.timedOut.Load() {
+		return fmt.Errorf("%s: no answer within the step timeout of %v: %w", who, c.timeout, err)
+	}
+	return fmt.Errorf("%s: %w", who, err)
+}
+
+// recvErr turns a Send error into the stream's real status: gRPC reports
+// io.EOF on Send when the server ended the stream, and the reason comes
+// from Recv.
+func (l *psLink) recvErr(err error) error {
+	if _, rerr := l.stream.Recv(); rerr != nil {
+		return rerr
+	}
+	return err
+}
+
+// recvParams reads the shard's whole parameter range tagged with step;
+// sendState reports that the server asks for this rank's compression
+// state (for a checkpoint).
+func (l *psLink) recvParams(params []float32, step int64) (sendState bool, err error) {
+	c := l.c
+	want := wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Total: uint64(len(params))}
+	next := 0
+	for {
+		m, err := l.stream.Recv()
+		if err != nil {
+			return false, l.explain(err)
+		}
+		off, n, err := wire.Check(m.GetParameters(), want)
+		if err != nil {
+			return false, l.explain(err)
+		}
+		if off != next {
+			return false, l.explain(fmt.Errorf("parameter frame at offset %d, want %d", off, next))
+		}
+		if err := wire.GetF32(params[off:off+n], m.GetParameters().Data); err != nil {
+			return false, l.explain(err)
+		}
+		if m.Receipt != nil {
+			l.receipt = m.Receipt
+		}
+		c.metrics.AddBytesReceived(c.a.JobId, "ps", len(m.GetParameters().Data))
+		sendState = sendState || m.SendState
+		next += n
+		if m.GetParameters().Last {
+			if next != len(params) {
+				return false, l.explain(fmt.Errorf("parameters ended at %d of %d", next, len(params)))
+			}
+			return sendState, nil
+		}
+	}
+}
+
+// paramChecksum is FNV-1a (64-bit) over the little-endian bytes of
+// params (JobResult.parameter_checksum).
+func paramChecksum(params []float32) uint64 {
+	h := fnv.New64a()
+	var b [4]byte
+	for _, v := range params {
+		binary.LittleEndian.PutUint32(b[:], math.Float32bits(v))
+		h.Write(b[:])
+	}
+	return h.Sum64()
+}
