@@ -282,6 +282,59 @@ func newWorkerCmd(g *globals) *cobra.Command {
 	return c
 }
 
+func newAggregatorCmd(g *globals) *cobra.Command {
+	var cfg server.AggregatorConfig
+	var addr, metricsAddr string
+	c := &cobra.Command{
+		Use:   "aggregator",
+		Short: "Run a parameter-server shard for jobs that name it (parameter_server.addresses)",
+		Long: `Run a parameter-server shard process. A ps job whose spec lists
+parameter_server.addresses (one per shard, in shard order; or
+'gradsync submit --ps-aggregators a:7001,b:7001') has its workers push and
+pull that shard's range of the parameters here instead of in the server.
+The aggregator needs no set-up per job: it learns each job from the
+workers' joins. Security as for the server: --certs DIR (mTLS, only
+workers may call it) or --insecure.`,
+		Example: `  gradsync aggregator --listen :7001 --certs certs
+  gradsync aggregator --listen 127.0.0.1:7002 --insecure`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			log, err := g.logger(c.ErrOrStderr(), slog.LevelInfo)
+			if err != nil {
+				return err
+			}
+			cfg.Logger = log
+			if cfg.TLS, _, err = g.sec.server(); err != nil {
+				return err
+			}
+			cfg.Insecure = g.sec.insecure
+			stopMetrics, err := startMetrics(c.Context(), metricsAddr, log, &cfg.Metrics)
+			if err != nil {
+				return err
+			}
+			defer stopMetrics()
+			agg, err := server.NewAggregator(cfg)
+			if err != nil {
+				return err
+			}
+			lis, err := net.Listen("tcp", addr)
+			if err != nil {
+				return err
+			}
+			log.Info("gradsync aggregator listening", "addr", lis.Addr().String())
+			if g.json {
+				p := &printer{out: c.OutOrStdout(), json: true}
+				p.jsonLine(map[string]any{"event": "listening", "addr": lis.Addr().String()})
+			}
+			return agg.Serve(c.Context(), lis)
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&addr, "listen", ":7001", "address to listen on")
+	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics)")
+	return c
+}
+
 // linkRateHelp documents --link-rate (local and worker).
 const linkRateHelp = "experiments: emulate a link of this rate each way on the workers' connections, e.g. 1Gbit, 100Mbit (default: unlimited)"
 

@@ -65,7 +65,7 @@ over gRPC. Try:
 	pf.StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (default info; warn for local)")
 	pf.StringVar(&g.logFormat, "log-format", "text", "log format: text or json")
 	g.sec.register(root)
-	root.AddCommand(newLocalCmd(g), newServerCmd(g), newWorkerCmd(g), newSubmitCmd(g), newJobsCmd(g),
+	root.AddCommand(newLocalCmd(g), newServerCmd(g), newWorkerCmd(g), newAggregatorCmd(g), newSubmitCmd(g), newJobsCmd(g),
 		newWatchCmd(g), newCancelCmd(g), newWorkersCmd(g), newBenchCmd(g), newCertsCmd(g))
 	return root
 }

@@ -48,6 +48,11 @@ type specFlags struct {
 	weighting   string
 	serverLR    float64
 	serverMom   float64
+	// ps mode
+	psShards      int32
+	psConsistency string
+	psStaleness   int32
+	psAddrs       []string
 }
 
 func (f *specFlags) register(c *cobra.Command) {
@@ -82,6 +87,10 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.weighting, "weighting", "", "fedavg: aggregation weights: examples, uniform or label-balanced")
 	fl.Float64Var(&f.serverLR, "server-lr", 0, "fedavg: server learning rate (default: the strategy's)")
 	fl.Float64Var(&f.serverMom, "server-momentum", 0, "fedavg: FedAvgM server momentum (default 0.9)")
+	fl.Int32Var(&f.psShards, "ps-shards", 0, "ps mode: parameter-server shards, each owning a range of the parameters (default 1)")
+	fl.StringVar(&f.psConsistency, "ps-consistency", "", "ps mode: sync (default), async (no barrier) or bounded (with --ps-staleness)")
+	fl.Int32Var(&f.psStaleness, "ps-staleness", 0, "ps mode, bounded: steps a worker may be ahead of the slowest")
+	fl.StringSliceVar(&f.psAddrs, "ps-aggregators", nil, "ps mode: host:port of one 'gradsync aggregator' per shard, in shard order (default: shards in the server)")
 	fl.StringVar(&f.compress, "compress", "", "gradient compression (modes ring and ps), e.g. powersgd:rank=2,start_iter=10 | topk:ratio=0.01 | int8 | fp16 | bf16")
 }
 
@@ -208,6 +217,27 @@ func (f *specFlags) build(c *cobra.Command) (*pb.JobSpec, error) {
 	}
 	if ch("alpha") {
 		part().Alpha = f.alpha
+	}
+	ps := func() *pb.ParameterServerSpec {
+		if spec.ParameterServer == nil {
+			spec.ParameterServer = &pb.ParameterServerSpec{}
+		}
+		return spec.ParameterServer
+	}
+	if ch("ps-shards") {
+		ps().Shards = f.psShards
+	}
+	if ch("ps-consistency") {
+		ps().Consistency = f.psConsistency
+	}
+	if ch("ps-staleness") {
+		ps().Staleness = f.psStaleness
+	}
+	if ch("ps-aggregators") {
+		ps().Addresses = f.psAddrs
+		if !ch("ps-shards") && spec.ParameterServer.Shards == 0 {
+			ps().Shards = int32(len(f.psAddrs))
+		}
 	}
 	if ch("compress") {
 		c, err := parseCompress(f.compress)
