@@ -168,6 +168,10 @@ func (c *psClient) step(ctx context.Context, grads, params []float32) error {
 	}
 	c.applied = step + 1
 	c.noteReceipts()
+	// One observation of every shard's pushes together: the registry
+	// turns successive totals into counter increments.
+	st := c.compressStats()
+	c.metrics.ObserveCompression(c.a.JobId, metrics.CompressionTotals{RawBytes: st.RawBytes, SentBytes: st.SentBytes, Seconds: st.CompressSeconds})
 	return nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"github.com/gradsync/gradsync/compress"
-	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/wire"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -50,8 +49,6 @@ func (l *psLink) step(step int64, grads, params []float32) error {
 	if err := l.push.Applied(step, q); err != nil {
 		return err
 	}
-	st := l.push.Stats()
-	c.metrics.ObserveCompression(c.a.JobId, metrics.CompressionTotals{RawBytes: st.RawBytes, SentBytes: st.SentBytes, Seconds: st.CompressSeconds})
 	if sendState {
 		return l.sendState(step + 1)
 	}
