@@ -194,8 +194,10 @@ func (a *Aggregator) acquire(join *pb.SyncJoin) (*aggJob, error) {
 		return nil, status.Errorf(codes.InvalidArgument, "job %s names no aggregator addresses; its shards are in the server", join.JobId)
 	case join.NumShards != ps.Shards || join.Shard < 0 || join.Shard >= ps.Shards:
 		return nil, status.Errorf(codes.InvalidArgument, "joined shard %d of %d; the job has %d shards", join.Shard, join.NumShards, ps.Shards)
-	case join.WorldSize < 1:
-		return nil, status.Errorf(codes.InvalidArgument, "world size %d", join.WorldSize)
+	case join.WorldSize != spec.GetWorkers():
+		// ps jobs are not elastic: the world is the spec's workers (and
+		// a join cannot make the shard allocate for a larger one).
+		return nil, status.Errorf(codes.InvalidArgument, "world size %d, the job's spec has %d workers", join.WorldSize, spec.GetWorkers())
 	}
 	key := aggKey{job: join.JobId, gen: join.Generation, shard: join.Shard}
 	a.mu.Lock()
@@ -226,7 +228,8 @@ func (a *Aggregator) acquire(join *pb.SyncJoin) (*aggJob, error) {
 	return j, nil
 }
 
-// release counts a stream out; the last one drops the shard.
+// release counts a stream out; the last one drops the shard, for good
+// once a rank had joined it.
 func (a *Aggregator) release(join *pb.SyncJoin, j *aggJob) {
 	key := aggKey{job: join.JobId, gen: join.Generation, shard: join.Shard}
 	a.mu.Lock()
@@ -235,8 +238,11 @@ func (a *Aggregator) release(join *pb.SyncJoin, j *aggJob) {
 	if j.active > 0 {
 		return
 	}
-	j.p.abort(errors.New("every stream to the shard has closed"))
 	delete(a.jobs, key)
+	if !j.p.anyJoined() {
+		return // only refused joins: a valid one builds it afresh
+	}
+	j.p.abort(errors.New("every stream to the shard has closed"))
 	a.ended[key] = true
 	a.cfg.Logger.Info("shard ended", "job", join.JobId, "generation", join.Generation, "shard", join.Shard)
 }

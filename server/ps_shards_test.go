@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -355,5 +357,80 @@ func TestPSAggregatorDies(t *testing.T) {
 	t.Logf("failed %.2fs after the aggregator stopped: %s", time.Since(start).Seconds(), j.Message)
 	if d := time.Since(start); d > 15*time.Second {
 		t.Errorf("the job failed %v after its aggregator stopped", d)
+	}
+}
+
+// TestAggregatorJoinRefusals: an aggregator serves only joins that carry
+// a ps spec naming aggregators, for a shard of it, with the spec's world,
+// and the same spec from every rank; once every stream to a shard has
+// closed, the shard is gone and a late join is refused.
+func TestAggregatorJoinRefusals(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	addrs, _ := startAggregators(t, 1)
+	conn, err := grpc.NewClient(addrs[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ps := pb.NewParameterServerClient(conn)
+	spec := func(mod func(*pb.JobSpec)) *pb.JobSpec {
+		s := longSpec(2)
+		s.Mode = "ps"
+		s.ParameterServer = &pb.ParameterServerSpec{Shards: 2, Addresses: []string{addrs[0], addrs[0]}}
+		if mod != nil {
+			mod(s)
+		}
+		return s
+	}
+	const n = 7850 // logreg
+	join := func(rank int32, sp *pb.JobSpec, mod func(*pb.SyncJoin)) (pb.ParameterServer_SyncClient, error) {
+		t.Helper()
+		s, err := ps.Sync(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j := &pb.SyncJoin{JobId: "job-agg", Generation: 1, Rank: rank, WorldSize: 2, NumParams: n, TotalSteps: 10,
+			Shard: 1, NumShards: 2, Spec: sp}
+		if mod != nil {
+			mod(j)
+		}
+		if err := s.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Join{Join: j}}); err != nil && !errors.Is(err, io.EOF) {
+			t.Fatal(err)
+		}
+		_, err = recvParams(s, n/2, 0)
+		return s, err
+	}
+	for name, tc := range map[string]struct {
+		spec *pb.JobSpec
+		mod  func(*pb.SyncJoin)
+	}{
+		"no spec":              {nil, nil},
+		"shards in the server": {spec(func(s *pb.JobSpec) { s.ParameterServer.Addresses = nil }), nil},
+		"ring mode":            {spec(func(s *pb.JobSpec) { s.Mode = "ring" }), nil},
+		"bad spec":             {spec(func(s *pb.JobSpec) { s.BatchSize = proto.Int32(-1) }), nil},
+		"shard 2 of 2":         {spec(nil), func(j *pb.SyncJoin) { j.Shard = 2 }},
+		"3 shards assumed":     {spec(nil), func(j *pb.SyncJoin) { j.NumShards = 3 }},
+		"world 1000":           {spec(nil), func(j *pb.SyncJoin) { j.WorldSize = 1000 }},
+		"other model size":     {spec(nil), func(j *pb.SyncJoin) { j.NumParams = n + 1 }},
+	} {
+		if _, err := join(0, tc.spec, tc.mod); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v; want InvalidArgument", name, err)
+		}
+	}
+	s0, err := join(0, spec(nil), nil)
+	if err != nil {
+		t.Fatalf("rank 0: %v", err)
+	}
+	if _, err := join(1, spec(func(s *pb.JobSpec) { s.Seed = proto.Int64(99) }), nil); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("rank 1 with another spec: %v; want InvalidArgument", err)
+	}
+	if err := s0.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s0.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("rank 0 after closing: %v; want the stream to end cleanly", err)
+	}
+	if _, err := join(1, spec(nil), nil); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("a join after every stream closed: %v; want FailedPrecondition", err)
 	}
 }

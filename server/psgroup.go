@@ -1,6 +1,7 @@
 package server
 
 import (
+	"slices"
 	"time"
 
 	"github.com/gradsync/gradsync/jobspec"
@@ -62,4 +63,11 @@ func addPSStaleness(rec map[string]any, spec *pb.JobSpec, p *pb.Progress) {
 	rec["ps_stale_steps_mean"], rec["ps_stale_steps_max"] = p.PsStaleStepsMean, p.PsStaleStepsMax
 	rec["ps_stale_updates_mean"], rec["ps_stale_updates_max"] = p.PsStaleUpdatesMean, p.PsStaleUpdatesMax
 	rec["ps_wait_seconds"], rec["ps_refused"] = p.PsWaitSeconds, p.PsRefused
+}
+
+// anyJoined reports whether a rank has joined the shard.
+func (p *psJob) anyJoined() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Contains(p.joined, true)
 }
