@@ -133,19 +133,7 @@ func (a *Aggregator) Serve(ctx context.Context, lis net.Listener) error {
 		j.p.abort(errors.New("the aggregator is shutting down"))
 	}
 	a.mu.Unlock()
-	done := make(chan struct{})
-	go func() { // owned by Serve: graceful stop, bounded below
-		a.grpc.GracefulStop()
-		close(done)
-	}()
-	t := time.NewTimer(5 * time.Second)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-		a.grpc.Stop()
-		<-done
-	}
+	stopGRPC(a.grpc, 5*time.Second)
 	if !served {
 		err = <-errc
 	}

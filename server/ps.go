@@ -508,11 +508,7 @@ func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, er
 			err = &wire.Mismatch{Msg: fmt.Sprintf("frame for phase %d, want %d (compression %s)", f.Phase, ph.Phase, p.recv.Type())}
 		}
 		if err != nil {
-			var mm *wire.Mismatch
-			if errors.As(err, &mm) && mm.Stale {
-				return nil, status.Errorf(codes.Aborted, "rank %d: %v", rank, err)
-			}
-			return nil, status.Errorf(codes.InvalidArgument, "rank %d: %v", rank, err)
+			return nil, frameErr(rank, err)
 		}
 		if f.Last && off+n != ph.Total {
 			return nil, status.Errorf(codes.InvalidArgument, "rank %d: last frame ends at %d of %d elements", rank, off+n, ph.Total)
@@ -567,8 +563,7 @@ func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, er
 			}
 		}
 		if combined && due == nil {
-			close(p.done)
-			p.done = make(chan struct{})
+			p.signalLocked()
 		}
 		p.mu.Unlock()
 		if due != nil {
@@ -579,20 +574,11 @@ func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, er
 				return nil, err
 			}
 			p.mu.Lock()
-			close(p.done)
-			p.done = make(chan struct{})
+			p.signalLocked()
 			p.mu.Unlock()
 		}
 		if err != nil {
-			var stale *aggregator.StaleError
-			switch {
-			case errors.Is(err, aggregator.ErrNonFinite):
-				p.abort(err)
-				return nil, status.Errorf(codes.InvalidArgument, "%v (nonfinite_policy fail)", err)
-			case errors.As(err, &stale):
-				return nil, status.Errorf(codes.Aborted, "rank %d: %v", rank, err)
-			}
-			return nil, status.Errorf(codes.InvalidArgument, "rank %d: %v", rank, err)
+			return nil, p.addErr(rank, err)
 		}
 		if f.Last {
 			return done, nil
@@ -781,4 +767,30 @@ func (p *psJob) stepLocked() int64 {
 		return p.async.Clock()
 	}
 	return p.shard.Step()
+}
+
+// frameErr is the status of a gradient frame of rank's that does not
+// fit: Aborted for a stale one (an earlier generation or step), else
+// InvalidArgument.
+func frameErr(rank int, err error) error {
+	var mm *wire.Mismatch
+	if errors.As(err, &mm) && mm.Stale {
+		return status.Errorf(codes.Aborted, "rank %d: %v", rank, err)
+	}
+	return status.Errorf(codes.InvalidArgument, "rank %d: %v", rank, err)
+}
+
+// addErr is the status of an error the shard's core returned for rank's
+// gradient: a non-finite gradient under nonfinite_policy fail stops the
+// job; a stale step is Aborted; anything else is a bad push.
+func (p *psJob) addErr(rank int, err error) error {
+	var stale *aggregator.StaleError
+	switch {
+	case errors.Is(err, aggregator.ErrNonFinite):
+		p.abort(err)
+		return status.Errorf(codes.InvalidArgument, "%v (nonfinite_policy fail)", err)
+	case errors.As(err, &stale):
+		return status.Errorf(codes.Aborted, "rank %d: %v", rank, err)
+	}
+	return status.Errorf(codes.InvalidArgument, "rank %d: %v", rank, err)
 }

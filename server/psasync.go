@@ -10,7 +10,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/gradsync/gradsync/aggregator"
 	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/jobspec"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -63,8 +62,9 @@ func (h *psStream) serveAsync(ctx context.Context) error {
 	}
 }
 
-// signalLocked wakes every stream waiting on the shard (async: a
-// gradient was taken or a rank finished).
+// signalLocked wakes every stream waiting on the shard's done (sync: a
+// phase of the step is combined; async: a gradient was taken or a rank
+// finished).
 func (p *psJob) signalLocked() {
 	close(p.done)
 	p.done = make(chan struct{})
@@ -95,11 +95,7 @@ func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 		}
 		off, n, err := wire.Check(f, want)
 		if err != nil {
-			var mm *wire.Mismatch
-			if errors.As(err, &mm) && mm.Stale {
-				return nil, status.Errorf(codes.Aborted, "rank %d: %v", rank, err)
-			}
-			return nil, status.Errorf(codes.InvalidArgument, "rank %d: %v", rank, err)
+			return nil, frameErr(rank, err)
 		}
 		if f.Last && off+n != ph.Total {
 			return nil, status.Errorf(codes.InvalidArgument, "rank %d: last frame ends at %d of %d elements", rank, off+n, ph.Total)
@@ -118,15 +114,7 @@ func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 		}
 		p.mu.Unlock()
 		if err != nil {
-			var stale *aggregator.StaleError
-			switch {
-			case errors.Is(err, aggregator.ErrNonFinite):
-				p.abort(err)
-				return nil, status.Errorf(codes.InvalidArgument, "%v (nonfinite_policy fail)", err)
-			case errors.As(err, &stale):
-				return nil, status.Errorf(codes.Aborted, "rank %d: %v", rank, err)
-			}
-			return nil, status.Errorf(codes.InvalidArgument, "rank %d: %v", rank, err)
+			return nil, p.addErr(rank, err)
 		}
 		if !complete {
 			continue
