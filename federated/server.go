@@ -113,11 +113,18 @@ func (*Finished) action()    {}
 
 // TooFewClientsError is a round whose deadline passed with fewer than
 // MinClients answers.
+// Lost counts the sampled clients whose workers were lost (Drop): with
+// them a round can fail before its deadline.
 type TooFewClientsError struct {
 	Round, Answered, Sampled, Need int
+	Lost                           int
 }
 
 func (e *TooFewClientsError) Error() string {
+	if e.Lost > 0 {
+		return fmt.Sprintf("federated: round %d: %d of %d sampled clients answered and %d were lost, need %d",
+			e.Round, e.Answered, e.Sampled, e.Lost, e.Need)
+	}
 	return fmt.Sprintf("federated: round %d: %d of %d sampled clients answered by the deadline, need %d",
 		e.Round, e.Answered, e.Sampled, e.Need)
 }
@@ -190,10 +197,11 @@ type Server struct {
 	round     int // the open (or last) round number; rounds are numbered from 1, a retry takes the next number
 	sampled   []int
 	deadline  time.Time
-	updates   []Update // this round's accepted updates, in arrival order
-	completed int      // rounds closed successfully
-	failures  int      // consecutive failed rounds
-	err       error    // why the job failed
+	updates   []Update     // this round's accepted updates, in arrival order
+	dropped   map[int]bool // sampled clients of the open round that are gone (Drop) and have not answered
+	completed int          // rounds closed successfully
+	failures  int          // consecutive failed rounds
+	err       error        // why the job failed
 
 	lastRound   int          // the last round that closed or failed
 	lastMissing map[int]bool // its sampled clients that had not answered
@@ -309,10 +317,54 @@ func (s *Server) Submit(now time.Time, u Update) ([]Action, error) {
 		return acts, err
 	}
 	s.updates = append(s.updates, u)
-	if len(s.updates) == len(s.sampled) {
-		return s.close(acts, now, false)
+	delete(s.dropped, u.Client) // it came back in time
+	return s.settle(acts, now)
+}
+
+// Drop tells the Server at now that client is gone (its worker was lost):
+// it will not answer the open round. A round whose sampled clients have
+// all answered or gone closes at once rather than at its deadline; with
+// fewer than MinClients answers it fails (a *TooFewClientsError counting
+// the lost). A dropped client that comes back may still answer while the
+// round is open. Dropping a client that is not sampled for the open round,
+// or has answered, or when no round is open, changes nothing. Actions and
+// error are Submit's.
+func (s *Server) Drop(now time.Time, client int) ([]Action, error) {
+	var acts []Action
+	if s.state == stateOpen && !now.Before(s.deadline) {
+		var err error
+		if acts, err = s.expire(acts, now); err != nil {
+			return acts, err
+		}
 	}
-	return acts, nil
+	if s.state != stateOpen {
+		return acts, nil
+	}
+	if _, ok := slices.BinarySearch(s.sampled, client); !ok || s.answered(client) || s.dropped[client] {
+		return acts, nil
+	}
+	if s.dropped == nil {
+		s.dropped = make(map[int]bool)
+	}
+	s.dropped[client] = true
+	return s.settle(acts, now)
+}
+
+func (s *Server) answered(client int) bool {
+	return slices.ContainsFunc(s.updates, func(u Update) bool { return u.Client == client })
+}
+
+// settle closes the open round once every sampled client has answered or
+// is gone (Drop), or fails it when too few answered.
+func (s *Server) settle(acts []Action, now time.Time) ([]Action, error) {
+	if len(s.updates)+len(s.dropped) < len(s.sampled) {
+		return acts, nil
+	}
+	if len(s.updates) < s.cfg.MinClients {
+		return s.fail(acts, now, &TooFewClientsError{Round: s.round, Answered: len(s.updates), Sampled: len(s.sampled),
+			Need: s.cfg.MinClients, Lost: len(s.dropped)})
+	}
+	return s.close(acts, now, false)
 }
 
 // Tick tells the Server the time is now; at or after the open round's
@@ -328,7 +380,8 @@ func (s *Server) Tick(now time.Time) ([]Action, error) {
 
 func (s *Server) expire(acts []Action, now time.Time) ([]Action, error) {
 	if len(s.updates) < s.cfg.MinClients {
-		return s.fail(acts, now, &TooFewClientsError{Round: s.round, Answered: len(s.updates), Sampled: len(s.sampled), Need: s.cfg.MinClients})
+		return s.fail(acts, now, &TooFewClientsError{Round: s.round, Answered: len(s.updates), Sampled: len(s.sampled),
+			Need: s.cfg.MinClients, Lost: len(s.dropped)})
 	}
 	return s.close(acts, now, true)
 }
@@ -375,13 +428,14 @@ func (s *Server) endRound() []int {
 	s.lastMissing = make(map[int]bool)
 	var missing []int
 	for _, c := range s.sampled {
-		if !slices.ContainsFunc(s.updates, func(u Update) bool { return u.Client == c }) {
+		if !s.answered(c) {
 			s.lastMissing[c] = true
 			missing = append(missing, c)
 		}
 	}
 	clear(s.updates) // drop the references to the deltas
 	s.updates = s.updates[:0]
+	clear(s.dropped)
 	return missing
 }
 

@@ -3,6 +3,7 @@ package federated
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -234,5 +235,104 @@ func TestServerConfigValidate(t *testing.T) {
 	}
 	if err := (ServerConfig{Clients: 10, Rounds: 1}).Validate(); err != nil {
 		t.Errorf("minimal config: %v", err)
+	}
+}
+
+// A sampled client whose worker is lost (Drop) does not hold the round
+// until its deadline: it closes as soon as the others have answered,
+// whichever comes first, with the lost client missing.
+func TestServerDropClosesEarly(t *testing.T) {
+	for _, dropFirst := range []bool{true, false} {
+		s := newTestServer(t, ServerConfig{Clients: 3, Fraction: 1, Rounds: 2, Seed: 1})
+		open := start(t, s)
+		a, b, gone := open.Clients[0], open.Clients[1], open.Clients[2]
+		var acts []Action
+		var err error
+		if dropFirst {
+			if acts, err = s.Drop(t0.Add(time.Second), gone); err != nil || len(acts) != 0 {
+				t.Fatalf("drop with nobody in: %v, %v", acts, err)
+			}
+		}
+		for i, c := range []int{a, b} {
+			if acts, err = s.Submit(t0.Add(time.Duration(2+i)*time.Second), upd(c, 1, 1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !dropFirst {
+			if len(acts) != 0 {
+				t.Fatalf("closed before the lost client was dropped: %v", acts)
+			}
+			if acts, err = s.Drop(t0.Add(4*time.Second), gone); err != nil {
+				t.Fatal(err)
+			}
+		}
+		closed := only[*RoundClosed](t, acts)
+		if len(closed) != 1 || closed[0].AtDeadline || !slices.Equal(closed[0].Missing, []int{gone}) ||
+			!slices.Equal(closed[0].Participants, []int{a, b}) {
+			t.Fatalf("dropFirst=%v: actions %v", dropFirst, acts)
+		}
+		next := only[*OpenRound](t, acts)
+		if len(next) != 1 || next[0].Round != 2 {
+			t.Fatalf("dropFirst=%v: next round %v", dropFirst, acts)
+		}
+		// The drop belonged to round 1: in round 2 every client counts again.
+		for _, c := range []int{a, b} {
+			if acts, err = s.Submit(t0.Add(5*time.Second), upd(c, 2, 1)); err != nil || len(acts) != 0 {
+				t.Fatalf("round 2 closed without client %d: %v, %v", gone, acts, err)
+			}
+		}
+	}
+}
+
+// A dropped client that comes back within the round is still taken; a
+// drop of a client that is not sampled, or has answered, changes nothing.
+func TestServerDropComeBackAndNoOps(t *testing.T) {
+	s := newTestServer(t, ServerConfig{Clients: 4, Fraction: 0.5, Rounds: 1, Seed: 1})
+	open := start(t, s)
+	a, b := open.Clients[0], open.Clients[1]
+	other := slices.IndexFunc([]int{0, 1, 2, 3}, func(c int) bool { return c != a && c != b })
+	if acts, err := s.Drop(t0, other); err != nil || len(acts) != 0 {
+		t.Fatalf("drop of an unsampled client: %v, %v", acts, err)
+	}
+	if acts, err := s.Submit(t0.Add(time.Second), upd(a, 1, 1)); err != nil || len(acts) != 0 {
+		t.Fatal(acts, err)
+	}
+	if acts, err := s.Drop(t0.Add(time.Second), a); err != nil || len(acts) != 0 {
+		t.Fatalf("drop of a client that answered: %v, %v", acts, err)
+	}
+	if acts, err := s.Drop(t0.Add(2*time.Second), b); err != nil || len(only[*RoundClosed](t, acts)) != 1 {
+		t.Fatalf("drop of the last one: %v, %v", acts, err)
+	}
+	// Second server: b drops, then answers after all.
+	s = newTestServer(t, ServerConfig{Clients: 4, Fraction: 0.5, Rounds: 1, Seed: 1})
+	start(t, s)
+	if acts, err := s.Drop(t0, b); err != nil || len(acts) != 0 {
+		t.Fatal(acts, err)
+	}
+	if acts, err := s.Submit(t0.Add(time.Second), upd(b, 1, 1)); err != nil || len(acts) != 0 {
+		t.Fatalf("the dropped client's answer: %v, %v", acts, err)
+	}
+	acts, err := s.Submit(t0.Add(2*time.Second), upd(a, 1, 1))
+	closed := only[*RoundClosed](t, acts)
+	if err != nil || len(closed) != 1 || len(closed[0].Missing) != 0 || len(closed[0].Participants) != 2 {
+		t.Fatalf("after the come-back: %v, %v", acts, err)
+	}
+}
+
+// With fewer than MinClients left to answer the round fails at once,
+// saying how many were lost, rather than at its deadline.
+func TestServerDropFailsWithTooFew(t *testing.T) {
+	s := newTestServer(t, ServerConfig{Clients: 2, Fraction: 1, Rounds: 1, MinClients: 2, Seed: 1})
+	open := start(t, s)
+	if acts, err := s.Submit(t0.Add(time.Second), upd(open.Clients[0], 1, 1)); err != nil || len(acts) != 0 {
+		t.Fatal(acts, err)
+	}
+	acts, err := s.Drop(t0.Add(2*time.Second), open.Clients[1])
+	var few *TooFewClientsError
+	if !errors.As(err, &few) || few.Lost != 1 || few.Answered != 1 || len(only[*RoundFailed](t, acts)) != 1 {
+		t.Fatalf("drop below min_clients: %v, %v", acts, err)
+	}
+	if want := "1 of 2 sampled clients answered and 1 were lost, need 2"; !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q, want it to say %q", err, want)
 	}
 }

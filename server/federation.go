@@ -25,8 +25,8 @@ import (
 // machine and feeds it wall-clock time, and every worker is one client
 // (client index = rank) on a Federation.Participate stream.
 //
-//   - The first round opens when every client has joined, or one round
-//     deadline after the job started with those that have.
+//   - The first round opens when every client has joined (or is lost), or
+//     one round deadline after the job started with those that have.
 //   - Each round, every connected client hears of it (RoundStart); the
 //     sampled ones get the global model and train. A sampled client that
 //     is not connected, or never answers, is missing when the round closes
@@ -43,6 +43,8 @@ import (
 //     charts, events); the job ends SUCCEEDED with the final evaluation.
 //   - A worker lost is a client missing from the rounds it is sampled
 //     for, not a failure; the job fails only when every client is gone.
+//     A round does not wait for its lost clients: it closes as soon as the
+//     others have answered (federated.Server.Drop), before its deadline.
 //   - With checkpoints the coordinator writes one after a closed round
 //     when the spec says (jobspec.CheckpointDue; a round is a step and an
 //     epoch, every_seconds is checked as rounds close), and when the job
@@ -386,7 +388,32 @@ func (fj *fedJob) applyLocked(acts []federated.Action, err error) {
 		fj.failLocked(err.Error())
 		return
 	}
+	if fj.dropLostLocked() {
+		return // it applied the actions of the round closing early
+	}
 	fj.rearmLocked()
+}
+
+// dropLostLocked tells the round state machine which of the open round's
+// sampled clients are lost, so that the round closes once the others have
+// answered instead of waiting for the lost ones until its deadline. It
+// reports whether that produced actions (then applied, with the timer
+// rearmed by that apply).
+func (fj *fedJob) dropLostLocked() bool {
+	if fj.open == nil || !fj.activeLocked() {
+		return false
+	}
+	ids := fj.e.job.WorkerIds
+	for _, c := range fj.open.sampled {
+		if c >= len(ids) || !fj.lost[ids[c]] {
+			continue
+		}
+		if acts, err := fj.srv.Drop(fj.s.cfg.Now(), c); len(acts) > 0 || err != nil {
+			fj.applyLocked(acts, err)
+			return true
+		}
+	}
+	return false
 }
 
 // sendRoundLocked tells client c of the open round: its settings and, if
@@ -572,6 +599,11 @@ func (fj *fedJob) workerLostLocked(w *workerEntry, reason string) {
 	msg := fmt.Sprintf("worker %s (client %d) lost: %s; it is missing from the rounds it is sampled for", w.info.Id, client, reason)
 	fj.s.emitLocked(fj.e, pb.EventKind_EVENT_KIND_LOG, msg, nil)
 	fj.logLocked(map[string]any{"kind": "client_lost", "client": client, "worker": w.info.Id, "reason": reason})
+	if !fj.started && fj.allInLocked() {
+		fj.startLocked(fj.s.cfg.Now()) // the others are in: no need to wait for it
+		return
+	}
+	fj.dropLostLocked() // the open round need not wait for it
 }
 
 // joinLocked registers a client's stream and catches it up: the open
@@ -599,10 +631,22 @@ func (fj *fedJob) joinLocked(c *fedSession, hist []int) error {
 		fj.sendRoundLocked(c)
 	}
 	fj.sendEvalsLocked()
-	if !fj.started && !slices.Contains(fj.sessions, nil) {
+	if !fj.started && fj.allInLocked() {
 		fj.startLocked(fj.s.cfg.Now())
 	}
 	return nil
+}
+
+// allInLocked reports whether every client has joined or is lost: the
+// first round need not wait any longer.
+func (fj *fedJob) allInLocked() bool {
+	ids := fj.e.job.WorkerIds
+	for k, c := range fj.sessions {
+		if c == nil && (k >= len(ids) || !fj.lost[ids[k]]) {
+			return false
+		}
+	}
+	return true
 }
 
 // leaveLocked forgets a client's stream; its pending evaluations go to

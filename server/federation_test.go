@@ -275,3 +275,44 @@ func TestParticipateRefusesOtherJobs(t *testing.T) {
 	_, err = st2.Recv()
 	wantCode(t, "no join first", err, codes.InvalidArgument, "must be a join")
 }
+
+// TestRealClientLostDoesNotHoldRounds: a client whose worker is lost
+// (its coordinator stream ends) holds neither the first round's start nor
+// any round until the round deadline: with a 10-minute deadline the job
+// still ends within the test's minute, every round closed by the last
+// answer of the two clients left, the lost one missing.
+func TestRealClientLostDoesNotHoldRounds(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	c := newCluster(t, server.Config{}, 2)
+	c.waitWorkers(ctx, pb.WorkerState_WORKER_STATE_IDLE, "w0", "w1")
+	fake := c.connectFake(ctx, "doomed", true)
+	c.waitWorkers(ctx, pb.WorkerState_WORKER_STATE_IDLE, "w0", "w1", "doomed")
+	spec := &pb.JobSpec{Model: "logreg", Mode: "fedavg", Workers: proto.Int32(3), Seed: proto.Int64(5),
+		Dataset: &pb.DatasetSpec{Name: "synthetic", SyntheticTrain: 900, SyntheticTest: 200},
+		Federated: &pb.FederatedSpec{Rounds: 3, Fraction: 1, MinClients: 2, LocalBatchSize: 30,
+			RoundDeadlineSeconds: 600}}
+	job := c.submit(ctx, spec)
+	var a *pb.Assignment
+	for a == nil {
+		a = fake.next(ctx, t).GetAssignment()
+	}
+	fake.stop() // gone before it ever joins the rounds
+
+	j := c.waitState(ctx, job.Id, pb.JobState_JOB_STATE_SUCCEEDED, pb.JobState_JOB_STATE_FAILED)
+	if j.State != pb.JobState_JOB_STATE_SUCCEEDED {
+		t.Fatalf("job %s: %q; want SUCCEEDED on the two clients left", j.State, j.Message)
+	}
+	lost := float64(a.Rank)
+	for _, rec := range runRecords(t, job.RunDir, "progress") {
+		if rec["at_deadline"] == true {
+			t.Errorf("round %v closed at its deadline; want it closed by the last answer", rec["step"])
+		}
+		missing, _ := rec["missing"].([]any)
+		if len(missing) != 1 || missing[0] != lost {
+			t.Errorf("round %v: missing %v; want client %v", rec["step"], missing, lost)
+		}
+	}
+	if lostRecs := runRecords(t, job.RunDir, "client_lost"); len(lostRecs) != 1 || lostRecs[0]["client"] != lost {
+		t.Errorf("client_lost records %v; want one for client %v", lostRecs, lost)
+	}
+}
