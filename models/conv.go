@@ -9,7 +9,10 @@ import (
 )
 
 // Conv2D is a 2-D convolution (cross-correlation, as torch.nn.Conv2d with
-// groups 1 and dilation 1) computed per sample as im2col + GEMM.
+// groups 1 and dilation 1). 3×3 stride-1 kernels over at least
+// winogradMinC channels run as Winograd F(2×2, 3×3) over blocks of
+// samples (tensor.WinogradInput and friends: 2.25× fewer multiplications);
+// every other geometry runs per sample as im2col + GEMM.
 // x is (batch, C, H, W) and y is (batch, Out, OutH, OutW), both row-major,
 // with the geometry fixed at construction. W has PyTorch's layout
 // (Out, C, KH, KW) and B is (Out), or nil for a convolution without bias.
@@ -36,6 +39,36 @@ type Conv2D struct {
 	dmask  []float32 // owned scratch: one sample's dy masked by the fused ReLU
 	dwt    []float32 // owned scratch: Σ_n col·dyᵀ, the weight gradient transposed (C·KH·KW, Out)
 	direct bool      // 1×1 kernel, stride 1, no padding: the column matrix is the input itself
+
+	wino bool      // computed as Winograd F(2×2, 3×3)
+	wu   []float32 // owned: transformed weights U (16, Out, C), set by Forward
+	wdu  []float32 // owned scratch: their gradient dU
+	wv   []float32 // owned: transformed inputs V, one block of 16 matrices at stride sv per block of samples when kept, else one block
+	wm   []float32 // owned scratch: one block's products M, or their gradients dM (16 at stride sm)
+	wdv  []float32 // owned scratch: one block's dV
+}
+
+// winogradMinC is the fewest input channels for which the Winograd path is
+// used: with fewer, its GEMMs are too thin to beat im2col.
+const winogradMinC = 4
+
+// winogradBlockTiles is the number of output tiles Winograd aims for per
+// block of samples: a block's V and M (about 16·(C+Out)·tiles values)
+// then stay in L2 between the transforms and the GEMMs. A variable so
+// that tests can force one sample per block.
+var winogradBlockTiles = 320
+
+// winogradKeepMax is keepColsMax for the Winograd path's V (a variable so
+// that tests can force the recomputing path).
+var winogradKeepMax = keepColsMax
+
+// winoBlock returns the samples per Winograd block, the tiles per sample,
+// and the point strides of V and M for a full block.
+func (l *Conv2D) winoBlock() (nb, tiles, sv, sm int) {
+	th, tw := l.Geom.WinogradTiles()
+	tiles = th * tw
+	nb = max(1, winogradBlockTiles/tiles)
+	return nb, tiles, tensor.WinogradStride(l.Geom.C * nb * tiles), tensor.WinogradStride(l.Out * nb * tiles)
 }
 
 // keepColsMax is the largest batch of column matrices (in values) that
@@ -53,6 +86,7 @@ func NewConv2D(g tensor.ConvGeom, out int, bias bool) *Conv2D {
 	}
 	l := &Conv2D{Geom: g, Out: out}
 	l.direct = g.KH == 1 && g.KW == 1 && g.StrideH == 1 && g.StrideW == 1 && g.PadH == 0 && g.PadW == 0
+	l.wino = g.WinogradOK() && g.C >= winogradMinC
 	if bias {
 		l.B, l.DB = []float32{}, []float32{} // non-nil: bound later
 	}
@@ -96,6 +130,10 @@ func (l *Conv2D) Forward(x []float32, batch int, train bool) []float32 {
 	l.x, l.batch = x, batch
 	k, p := g.ColRows(), g.ColCols()
 	l.y = grow(l.y, batch*l.Out*p)
+	if l.wino {
+		l.winoForward(x, batch)
+		return l.y
+	}
 	l.kept = !l.direct && batch*k*p <= keepColsMax
 	switch {
 	case l.kept:
@@ -175,6 +213,9 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 			len(dy), l.batch, l.Out, g.OutH(), g.OutW()))
 	}
 	in := g.C * g.H * g.W
+	if l.wino {
+		return l.winoBackward(dy)
+	}
 	if !l.SkipInputGrad {
 		l.dx = grow(l.dx, l.batch*in)
 		if !l.direct {
@@ -247,4 +288,96 @@ func sum32(s []float32) float32 {
 		a0 += s[i]
 	}
 	return (a0 + a1) + (a2 + a3)
+}
+
+// winoForward is Forward on the Winograd path: per block of samples, the
+// input transform, 16 GEMMs M[ξ] = U[ξ]·V[ξ] and the output transform
+// with bias (and ReLU). V is kept for Backward when the batch's fit in
+// keepColsMax.
+func (l *Conv2D) winoForward(x []float32, batch int) {
+	g := l.Geom
+	in, out := g.C*g.H*g.W, l.OutSize()
+	nb, tiles, sv, sm := l.winoBlock()
+	blocks := (batch + nb - 1) / nb
+	l.kept = blocks*16*sv <= winogradKeepMax
+	l.wu = grow(l.wu, 16*l.Out*g.C)
+	tensor.WinogradFilter(l.wu, l.W, l.Out, g.C)
+	if l.kept {
+		l.wv = grow(l.wv, blocks*16*sv)
+	} else {
+		l.wv = grow(l.wv, 16*sv)
+	}
+	l.wm = grow(l.wm, 16*sm)
+	for blk := range blocks {
+		n0 := blk * nb
+		b := min(nb, batch-n0)
+		P := b * tiles
+		v := l.wv[:16*sv]
+		if l.kept {
+			v = l.wv[blk*16*sv : (blk+1)*16*sv]
+		}
+		tensor.WinogradInput(v, sv, x[n0*in:(n0+b)*in], g, b)
+		for xi := range 16 {
+			tensor.Gemm(false, false, l.Out, P, g.C, 1, l.wu[xi*l.Out*g.C:], g.C, v[xi*sv:], P, 0, l.wm[xi*sm:], P)
+		}
+		tensor.WinogradOutput(l.y[n0*out:(n0+b)*out], l.wm, sm, l.B, g, l.Out, b, l.ReLU)
+	}
+}
+
+// winoBackward is Backward on the Winograd path: per block, dM = A·dy·Aᵀ,
+// dU[ξ] += dM[ξ]·V[ξ]ᵀ and, unless SkipInputGrad, dV[ξ] = U[ξ]ᵀ·dM[ξ] and
+// dx = B·dV·Bᵀ scattered back; finally dW += Gᵀ·dU·G.
+func (l *Conv2D) winoBackward(dy []float32) []float32 {
+	g := l.Geom
+	in, out, p := g.C*g.H*g.W, l.OutSize(), g.ColCols()
+	nb, tiles, sv, sm := l.winoBlock()
+	blocks := (l.batch + nb - 1) / nb
+	l.wdu = grow(l.wdu, 16*l.Out*g.C)
+	clear(l.wdu)
+	if !l.SkipInputGrad {
+		l.dx = grow(l.dx, l.batch*in)
+		clear(l.dx)
+		l.wdv = grow(l.wdv, 16*sv)
+	}
+	if l.ReLU {
+		l.dmask = grow(l.dmask, nb*out)
+	}
+	for blk := range blocks {
+		n0 := blk * nb
+		b := min(nb, l.batch-n0)
+		P := b * tiles
+		dyb := dy[n0*out : (n0+b)*out]
+		if l.ReLU {
+			reluMask(l.dmask[:len(dyb)], dyb, l.y[n0*out:(n0+b)*out])
+			dyb = l.dmask[:len(dyb)]
+		}
+		if l.DB != nil {
+			for i := range b * l.Out {
+				l.DB[i%l.Out] += sum32(dyb[i*p : (i+1)*p])
+			}
+		}
+		tensor.WinogradOutputGrad(l.wm, sm, dyb, g, l.Out, b)
+		var v []float32
+		if l.kept {
+			v = l.wv[blk*16*sv : (blk+1)*16*sv]
+		} else {
+			v = l.wv[:16*sv]
+			tensor.WinogradInput(v, sv, l.x[n0*in:(n0+b)*in], g, b)
+		}
+		for xi := range 16 {
+			tensor.Gemm(false, true, l.Out, g.C, P, 1, l.wm[xi*sm:], P, v[xi*sv:], P, 1, l.wdu[xi*l.Out*g.C:], g.C)
+		}
+		if l.SkipInputGrad {
+			continue
+		}
+		for xi := range 16 {
+			tensor.Gemm(true, false, g.C, P, l.Out, 1, l.wu[xi*l.Out*g.C:], g.C, l.wm[xi*sm:], P, 0, l.wdv[xi*sv:], P)
+		}
+		tensor.WinogradInputGrad(l.dx[n0*in:(n0+b)*in], l.wdv, sv, g, b)
+	}
+	tensor.WinogradFilterGrad(l.DW, l.wdu, l.Out, g.C)
+	if l.SkipInputGrad {
+		return nil
+	}
+	return l.dx
 }

@@ -45,6 +45,55 @@ var convCases = []struct {
 	{geom(2, 3, 3, 5, 1, 1), 1, true},
 	{geom(3, 7, 7, 1, 2, 0), 4, false},
 	{tensor.ConvGeom{C: 2, H: 6, W: 5, KH: 3, KW: 2, StrideH: 2, StrideW: 3, PadH: 1, PadW: 2}, 3, true},
+	// Winograd F(2×2,3×3) (C ≥ winogradMinC): odd and even outputs, padding 0 to 2
+	{geom(4, 5, 5, 3, 1, 1), 3, true},
+	{geom(5, 6, 7, 3, 1, 0), 2, false},
+	{geom(4, 3, 4, 3, 1, 2), 2, true},
+}
+
+// TestConv2DWinogradMatchesIm2col runs the Winograd path with one sample
+// per block, with and without the kept input transforms, against the
+// im2col path on the same weights: outputs, dx, dW and db, with and
+// without the fused ReLU.
+func TestConv2DWinogradMatchesIm2col(t *testing.T) {
+	defer func(b, k int) { winogradBlockTiles, winogradKeepMax = b, k }(winogradBlockTiles, winogradKeepMax)
+	forEachBackend(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(2, 3))
+		for _, c := range convCases {
+			if !c.g.WinogradOK() || c.g.C < winogradMinC {
+				continue
+			}
+			for _, keep := range []int{0, keepColsMax} {
+				for _, relu := range []bool{false, true} {
+					winogradBlockTiles, winogradKeepMax = 1, keep
+					fast := newBoundConv(c.g, c.out, c.bias, r)
+					fast.ReLU = relu
+					if !fast.wino {
+						t.Fatalf("%+v: not on the Winograd path", c.g)
+					}
+					slow := newBoundConv(c.g, c.out, c.bias, r)
+					copy(slow.W, fast.W)
+					copy(slow.B, fast.B)
+					slow.ReLU, slow.wino = relu, false
+					const batch = 3
+					x := randn(r, batch*c.g.C*c.g.H*c.g.W)
+					dy := randn(r, batch*fast.OutSize())
+					yf, ys := fast.Forward(x, batch, true), slow.Forward(x, batch, true)
+					dxf, dxs := fast.Backward(dy), slow.Backward(dy)
+					for _, p := range []struct {
+						name string
+						a, b []float32
+					}{{"y", yf, ys}, {"dx", dxf, dxs}, {"dW", fast.DW, slow.DW}, {"db", fast.DB, slow.DB}} {
+						for i := range p.b {
+							if math.Abs(float64(p.a[i]-p.b[i])) > 1e-5*(1+math.Abs(float64(p.b[i]))) {
+								t.Fatalf("%+v keep %d relu %v: Winograd %s[%d] = %v, im2col %v", c.g, keep, relu, p.name, i, p.a[i], p.b[i])
+							}
+						}
+					}
+				}
+			}
+		}
+	})
 }
 
 func TestConv2DGradient(t *testing.T) {
@@ -429,6 +478,13 @@ func BenchmarkLayers(b *testing.B) {
 	}
 	g := geom(32, 26, 26, 3, 1, 0)
 	run("conv32x26x26-64", newBoundConv(g, 64, true, r), 32*26*26)
+	im2col := newBoundConv(g, 64, true, r)
+	im2col.wino = false
+	run("conv32x26x26-64-im2col", im2col, 32*26*26)
+	g = geom(1, 28, 28, 3, 1, 0)
+	conv1 := newBoundConv(g, 32, true, r)
+	conv1.ReLU, conv1.SkipInputGrad = true, true
+	run("conv1x28x28-32relu", conv1, 28*28)
 	g = geom(1, 28, 28, 5, 1, 2)
 	run("conv1x28x28-6pad2", newBoundConv(g, 6, true, r), 28*28)
 	run("maxpool64x24x24", NewMaxPool2D(PoolGeom{C: 64, H: 24, W: 24, K: 2, Stride: 2}), 64*24*24)

@@ -1,0 +1,464 @@
+package tensor
+
+import "fmt"
+
+// Winograd F(2×2, 3×3) for 3×3 stride-1 convolutions (Lavin & Gray 2015,
+// "Fast Algorithms for Convolutional Neural Networks"). The output is cut
+// into 2×2 tiles; tile p reads the 4×4 input patch at (2·ty − PadH,
+// 2·tx − PadW) and
+//
+//	y_tile = Aᵀ [ Σ_c (G w_{o,c} Gᵀ) ⊙ (Bᵀ d_{c,p} B) ] A,
+//
+// so a convolution becomes 16 independent GEMMs, one per point ξ of the
+// 4×4 transformed tile: M[ξ] (Out, P) = U[ξ] (Out, C) · V[ξ] (C, P), with
+// 2.25× fewer multiplications than im2col + GEMM. The transforms use only
+// additions and halvings, so float32 results stay within a few ulps of the
+// direct sum.
+//
+// Layouts: U is (16, Out, C), V is (16, C, P), M is (16, Out, P), all
+// row-major; V and M may have a point stride (the distance between the
+// matrices of consecutive points) larger than their matrices, see
+// WinogradStride. P = batch·TilesH·TilesW is the number of tiles, and
+// tile p = (n·TilesH + ty)·TilesW + tx. The backward pass uses the adjoints: dM = A·dy·Aᵀ
+// (WinogradOutputGrad), dU[ξ] = dM[ξ]·V[ξ]ᵀ then dw = Gᵀ·dU·G
+// (WinogradFilterGrad), dV[ξ] = U[ξ]ᵀ·dM[ξ] then dx += B·dV·Bᵀ
+// (WinogradInputGrad).
+
+// WinogradPoints is the number of points (and GEMMs) of F(2×2, 3×3).
+const WinogradPoints = 16
+
+// WinogradOK reports whether g is a convolution F(2×2, 3×3) computes: a
+// 3×3 kernel with stride 1 (any padding).
+func (g ConvGeom) WinogradOK() bool {
+	return g.KH == 3 && g.KW == 3 && g.StrideH == 1 && g.StrideW == 1
+}
+
+// WinogradTiles is the grid of 2×2 output tiles: ⌈OutH/2⌉ × ⌈OutW/2⌉.
+func (g ConvGeom) WinogradTiles() (th, tw int) {
+	return (g.OutH() + 1) / 2, (g.OutW() + 1) / 2
+}
+
+func (g ConvGeom) checkWinograd(op string) {
+	g.check(op)
+	if !g.WinogradOK() {
+		panic(fmt.Sprintf("tensor: %s: Winograd F(2×2,3×3) needs a 3×3 kernel with stride 1, got %+v", op, g))
+	}
+}
+
+// WinogradStride is the distance between the point matrices of a (16, n)
+// transformed tensor whose matrices hold n values each: n rounded up to a
+// cache line, plus one line when that is a multiple of 4 KiB. The
+// transforms touch all 16 matrices per tile; 16 streams 4 KiB apart would
+// all fall in one L1 set and evict each other (measured 3–5× slower).
+func WinogradStride(n int) int {
+	s := (n + 15) &^ 15
+	if s%1024 == 0 {
+		s += 16
+	}
+	return s
+}
+
+// checkPoints panics unless x holds 16 matrices of n values at stride s.
+func checkPoints(op, what string, x []float32, s, n int) {
+	if s < n || len(x) < 15*s+n {
+		panic(fmt.Sprintf("tensor: %s: len(%s)=%d with point stride %d cannot hold 16 matrices of %d values", op, what, len(x), s, n))
+	}
+}
+
+func checkLen(op, what string, x []float32, want int) {
+	if len(x) != want {
+		panic(fmt.Sprintf("tensor: %s: len(%s)=%d, want %d", op, what, len(x), want))
+	}
+}
+
+// WinogradFilter sets u (16, out, C) to G·w·Gᵀ for every (o, c), where w
+// is (out, C, 3, 3) in PyTorch's layout.
+func WinogradFilter(u, w []float32, out, c int) {
+	checkLen("WinogradFilter", "w", w, out*c*9)
+	checkLen("WinogradFilter", "u", u, 16*out*c)
+	s := out * c
+	for i := range s {
+		g := w[i*9 : i*9+9 : i*9+9]
+		// rows: h = G·g (4×3)
+		var h [12]float32
+		for j := range 3 {
+			g0, g1, g2 := g[j], g[3+j], g[6+j]
+			h[j] = g0
+			h[3+j] = 0.5 * (g0 + g1 + g2)
+			h[6+j] = 0.5 * (g0 - g1 + g2)
+			h[9+j] = g2
+		}
+		// columns: U = h·Gᵀ (4×4)
+		for k := range 4 {
+			h0, h1, h2 := h[3*k], h[3*k+1], h[3*k+2]
+			u[(4*k)*s+i] = h0
+			u[(4*k+1)*s+i] = 0.5 * (h0 + h1 + h2)
+			u[(4*k+2)*s+i] = 0.5 * (h0 - h1 + h2)
+			u[(4*k+3)*s+i] = h2
+		}
+	}
+}
+
+// WinogradFilterGrad adds Gᵀ·du·G into dw (out, C, 3, 3) for every (o, c):
+// the adjoint of WinogradFilter, with du (16, out, C).
+func WinogradFilterGrad(dw, du []float32, out, c int) {
+	checkLen("WinogradFilterGrad", "dw", dw, out*c*9)
+	checkLen("WinogradFilterGrad", "du", du, 16*out*c)
+	s := out * c
+	for i := range s {
+		var d [16]float32
+		for x := range 16 {
+			d[x] = du[x*s+i]
+		}
+		// rows: e = Gᵀ·d (3×4)
+		var e [12]float32
+		for l := range 4 {
+			d0, d1, d2, d3 := d[l], d[4+l], d[8+l], d[12+l]
+			e[l] = d0 + 0.5*(d1+d2)
+			e[4+l] = 0.5 * (d1 - d2)
+			e[8+l] = 0.5*(d1+d2) + d3
+		}
+		// columns: dg = e·G (3×3)
+		g := dw[i*9 : i*9+9 : i*9+9]
+		for k := range 3 {
+			e0, e1, e2, e3 := e[4*k], e[4*k+1], e[4*k+2], e[4*k+3]
+			g[3*k] += e0 + 0.5*(e1+e2)
+			g[3*k+1] += 0.5 * (e1 - e2)
+			g[3*k+2] += 0.5*(e1+e2) + e3
+		}
+	}
+}
+
+// WinogradInput sets v (16, C, P) to Bᵀ·d·B for every channel c and tile
+// p of the batch x (batch, C, H, W); input outside the image (padding, or
+// past the edge for odd output sizes) reads as 0.
+func WinogradInput(v []float32, s int, x []float32, g ConvGeom, batch int) {
+	g.checkWinograd("WinogradInput")
+	th, tw := g.WinogradTiles()
+	plane := g.H * g.W
+	checkLen("WinogradInput", "x", x, batch*g.C*plane)
+	pn := th * tw
+	P := batch * pn
+	checkPoints("WinogradInput", "v", v, s, g.C*P)
+	var t [4][stripMax]float32 // the strip's rows after the row pass
+	for n := range batch {
+		for c := range g.C {
+			img := x[(n*g.C+c)*plane : (n*g.C+c+1)*plane]
+			for ty := range th {
+				iy := 2*ty - g.PadH
+				o := c*P + n*pn + ty*tw // tile (ty, 0)
+				if iy < 0 || iy+4 > g.H || g.W > stripMax {
+					for tx := range tw {
+						d := g.edgePatch(img, iy, 2*tx-g.PadW)
+						inputTransform(v[o+tx:o+tx+15*s+1], s, &d)
+					}
+					continue
+				}
+				// Row pass once per column of the 4-row strip (neighbouring
+				// tiles share two columns), then the column pass per tile.
+				r0 := img[iy*g.W : (iy+1)*g.W]
+				r1 := img[(iy+1)*g.W : (iy+2)*g.W]
+				r2 := img[(iy+2)*g.W : (iy+3)*g.W]
+				r3 := img[(iy+3)*g.W : (iy+4)*g.W]
+				t0, t1, t2, t3 := t[0][:g.W], t[1][:g.W], t[2][:g.W], t[3][:g.W]
+				for j := range r0 {
+					a, b, c, d := r0[j], r1[j], r2[j], r3[j]
+					t0[j], t1[j], t2[j], t3[j] = a-c, b+c, c-b, b-d
+				}
+				for tx := range tw {
+					ix := 2*tx - g.PadW
+					if ix < 0 || ix+4 > g.W {
+						d := g.edgePatch(img, iy, ix)
+						inputTransform(v[o+tx:o+tx+15*s+1], s, &d)
+						continue
+					}
+					q := v[o+tx : o+tx+15*s+1]
+					a, b, c, d := t0[ix], t0[ix+1], t0[ix+2], t0[ix+3]
+					q[0], q[s], q[2*s], q[3*s] = a-c, b+c, c-b, b-d
+					a, b, c, d = t1[ix], t1[ix+1], t1[ix+2], t1[ix+3]
+					q[4*s], q[5*s], q[6*s], q[7*s] = a-c, b+c, c-b, b-d
+					a, b, c, d = t2[ix], t2[ix+1], t2[ix+2], t2[ix+3]
+					q[8*s], q[9*s], q[10*s], q[11*s] = a-c, b+c, c-b, b-d
+					a, b, c, d = t3[ix], t3[ix+1], t3[ix+2], t3[ix+3]
+					q[15*s] = b - d
+					q[12*s], q[13*s], q[14*s] = a-c, b+c, c-b
+				}
+			}
+		}
+	}
+}
+
+// stripMax is the widest image the strip paths of the input transforms
+// handle (their row buffers live on the stack); wider ones go tile by tile.
+const stripMax = 256
+
+// edgePatch reads the 4×4 patch at (iy, ix) of one plane with zeros
+// outside it.
+func (g ConvGeom) edgePatch(img []float32, iy, ix int) (d [16]float32) {
+	for i := range 4 {
+		if y := iy + i; y >= 0 && y < g.H {
+			for j := range 4 {
+				if x := ix + j; x >= 0 && x < g.W {
+					d[4*i+j] = img[y*g.W+x]
+				}
+			}
+		}
+	}
+	return d
+}
+
+// inputTransform writes Bᵀ·d·B to v[ξ·s] for ξ = 0..15, where
+// Bᵀ = [1 0 −1 0; 0 1 1 0; 0 −1 1 0; 0 1 0 −1].
+func inputTransform(v []float32, s int, d *[16]float32) {
+	// rows
+	t00, t01, t02, t03 := d[0]-d[8], d[1]-d[9], d[2]-d[10], d[3]-d[11]
+	t10, t11, t12, t13 := d[4]+d[8], d[5]+d[9], d[6]+d[10], d[7]+d[11]
+	t20, t21, t22, t23 := d[8]-d[4], d[9]-d[5], d[10]-d[6], d[11]-d[7]
+	t30, t31, t32, t33 := d[4]-d[12], d[5]-d[13], d[6]-d[14], d[7]-d[15]
+	// columns
+	v[15*s] = t31 - t33
+	v[0] = t00 - t02
+	v[s] = t01 + t02
+	v[2*s] = t02 - t01
+	v[3*s] = t01 - t03
+	v[4*s] = t10 - t12
+	v[5*s] = t11 + t12
+	v[6*s] = t12 - t11
+	v[7*s] = t11 - t13
+	v[8*s] = t20 - t22
+	v[9*s] = t21 + t22
+	v[10*s] = t22 - t21
+	v[11*s] = t21 - t23
+	v[12*s] = t30 - t32
+	v[13*s] = t31 + t32
+	v[14*s] = t32 - t31
+}
+
+// WinogradInputGrad adds B·dv·Bᵀ of every channel and tile into dx
+// (batch, C, H, W): the adjoint of WinogradInput, with dv (16, C, P).
+// Contributions that fall outside the image are dropped.
+func WinogradInputGrad(dx, dv []float32, s int, g ConvGeom, batch int) {
+	g.checkWinograd("WinogradInputGrad")
+	th, tw := g.WinogradTiles()
+	plane := g.H * g.W
+	checkLen("WinogradInputGrad", "dx", dx, batch*g.C*plane)
+	pn := th * tw
+	P := batch * pn
+	checkPoints("WinogradInputGrad", "dv", dv, s, g.C*P)
+	var t [4][stripMax]float32 // the strip's gradient before the row pass's adjoint
+	for n := range batch {
+		for c := range g.C {
+			img := dx[(n*g.C+c)*plane : (n*g.C+c+1)*plane]
+			for ty := range th {
+				iy := 2*ty - g.PadH
+				o := c*P + n*pn + ty*tw // tile (ty, 0)
+				strip := iy >= 0 && iy+4 <= g.H && g.W <= stripMax
+				t0, t1, t2, t3 := t[0][:g.W], t[1][:g.W], t[2][:g.W], t[3][:g.W]
+				if strip {
+					clear(t0)
+					clear(t1)
+					clear(t2)
+					clear(t3)
+				}
+				for tx := range tw {
+					ix := 2*tx - g.PadW
+					q := dv[o+tx : o+tx+15*s+1]
+					if !strip || ix < 0 || ix+4 > g.W {
+						d := inputTransformT(q, s)
+						g.addEdgePatch(img, iy, ix, &d)
+						continue
+					}
+					// adjoint of the column pass, per row of the tile
+					v15 := q[15*s]
+					a, b, c, d := q[0], q[s], q[2*s], q[3*s]
+					t0[ix] += a
+					t0[ix+1] += b - c + d
+					t0[ix+2] += b + c - a
+					t0[ix+3] -= d
+					a, b, c, d = q[4*s], q[5*s], q[6*s], q[7*s]
+					t1[ix] += a
+					t1[ix+1] += b - c + d
+					t1[ix+2] += b + c - a
+					t1[ix+3] -= d
+					a, b, c, d = q[8*s], q[9*s], q[10*s], q[11*s]
+					t2[ix] += a
+					t2[ix+1] += b - c + d
+					t2[ix+2] += b + c - a
+					t2[ix+3] -= d
+					a, b, c, d = q[12*s], q[13*s], q[14*s], v15
+					t3[ix] += a
+					t3[ix+1] += b - c + d
+					t3[ix+2] += b + c - a
+					t3[ix+3] -= d
+				}
+				if !strip {
+					continue
+				}
+				// adjoint of the row pass, once per column
+				r0 := img[iy*g.W : (iy+1)*g.W]
+				r1 := img[(iy+1)*g.W : (iy+2)*g.W]
+				r2 := img[(iy+2)*g.W : (iy+3)*g.W]
+				r3 := img[(iy+3)*g.W : (iy+4)*g.W]
+				for j := range r0 {
+					a, b, c, d := t0[j], t1[j], t2[j], t3[j]
+					r0[j] += a
+					r1[j] += b - c + d
+					r2[j] += b + c - a
+					r3[j] -= d
+				}
+			}
+		}
+	}
+}
+
+// addEdgePatch adds the 4×4 patch d at (iy, ix) into one plane, dropping
+// what falls outside it.
+func (g ConvGeom) addEdgePatch(img []float32, iy, ix int, d *[16]float32) {
+	for i := range 4 {
+		if y := iy + i; y >= 0 && y < g.H {
+			for j := range 4 {
+				if x := ix + j; x >= 0 && x < g.W {
+					img[y*g.W+x] += d[4*i+j]
+				}
+			}
+		}
+	}
+}
+
+// inputTransformT returns B·dv·Bᵀ for the 4×4 tile at dv[ξ·s].
+func inputTransformT(dv []float32, s int) (d [16]float32) {
+	v15 := dv[15*s]
+	v0, v1, v2, v3 := dv[0], dv[s], dv[2*s], dv[3*s]
+	v4, v5, v6, v7 := dv[4*s], dv[5*s], dv[6*s], dv[7*s]
+	v8, v9, v10, v11 := dv[8*s], dv[9*s], dv[10*s], dv[11*s]
+	v12, v13, v14 := dv[12*s], dv[13*s], dv[14*s]
+	// rows: u = B·dv, B = [1 0 0 0; 0 1 −1 1; −1 1 1 0; 0 0 0 −1]
+	u00, u01, u02, u03 := v0, v1, v2, v3
+	u10, u11, u12, u13 := v4-v8+v12, v5-v9+v13, v6-v10+v14, v7-v11+v15
+	u20, u21, u22, u23 := v4+v8-v0, v5+v9-v1, v6+v10-v2, v7+v11-v3
+	u30, u31, u32, u33 := -v12, -v13, -v14, -v15
+	// columns: d = u·Bᵀ
+	return [16]float32{
+		u00, u01 - u02 + u03, u01 + u02 - u00, -u03,
+		u10, u11 - u12 + u13, u11 + u12 - u10, -u13,
+		u20, u21 - u22 + u23, u21 + u22 - u20, -u23,
+		u30, u31 - u32 + u33, u31 + u32 - u30, -u33,
+	}
+}
+
+// WinogradOutput sets y (batch, out, OutH, OutW) to Aᵀ·m·A + bias[o] for
+// every output channel and tile, then to max(0, ·) when relu is set; m is
+// (16, out, P) and bias (out) or nil. Aᵀ = [1 1 1 0; 0 1 −1 −1]. Tile
+// outputs past OutH or OutW (odd sizes) are dropped.
+func WinogradOutput(y, m []float32, s int, bias []float32, g ConvGeom, out, batch int, relu bool) {
+	g.checkWinograd("WinogradOutput")
+	th, tw := g.WinogradTiles()
+	oh, ow := g.OutH(), g.OutW()
+	plane := oh * ow
+	checkLen("WinogradOutput", "y", y, batch*out*plane)
+	pn := th * tw
+	P := batch * pn
+	checkPoints("WinogradOutput", "m", m, s, out*P)
+	if bias != nil {
+		checkLen("WinogradOutput", "bias", bias, out)
+	}
+	for n := range batch {
+		for o := range out {
+			var b float32
+			if bias != nil {
+				b = bias[o]
+			}
+			img := y[(n*out+o)*plane : (n*out+o+1)*plane]
+			for ty := range th {
+				for tx := range tw {
+					i := o*P + (n*pn + ty*tw + tx)
+					q := m[i : i+15*s+1]
+					m15 := q[15*s]
+					m0, m1, m2, m3 := q[0], q[s], q[2*s], q[3*s]
+					m4, m5, m6, m7 := q[4*s], q[5*s], q[6*s], q[7*s]
+					m8, m9, m10, m11 := q[8*s], q[9*s], q[10*s], q[11*s]
+					m12, m13, m14 := q[12*s], q[13*s], q[14*s]
+					r00, r01, r02, r03 := m0+m4+m8, m1+m5+m9, m2+m6+m10, m3+m7+m11
+					r10, r11, r12, r13 := m4-m8-m12, m5-m9-m13, m6-m10-m14, m7-m11-m15
+					y00 := r00 + r01 + r02 + b
+					y01 := r01 - r02 - r03 + b
+					y10 := r10 + r11 + r12 + b
+					y11 := r11 - r12 - r13 + b
+					if relu {
+						y00, y01, y10, y11 = max(y00, 0), max(y01, 0), max(y10, 0), max(y11, 0)
+					}
+					yy, xx := 2*ty, 2*tx
+					if yy+2 <= oh && xx+2 <= ow {
+						r := img[yy*ow+xx:]
+						r0, r1 := r[0:2:2], r[ow:ow+2:ow+2]
+						r0[0], r0[1], r1[0], r1[1] = y00, y01, y10, y11
+						continue
+					}
+					img[yy*ow+xx] = y00
+					if xx+1 < ow {
+						img[yy*ow+xx+1] = y01
+					}
+					if yy+1 < oh {
+						img[(yy+1)*ow+xx] = y10
+						if xx+1 < ow {
+							img[(yy+1)*ow+xx+1] = y11
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// WinogradOutputGrad sets dm (16, out, P) to A·dy·Aᵀ for every output
+// channel and tile of dy (batch, out, OutH, OutW): the adjoint of
+// WinogradOutput's linear part (without bias and ReLU). Tile positions
+// past OutH or OutW read as 0.
+func WinogradOutputGrad(dm []float32, s int, dy []float32, g ConvGeom, out, batch int) {
+	g.checkWinograd("WinogradOutputGrad")
+	th, tw := g.WinogradTiles()
+	oh, ow := g.OutH(), g.OutW()
+	plane := oh * ow
+	checkLen("WinogradOutputGrad", "dy", dy, batch*out*plane)
+	pn := th * tw
+	P := batch * pn
+	checkPoints("WinogradOutputGrad", "dm", dm, s, out*P)
+	for n := range batch {
+		for o := range out {
+			img := dy[(n*out+o)*plane : (n*out+o+1)*plane]
+			for ty := range th {
+				for tx := range tw {
+					yy, xx := 2*ty, 2*tx
+					var g00, g01, g10, g11 float32
+					if yy+2 <= oh && xx+2 <= ow {
+						r := img[yy*ow+xx:]
+						r0, r1 := r[0:2:2], r[ow:ow+2:ow+2]
+						g00, g01, g10, g11 = r0[0], r0[1], r1[0], r1[1]
+					} else {
+						g00 = img[yy*ow+xx]
+						if xx+1 < ow {
+							g01 = img[yy*ow+xx+1]
+						}
+						if yy+1 < oh {
+							g10 = img[(yy+1)*ow+xx]
+							if xx+1 < ow {
+								g11 = img[(yy+1)*ow+xx+1]
+							}
+						}
+					}
+					// rows: s = A·g, A = [1 0; 1 1; 1 −1; 0 −1]
+					s10, s11 := g00+g10, g01+g11
+					s20, s21 := g00-g10, g01-g11
+					i := o*P + (n*pn + ty*tw + tx)
+					q := dm[i : i+15*s+1]
+					// columns: dm = s·Aᵀ
+					q[15*s] = g11
+					q[0], q[s], q[2*s], q[3*s] = g00, g00+g01, g00-g01, -g01
+					q[4*s], q[5*s], q[6*s], q[7*s] = s10, s10+s11, s10-s11, -s11
+					q[8*s], q[9*s], q[10*s], q[11*s] = s20, s20+s21, s20-s21, -s21
+					q[12*s], q[13*s], q[14*s] = -g10, -g10-g11, g11-g10
+				}
+			}
+		}
+	}
+}

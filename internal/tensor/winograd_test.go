@@ -1,0 +1,172 @@
+package tensor
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// winogradGeoms are 3×3 stride-1 boundary cases: the smallest image, odd
+// and even output sizes (partial tiles), padding 0, 1 and 2 (tiles that
+// read only padding), and the cnn's conv2.
+func winogradGeoms() []ConvGeom {
+	w := func(c, h, wd, pad int) ConvGeom {
+		return ConvGeom{C: c, H: h, W: wd, KH: 3, KW: 3, StrideH: 1, StrideW: 1, PadH: pad, PadW: pad}
+	}
+	return []ConvGeom{
+		w(1, 3, 3, 0), w(1, 4, 4, 0), w(2, 5, 4, 0), w(3, 4, 7, 0), w(1, 1, 1, 1), w(2, 2, 3, 1),
+		w(2, 5, 5, 1), w(3, 6, 7, 1), w(1, 3, 4, 2), w(2, 7, 8, 2), w(32, 26, 26, 0),
+		{C: 2, H: 5, W: 6, KH: 3, KW: 3, StrideH: 1, StrideW: 1, PadH: 0, PadW: 1},
+	}
+}
+
+// winogradConv is the whole forward pass the models use: filter and input
+// transforms, 16 GEMMs, output transform.
+func winogradConv(w, b, x []float32, out, batch int, g ConvGeom, relu bool) []float32 {
+	th, tw := g.WinogradTiles()
+	P := batch * th * tw
+	u := make([]float32, 16*out*g.C)
+	sv, sm := WinogradStride(g.C*P), WinogradStride(out*P)
+	v := make([]float32, 16*sv)
+	m := make([]float32, 16*sm)
+	WinogradFilter(u, w, out, g.C)
+	WinogradInput(v, sv, x, g, batch)
+	for xi := range 16 {
+		Gemm(false, false, out, P, g.C, 1, u[xi*out*g.C:], g.C, v[xi*sv:], P, 0, m[xi*sm:], P)
+	}
+	y := make([]float32, batch*out*g.OutH()*g.OutW())
+	for i := range y {
+		y[i] = float32(math.NaN()) // every element must be written
+	}
+	WinogradOutput(y, m, sm, b, g, out, batch, relu)
+	return y
+}
+
+func TestWinogradMatchesNaive(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 3))
+	for _, be := range backends(t) {
+		withBackend(t, be, func() {
+			for _, g := range winogradGeoms() {
+				for _, out := range []int{1, 3} {
+					for _, batch := range []int{1, 2} {
+						w := randSlice(r, out*g.C*9)
+						b := randSlice(r, out)
+						x := randSlice(r, batch*g.C*g.H*g.W)
+						for _, relu := range []bool{false, true} {
+							got := winogradConv(w, b, x, out, batch, g, relu)
+							in, plane := g.C*g.H*g.W, out*g.OutH()*g.OutW()
+							for n := range batch {
+								want := naiveConv(w, x[n*in:(n+1)*in], out, g)
+								for i, v := range want {
+									v += float64(b[i/(g.OutH()*g.OutW())])
+									if relu {
+										v = max(v, 0)
+									}
+									if d := math.Abs(float64(got[n*plane+i]) - v); !(d <= 1e-5*(1+math.Abs(v))*float64(g.C)) {
+										t.Fatalf("%s %+v out %d batch %d relu %v: y[%d,%d]=%v, want %v", be, g, out, batch, relu, n, i, got[n*plane+i], v)
+									}
+								}
+							}
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// dot is Σ a·b in float64.
+func dot(a, b []float32) float64 {
+	var s float64
+	for i := range a {
+		s += float64(a[i]) * float64(b[i])
+	}
+	return s
+}
+
+// checkAdjoint checks ⟨F x, y⟩ = ⟨x, Fᵀ y⟩ for random x and y.
+func checkAdjoint(t *testing.T, name string, nx, ny int, f, ft func(dst, src []float32), r *rand.Rand) {
+	t.Helper()
+	x, y := randSlice(r, nx), randSlice(r, ny)
+	fx := make([]float32, ny)
+	f(fx, x)
+	fty := randSlice(r, nx) // the adjoints accumulate: start from noise and subtract it
+	base := append([]float32(nil), fty...)
+	ft(fty, y)
+	for i := range fty {
+		fty[i] -= base[i]
+	}
+	a, b := dot(fx, y), dot(x, fty)
+	if math.Abs(a-b) > 1e-4*(1+math.Abs(a)) {
+		t.Fatalf("%s: ⟨F x, y⟩ = %v but ⟨x, Fᵀ y⟩ = %v", name, a, b)
+	}
+}
+
+// TestWinogradAdjoints: each backward kernel is the exact transpose of its
+// forward kernel, so the layer's gradients are those of its forward pass.
+func TestWinogradAdjoints(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 4))
+	for _, g := range winogradGeoms() {
+		const out, batch = 3, 2
+		th, tw := g.WinogradTiles()
+		P := batch * th * tw
+		name := fmt.Sprintf("%+v", g)
+		checkAdjoint(t, "filter "+name, out*g.C*9, 16*out*g.C,
+			func(u, w []float32) { WinogradFilter(u, w, out, g.C) },
+			func(dw, du []float32) { WinogradFilterGrad(dw, du, out, g.C) }, r)
+		// exact point strides: every value of the transformed tensor is used
+		checkAdjoint(t, "input "+name, batch*g.C*g.H*g.W, 16*g.C*P,
+			func(v, x []float32) { WinogradInput(v, g.C*P, x, g, batch) },
+			func(dx, dv []float32) { WinogradInputGrad(dx, dv, g.C*P, g, batch) }, r)
+		ny := batch * out * g.OutH() * g.OutW()
+		// the output transform overwrites: its adjoint is checked with a
+		// zero start by wrapping it
+		checkAdjoint(t, "output "+name, 16*out*P, ny,
+			func(y, m []float32) { WinogradOutput(y, m, out*P, nil, g, out, batch, false) },
+			func(dm, dy []float32) {
+				tmp := make([]float32, len(dm))
+				WinogradOutputGrad(tmp, out*P, dy, g, out, batch)
+				for i := range dm {
+					dm[i] += tmp[i]
+				}
+			}, r)
+	}
+}
+
+func BenchmarkWinograd(b *testing.B) {
+	g := ConvGeom{C: 32, H: 26, W: 26, KH: 3, KW: 3, StrideH: 1, StrideW: 1}
+	const out, batch = 64, 2 // one block of the cnn's batch; ×32 for a batch of 64
+	th, tw := g.WinogradTiles()
+	P := batch * th * tw
+	r := rand.New(rand.NewPCG(1, 1))
+	x := randSlice(r, batch*g.C*g.H*g.W)
+	sv, sm := WinogradStride(g.C*P), WinogradStride(out*P)
+	v := make([]float32, 16*sv)
+	m := randSlice(r, 16*sm)
+	y := make([]float32, batch*out*g.OutH()*g.OutW())
+	b.Run("input", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			WinogradInput(v, sv, x, g, batch)
+		}
+	})
+	b.Run("inputgrad", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			WinogradInputGrad(x, v, sv, g, batch)
+		}
+	})
+	b.Run("output", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			WinogradOutput(y, m, sm, nil, g, out, batch, false)
+		}
+	})
+	b.Run("outputgrad", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			WinogradOutputGrad(m, sm, y, g, out, batch)
+		}
+	})
+}
