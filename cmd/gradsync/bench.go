@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -25,9 +26,12 @@ func newBenchCmd(g *globals) *cobra.Command {
 // `bench allreduce` runs.
 const allReduceChild = "allreduce-rank"
 
+// cpuProfileEnv passes --cpuprofile's prefix to the rank processes.
+const cpuProfileEnv = "GRADSYNC_BENCH_CPUPROFILE"
+
 func newBenchAllReduceCmd(g *globals) *cobra.Command {
 	var o allreducebench.ParentOptions
-	var sizes string
+	var sizes, cpuProfile string
 	c := &cobra.Command{
 		Use:   "allreduce",
 		Short: "Ring all-reduce bandwidth over gRPC between N processes on loopback (nccl-tests columns)",
@@ -44,6 +48,9 @@ func newBenchAllReduceCmd(g *globals) *cobra.Command {
 				return err
 			}
 			o.Stderr = c.ErrOrStderr()
+			if cpuProfile != "" {
+				o.Env = append(o.Env, cpuProfileEnv+"="+cpuProfile)
+			}
 			rs, err := allreducebench.RunParent(c.Context(), o, exe, func(rank int, peers []string) []string {
 				return append([]string{"bench", allReduceChild}, allreducebench.ChildArgs(o.Options, rank, peers)...)
 			})
@@ -62,6 +69,10 @@ func newBenchAllReduceCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.Transport, "transport", allreducebench.TransportGRPC, "grpc (separate processes, TCP on loopback) or mem")
 	f.IntVar(&o.Reps, "reps", 15, "timed repetitions per size (the median is reported)")
 	f.IntVar(&o.Warmup, "warmup", 3, "untimed repetitions first")
+	f.IntVar(&o.FrameElems, "frame-elems", 0, "float32 values per ring frame (0: the collectives' default, 1 MiB of data)")
+	f.IntVar(&o.InboxFrames, "inbox-frames", 0, "grpc: frames a rank may hold received but not yet reduced (0: ringrpc's default)")
+	f.IntVar(&o.OutboxFrames, "outbox-frames", 0, "grpc: frames a rank may have queued for sending (0: ringrpc's default)")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "grpc: write each rank's CPU profile to this `prefix` followed by the rank and .pprof")
 	return c
 }
 
@@ -74,6 +85,17 @@ func newBenchAllReduceChildCmd() *cobra.Command {
 			co, err := allreducebench.ParseChildArgs(args)
 			if err != nil {
 				return err
+			}
+			if prefix := os.Getenv(cpuProfileEnv); prefix != "" {
+				f, err := os.Create(fmt.Sprintf("%s%d.pprof", prefix, co.Rank))
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
 			}
 			return allreducebench.RunChild(c.Context(), co)
 		},
