@@ -31,6 +31,24 @@ type Ring interface {
 	RecvLeft(ctx context.Context) (Frame, error)
 }
 
+// A ReducingRing is a Ring that can combine a received frame's data into
+// the collective's buffer itself. The gRPC ring sums straight from its
+// receive buffers this way instead of first copying the data into a
+// []float32 that the collective then adds. The collectives use it when a
+// Ring implements it, and RecvLeft otherwise.
+type ReducingRing interface {
+	Ring
+	// RecvLeftInto receives the next frame as RecvLeft does and calls
+	// accept with its tags (f.Data is nil) and the number n of float32
+	// values it carries. If accept returns an error, RecvLeftInto returns
+	// it and leaves dst alone. Otherwise n == len(dst) (accept checks it)
+	// and the values are combined into dst in index order: dst[i] += v[i]
+	// if add, dst[i] = v[i] otherwise, with float32 arithmetic exactly as
+	// the plain loop does it, so results are bit-identical to RecvLeft's.
+	// Errors other than accept's follow RecvLeft's contract.
+	RecvLeftInto(ctx context.Context, dst []float32, add bool, accept func(f Frame, n int) error) error
+}
+
 // OpKind names the collective a frame belongs to.
 type OpKind uint8
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+
+	"github.com/gradsync/gradsync/internal/fsum"
 )
 
 // AllReduce sums buf element-wise over all ranks of r, in place. On success
@@ -52,15 +54,9 @@ func (p *pipe) allReduce(buf []float32) error {
 		phase := phaseOf(g)
 		off, size := segment(len(buf), n, c)
 		for o, m := range subchunks(off, size, p.frameElems) {
-			data, err := p.recv(phase, uint32(c), o, m)
-			if err != nil {
-				return err
-			}
 			dst := buf[o : o+m]
-			if phase == PhaseReduceScatter {
-				add(dst, data)
-			} else {
-				copy(dst, data)
+			if err := p.recvInto(phase, uint32(c), o, dst, phase == PhaseReduceScatter); err != nil {
+				return err
 			}
 			if g+1 < steps {
 				p.send(phaseOf(g+1), uint32(c), o, dst)
@@ -99,11 +95,9 @@ func (p *pipe) allGather(dst []float32, k int) error {
 	for g := range n - 1 {
 		c := mod(rank-g-1, n)
 		for o, m := range subchunks(c*k, k, p.frameElems) {
-			data, err := p.recv(PhaseGather, uint32(c), o, m)
-			if err != nil {
+			if err := p.recvInto(PhaseGather, uint32(c), o, dst[o:o+m], false); err != nil {
 				return err
 			}
-			copy(dst[o:o+m], data)
 			if g+1 < n-1 {
 				p.send(PhaseGather, uint32(c), o, dst[o:o+m])
 			}
@@ -140,11 +134,9 @@ func Broadcast(ctx context.Context, r Ring, buf []float32, root int, step int64,
 func (p *pipe) broadcast(buf []float32, root, dist int) error {
 	for o, m := range subchunks(0, len(buf), p.frameElems) {
 		if dist > 0 {
-			data, err := p.recv(PhaseGather, uint32(root), o, m)
-			if err != nil {
+			if err := p.recvInto(PhaseGather, uint32(root), o, buf[o:o+m], false); err != nil {
 				return err
 			}
-			copy(buf[o:o+m], data)
 		}
 		if dist < p.n-1 {
 			p.send(PhaseGather, uint32(root), o, buf[o:o+m])
@@ -222,14 +214,6 @@ func nframes(size, limit int) int { return (size + limit - 1) / limit }
 
 func mod(a, n int) int { return ((a % n) + n) % n }
 
-// add sets dst[i] += src[i]; len(src) == len(dst).
-func add(dst, src []float32) {
-	src = src[:len(dst)]
-	for i, v := range src {
-		dst[i] += v
-	}
-}
-
 // pipe runs one collective call on one rank: the calling goroutine receives
 // from the left and does the arithmetic; a sender goroutine owned by the
 // call drains a queue of frames to the right. The queue holds every frame
@@ -297,14 +281,44 @@ func (p *pipe) recv(phase, chunk uint32, off, size int) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := p.check(f, len(f.Data), phase, chunk, off, size); err != nil {
+		return nil, err
+	}
+	return f.Data, nil
+}
+
+// recvInto receives the next frame, checks that it is exactly the one
+// expected (len(dst) values at offset off), and only then adds its data
+// to dst (add) or copies it there.
+func (p *pipe) recvInto(phase, chunk uint32, off int, dst []float32, add bool) error {
+	if rr, ok := p.ring.(ReducingRing); ok {
+		return rr.RecvLeftInto(p.ctx, dst, add, func(f Frame, n int) error {
+			return p.check(f, n, phase, chunk, off, len(dst))
+		})
+	}
+	data, err := p.recv(phase, chunk, off, len(dst))
+	if err != nil {
+		return err
+	}
+	if add {
+		fsum.Add(dst, data)
+	} else {
+		copy(dst, data)
+	}
+	return nil
+}
+
+// check reports an ErrUnexpectedFrame unless f, carrying n values, has
+// the tags of the frame expected next.
+func (p *pipe) check(f Frame, n int, phase, chunk uint32, off, size int) error {
 	want := p.hdr
 	want.Phase, want.Chunk, want.Offset = phase, chunk, off
 	if f.Generation != want.Generation || f.Op != want.Op || f.Step != want.Step ||
-		f.Phase != want.Phase || f.Chunk != want.Chunk || f.Offset != want.Offset || len(f.Data) != size {
-		return nil, fmt.Errorf("%w from rank %d: got %s, want %s",
-			ErrUnexpectedFrame, mod(p.rank-1, p.n), tags(f, len(f.Data)), tags(want, size))
+		f.Phase != want.Phase || f.Chunk != want.Chunk || f.Offset != want.Offset || n != size {
+		return fmt.Errorf("%w from rank %d: got %s, want %s",
+			ErrUnexpectedFrame, mod(p.rank-1, p.n), tags(f, n), tags(want, size))
 	}
-	return f.Data, nil
+	return nil
 }
 
 func tags(f Frame, size int) string {
