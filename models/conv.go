@@ -46,6 +46,7 @@ type Conv2D struct {
 	wv   []float32 // owned: transformed inputs V, one block of 16 matrices at stride sv per block of samples when kept, else one block
 	wm   []float32 // owned scratch: one block's products M, or their gradients dM (16 at stride sm)
 	wdv  []float32 // owned scratch: one block's dV
+	wt   []float32 // owned scratch: one block's 2×2 output tiles (4, Out, P)
 }
 
 // winogradMinC is the fewest input channels for which the Winograd path is
@@ -308,6 +309,7 @@ func (l *Conv2D) winoForward(x []float32, batch int) {
 		l.wv = grow(l.wv, 16*sv)
 	}
 	l.wm = grow(l.wm, 16*sm)
+	l.wt = grow(l.wt, 4*l.Out*nb*tiles)
 	for blk := range blocks {
 		n0 := blk * nb
 		b := min(nb, batch-n0)
@@ -320,7 +322,7 @@ func (l *Conv2D) winoForward(x []float32, batch int) {
 		for xi := range 16 {
 			tensor.Gemm(false, false, l.Out, P, g.C, 1, l.wu[xi*l.Out*g.C:], g.C, v[xi*sv:], P, 0, l.wm[xi*sm:], P)
 		}
-		tensor.WinogradOutput(l.y[n0*out:(n0+b)*out], l.wm, sm, l.B, g, l.Out, b, l.ReLU)
+		tensor.WinogradOutput(l.y[n0*out:(n0+b)*out], l.wt, l.wm, sm, l.B, g, l.Out, b, l.ReLU)
 	}
 }
 
@@ -356,7 +358,7 @@ func (l *Conv2D) winoBackward(dy []float32) []float32 {
 				l.DB[i%l.Out] += sum32(dyb[i*p : (i+1)*p])
 			}
 		}
-		tensor.WinogradOutputGrad(l.wm, sm, dyb, g, l.Out, b)
+		tensor.WinogradOutputGrad(l.wm, l.wt, sm, dyb, g, l.Out, b)
 		var v []float32
 		if l.kept {
 			v = l.wv[blk*16*sv : (blk+1)*16*sv]

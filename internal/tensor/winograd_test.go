@@ -39,7 +39,7 @@ func winogradConv(w, b, x []float32, out, batch int, g ConvGeom, relu bool) []fl
 	for i := range y {
 		y[i] = float32(math.NaN()) // every element must be written
 	}
-	WinogradOutput(y, m, sm, b, g, out, batch, relu)
+	WinogradOutput(y, make([]float32, 4*out*P), m, sm, b, g, out, batch, relu)
 	return y
 }
 
@@ -123,10 +123,10 @@ func TestWinogradAdjoints(t *testing.T) {
 		// the output transform overwrites: its adjoint is checked with a
 		// zero start by wrapping it
 		checkAdjoint(t, "output "+name, 16*out*P, ny,
-			func(y, m []float32) { WinogradOutput(y, m, out*P, nil, g, out, batch, false) },
+			func(y, m []float32) { WinogradOutput(y, make([]float32, 4*out*P), m, out*P, nil, g, out, batch, false) },
 			func(dm, dy []float32) {
 				tmp := make([]float32, len(dm))
-				WinogradOutputGrad(tmp, out*P, dy, g, out, batch)
+				WinogradOutputGrad(tmp, make([]float32, 4*out*P), out*P, dy, g, out, batch)
 				for i := range dm {
 					dm[i] += tmp[i]
 				}
@@ -145,6 +145,7 @@ func BenchmarkWinograd(b *testing.B) {
 	v := make([]float32, 16*sv)
 	m := randSlice(r, 16*sm)
 	y := make([]float32, batch*out*g.OutH()*g.OutW())
+	tmp := make([]float32, 4*out*P)
 	b.Run("input", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -160,13 +161,13 @@ func BenchmarkWinograd(b *testing.B) {
 	b.Run("output", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			WinogradOutput(y, m, sm, nil, g, out, batch, false)
+			WinogradOutput(y, tmp, m, sm, nil, g, out, batch, false)
 		}
 	})
 	b.Run("outputgrad", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			WinogradOutputGrad(m, sm, y, g, out, batch)
+			WinogradOutputGrad(m, tmp, sm, y, g, out, batch)
 		}
 	})
 }
