@@ -35,14 +35,16 @@ type MaxPool2D struct {
 	ReLU bool
 
 	batch int
+	x     []float32 // borrowed input of the last Forward (2×2 windows, stride 2)
+	pair  bool      // 2×2 windows with stride 2: Backward recomputes the argmax from x
 	y, dx []float32 // owned
-	arg   []int32   // owned: per output, the index of its maximum within the sample's input
+	arg   []int32   // owned: per output, the index of its maximum within the sample's input (other windows)
 }
 
 // NewMaxPool2D returns a max pool over (c, h, w) inputs.
 func NewMaxPool2D(g PoolGeom) *MaxPool2D {
 	g.check("NewMaxPool2D")
-	return &MaxPool2D{Geom: g}
+	return &MaxPool2D{Geom: g, pair: g.K == 2 && g.Stride == 2}
 }
 
 // Forward returns the window maxima and records where they were.
@@ -52,42 +54,31 @@ func (l *MaxPool2D) Forward(x []float32, batch int, train bool) []float32 {
 	if batch < 1 || len(x) != batch*in {
 		panic(fmt.Sprintf("models: MaxPool2D.Forward: len(x)=%d, want batch %d × %d×%d×%d", len(x), batch, g.C, g.H, g.W))
 	}
-	l.batch = batch
+	l.batch, l.x = batch, x
 	oh, ow := g.OutH(), g.OutW()
 	l.y = grow(l.y, batch*g.C*oh*ow)
-	if cap(l.arg) < len(l.y) {
-		l.arg = make([]int32, len(l.y))
+	if !l.pair {
+		if cap(l.arg) < len(l.y) {
+			l.arg = make([]int32, len(l.y))
+		}
+		l.arg = l.arg[:len(l.y)]
 	}
-	l.arg = l.arg[:len(l.y)]
 	o := 0
 	for n := range batch {
 		xn := x[n*in : (n+1)*in]
 		for c := range g.C {
 			base := c * g.H * g.W
-			if g.K == 2 && g.Stride == 2 {
+			if l.pair {
+				// Only the maxima here; Backward finds where they were
+				// from x, writing each window of dx whole (no scatter into
+				// a cleared buffer).
 				for i := range oh {
 					r0 := base + 2*i*g.W
-					r1 := r0 + g.W
-					y := l.y[o : o+ow]
-					arg := l.arg[o : o+ow]
 					x0 := xn[r0 : r0+2*ow]
-					x1 := xn[r1 : r1+2*ow]
+					x1 := xn[r0+g.W : r0+g.W+2*ow]
+					y := l.y[o : o+ow]
 					for j := range y {
-						// Branch-free: which element is largest is random,
-						// so a branch per comparison mispredicts often.
-						a0, a1, b0, b1 := x0[2*j], x0[2*j+1], x1[2*j], x1[2*j+1]
-						m := max(max(a0, a1), max(b0, b1)) // NaN-propagating
-						k := int32(g.W + 1)                // the first of the window equal to m
-						if b0 == m {
-							k = int32(g.W)
-						}
-						if a1 == m {
-							k = 1
-						}
-						if a0 == m {
-							k = 0
-						}
-						y[j], arg[j] = m, int32(r0+2*j)+k
+						y[j] = max(max(x0[2*j], x0[2*j+1]), max(x1[2*j], x1[2*j+1])) // NaN-propagating
 					}
 					o += ow
 				}
@@ -128,6 +119,10 @@ func (l *MaxPool2D) Backward(dy []float32) []float32 {
 	in := g.C * g.H * g.W
 	out := g.OutSize()
 	l.dx = grow(l.dx, l.batch*in)
+	if l.pair {
+		l.pairBackward(dy)
+		return l.dx
+	}
 	clear(l.dx)
 	for n := range l.batch {
 		dxn := l.dx[n*in : (n+1)*in]
@@ -259,4 +254,55 @@ func (l *GlobalAvgPool) Backward(dy []float32) []float32 {
 		fill(l.dx[p*l.hw:(p+1)*l.hw], d*inv)
 	}
 	return l.dx
+}
+
+// pairBackward is Backward for 2×2 windows with stride 2: per window, dy
+// goes to the first element equal to its maximum (the last one when the
+// maximum is NaN), 0 to the others, as Forward's other path records it;
+// with ReLU fused, nothing passes where the output was clipped to 0.
+func (l *MaxPool2D) pairBackward(dy []float32) {
+	g := l.Geom
+	in := g.C * g.H * g.W
+	oh, ow := g.OutH(), g.OutW()
+	if 2*oh != g.H || 2*ow != g.W {
+		clear(l.dx) // odd sizes: the last row or column is in no window
+	}
+	o := 0
+	for n := range l.batch {
+		xn := l.x[n*in : (n+1)*in]
+		dxn := l.dx[n*in : (n+1)*in]
+		for c := range g.C {
+			base := c * g.H * g.W
+			for i := range oh {
+				r0 := base + 2*i*g.W
+				x0 := xn[r0 : r0+2*ow]
+				x1 := xn[r0+g.W : r0+g.W+2*ow]
+				d0 := dxn[r0 : r0+2*ow]
+				d1 := dxn[r0+g.W : r0+g.W+2*ow]
+				dyr := dy[o : o+ow]
+				yr := l.y[o : o+ow]
+				for j, d := range dyr {
+					if l.ReLU {
+						d = reluGate(d, yr[j])
+					}
+					a0, a1, b0, b1 := x0[2*j], x0[2*j+1], x1[2*j], x1[2*j+1]
+					m := max(max(a0, a1), max(b0, b1))
+					// the first of the window equal to m, else (NaN) the last
+					var ga0, ga1, gb0, gb1 float32
+					switch {
+					case a0 == m:
+						ga0 = d
+					case a1 == m:
+						ga1 = d
+					case b0 == m:
+						gb0 = d
+					default:
+						gb1 = d
+					}
+					d0[2*j], d0[2*j+1], d1[2*j], d1[2*j+1] = ga0, ga1, gb0, gb1
+				}
+				o += ow
+			}
+		}
+	}
 }
