@@ -12,8 +12,12 @@ import (
 // Contract, relied on by the collectives in this package:
 //   - Frames sent with SendRight arrive at the right neighbour's RecvLeft in
 //     the order they were sent, each exactly once.
-//   - SendRight must not retain f.Data after it returns (it copies or
-//     finishes writing the bytes first); the caller may modify it afterwards.
+//   - SendRight must not retain f.Data after it returns successfully (it
+//     copies or finishes writing the bytes first); the caller may modify it
+//     afterwards. After a SendRight that failed, a zero-copy implementation
+//     may go on reading f.Data until the Ring is closed (it cannot always
+//     take a half-written frame back), so a failed ring is closed before
+//     the buffer of the failed call is written again.
 //   - The Data of a Frame returned by RecvLeft is owned by the Ring and is
 //     valid only until the next RecvLeft call, so implementations may reuse
 //     receive buffers.

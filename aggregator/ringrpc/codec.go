@@ -2,9 +2,12 @@ package ringrpc
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"sync/atomic"
 
 	"google.golang.org/grpc/encoding"
 	encproto "google.golang.org/grpc/encoding/proto"
@@ -12,6 +15,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/internal/fsum"
 	"github.com/gradsync/gradsync/internal/wire"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -35,15 +39,7 @@ func (codec) Marshal(v any) (mem.BufferSlice, error) {
 	if !ok {
 		return protoCodec().Marshal(v)
 	}
-	b := mem.NewBuffer(&o.buf, o)
-	if _, plain := b.(mem.SliceBuffer); plain {
-		// Not reference counted (too small for gRPC's pooling), so gRPC
-		// would not tell us when it is done: hand it a copy instead.
-		c := bytes.Clone(o.buf)
-		o.Put(nil)
-		return mem.BufferSlice{mem.SliceBuffer(c)}, nil
-	}
-	return mem.BufferSlice{b}, nil
+	return o.marshal(), nil
 }
 
 func (codec) Unmarshal(data mem.BufferSlice, v any) error {
@@ -51,23 +47,47 @@ func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 	if !ok {
 		return protoCodec().Unmarshal(data, v)
 	}
-	return in.decode(data)
+	if err := in.decode(data); err != nil {
+		in.raw = nil
+		return err
+	}
+	if in.raw != nil {
+		// The values stay in gRPC's receive buffers until they are
+		// combined into the collective's buffer (or copied out for
+		// RecvLeft); gRPC frees data when Unmarshal returns.
+		in.raw.Ref()
+	}
+	return nil
 }
 
 func protoCodec() encoding.CodecV2 { return encoding.GetCodecV2(encproto.Name) }
 
-// minOutCap keeps encode buffers well above gRPC's pooling threshold, so
-// that gRPC reference-counts them and returns them through Put.
-const minOutCap = 64 << 10
-
-// outFrame is one encoded SendFramesRequest on its way out. It is its own
-// mem.BufferPool: gRPC calls Put once it has written the bytes, which puts
-// the frame back on its ring's free list.
+// outFrame is one SendFramesRequest on its way out, encoded without
+// copying its data: Marshal hands gRPC the encoded tag fields followed by
+// the caller's float32 values themselves (viewed as little-endian bytes;
+// converted on big-endian machines). The data buffer is reference counted
+// by gRPC with outFrame as its mem.BufferPool, so Put tells when gRPC has
+// written every byte and the caller's slice may be reused: SendRight waits
+// for that before it returns.
 type outFrame struct {
-	buf  []byte           // the encoded message; the backing array is reused
-	hdr  []byte           // scratch for the tag fields
-	free chan<- *outFrame // the owner's free list, with room for every outFrame
+	hdr  []byte // the message's bytes before the values; reused
+	tags []byte // scratch for the TensorFrame's tag fields
+	data []byte // the values' bytes: aliases the caller's []float32 on little-endian machines
+	// state moves from outQueued to outSending (the sender goroutine
+	// passed it to gRPC) or to outAbandoned (SendRight gave up first).
+	state atomic.Int32
+	// released receives one value when gRPC is done with data (Put).
+	released chan struct{}
 }
+
+// States of an outFrame.
+const (
+	outQueued int32 = iota
+	outSending
+	outAbandoned
+)
+
+func newOutFrame() *outFrame { return &outFrame{released: make(chan struct{}, 1)} }
 
 // Get implements mem.BufferPool; gRPC only Puts our buffers back.
 func (o *outFrame) Get(n int) *[]byte {
@@ -75,48 +95,89 @@ func (o *outFrame) Get(n int) *[]byte {
 	return &b
 }
 
-// Put implements mem.BufferPool: gRPC is done with o.buf.
-func (o *outFrame) Put(*[]byte) {
-	select {
-	case o.free <- o:
-	default: // cannot happen: the free list holds every outFrame
+// Put implements mem.BufferPool: gRPC is done with o.data.
+func (o *outFrame) Put(*[]byte) { o.released <- struct{}{} }
+
+// encode prepares f as a SendFramesRequest: the outer key and length and
+// the TensorFrame's tag fields go to o.hdr, and o.data views f.Data, which
+// must stay unchanged until gRPC is done with it.
+//
+// The data field's length is written with 0–3 redundant varint bytes (a
+// valid protobuf encoding that every parser reads as the same number) so
+// that the values start 4-byte aligned after gRPC's 5-byte message prefix:
+// the receiver then finds them aligned in its 16 KiB frame buffers and
+// sums them as float32 directly.
+func (o *outFrame) encode(job string, rank int, f aggregator.Frame) {
+	o.tags = appendTags(o.tags[:0], job, rank, f)
+	nb := 4 * len(f.Data)
+	var h []byte
+	for pad := 0; pad < 4; pad++ {
+		inner := len(o.tags)
+		if nb > 0 {
+			inner += protowire.SizeTag(10) + protowire.SizeVarint(uint64(nb)) + pad + nb
+		}
+		h = protowire.AppendTag(o.hdr[:0], 1, protowire.BytesType)
+		h = protowire.AppendVarint(h, uint64(inner))
+		h = append(h, o.tags...)
+		if nb == 0 {
+			break
+		}
+		h = protowire.AppendTag(h, 10, protowire.BytesType)
+		h = appendPaddedVarint(h, uint64(nb), pad)
+		if (grpcPrefix+len(h))%4 == 0 {
+			break
+		}
 	}
+	o.hdr = h
+	o.data = f32Wire(o.data, f.Data)
 }
 
-// encode writes f as a SendFramesRequest: the tag fields first, the data
-// last, copied once from f.Data.
-func (o *outFrame) encode(job string, rank int, f aggregator.Frame) {
-	h := o.hdr[:0]
-	h = protowire.AppendTag(h, 1, protowire.BytesType)
-	h = protowire.AppendString(h, job)
-	h = appendVarintField(h, 2, f.Generation)
-	h = appendVarintField(h, 3, uint64(opToPB(f.Op)))
-	h = appendVarintField(h, 4, uint64(f.Step))
-	h = appendVarintField(h, 5, uint64(f.Phase))
-	h = appendVarintField(h, 6, uint64(f.Chunk))
-	h = appendVarintField(h, 7, uint64(f.Offset))
-	h = appendVarintField(h, 9, uint64(pb.DType_D_TYPE_F32))
-	h = appendVarintField(h, 12, uint64(int64(rank)))
-	o.hdr = h
-	nb := 4 * len(f.Data)
-	inner := len(h)
-	if nb > 0 {
-		inner += protowire.SizeTag(10) + protowire.SizeBytes(nb)
+// grpcPrefix is the length of gRPC's message prefix (compression flag and
+// length) in front of every message on the wire.
+const grpcPrefix = 5
+
+// appendPaddedVarint appends v as a varint that is pad bytes longer than
+// the shortest encoding (continuation bits over zero groups).
+func appendPaddedVarint(b []byte, v uint64, pad int) []byte {
+	n := protowire.SizeVarint(v) + pad
+	for range n - 1 {
+		b = append(b, byte(v)|0x80)
+		v >>= 7
 	}
-	need := protowire.SizeTag(1) + protowire.SizeBytes(inner)
-	if cap(o.buf) < need {
-		o.buf = make([]byte, 0, max(need, minOutCap))
-	}
-	b := o.buf[:0]
+	return append(b, byte(v))
+}
+
+// appendTags appends f's tag fields of a TensorFrame (job and sender
+// rank included) to b.
+func appendTags(b []byte, job string, rank int, f aggregator.Frame) []byte {
 	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(inner))
-	b = append(b, h...)
-	if nb > 0 {
-		b = protowire.AppendTag(b, 10, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(nb))
-		b = appendF32(b, f.Data)
+	b = protowire.AppendString(b, job)
+	b = appendVarintField(b, 2, f.Generation)
+	b = appendVarintField(b, 3, uint64(opToPB(f.Op)))
+	b = appendVarintField(b, 4, uint64(f.Step))
+	b = appendVarintField(b, 5, uint64(f.Phase))
+	b = appendVarintField(b, 6, uint64(f.Chunk))
+	b = appendVarintField(b, 7, uint64(f.Offset))
+	b = appendVarintField(b, 9, uint64(pb.DType_D_TYPE_F32))
+	b = appendVarintField(b, 12, uint64(int64(rank)))
+	return b
+}
+
+// marshal returns the encoded message for gRPC. A data buffer too small
+// for gRPC's reference counting is copied (gRPC would not Put it), and
+// released is signalled at once.
+func (o *outFrame) marshal() mem.BufferSlice {
+	hdr := mem.SliceBuffer(bytes.Clone(o.hdr))
+	if len(o.data) == 0 {
+		o.released <- struct{}{}
+		return mem.BufferSlice{hdr}
 	}
-	o.buf = b
+	b := mem.NewBuffer(&o.data, o)
+	if _, plain := b.(mem.SliceBuffer); plain {
+		b = mem.SliceBuffer(bytes.Clone(o.data))
+		o.released <- struct{}{}
+	}
+	return mem.BufferSlice{hdr, b}
 }
 
 func appendVarintField(b []byte, num protowire.Number, v uint64) []byte {
@@ -139,22 +200,91 @@ type inFrame struct {
 	offset  uint64
 	dtype   pb.DType
 	rank    int32
-	nbytes  int       // length of the data field in bytes
-	data    []float32 // the values: store[:nbytes/4], nil if nbytes%4 != 0
-	store   []float32 // backing array of data, grown as needed
+	nbytes  int // length of the data field in bytes
 	hasData bool
+	// The values are either still in gRPC's receive buffers (raw, from
+	// piece rawAt.i at byte rawAt.off on; raw holds a reference that
+	// release drops) or decoded into data (store[:nbytes/4]).
+	raw   mem.BufferSlice
+	rawAt cursor
+	data  []float32
+	store []float32 // backing array of data, grown as needed
 }
 
 func (in *inFrame) reset() {
 	*in = inFrame{job: in.job[:0], store: in.store}
 }
 
-// frame is the aggregator view of in; Data aliases in's buffer.
-func (in *inFrame) frame() aggregator.Frame {
+// release drops in's reference to gRPC's receive buffers, if it holds one.
+func (in *inFrame) release() {
+	if in.raw != nil {
+		in.raw.Free()
+		in.raw = nil
+	}
+}
+
+// tags is the aggregator view of in without its data.
+func (in *inFrame) tags() aggregator.Frame {
 	return aggregator.Frame{
 		Generation: in.gen, Op: opFromPB(in.op), Step: in.step, Phase: in.phase,
-		Chunk: in.chunk, Offset: int(in.offset), Data: in.data,
+		Chunk: in.chunk, Offset: int(in.offset),
 	}
+}
+
+// frame is the aggregator view of in; Data aliases in's buffer. It
+// decodes the values if they are still in gRPC's buffers.
+func (in *inFrame) frame() aggregator.Frame {
+	f := in.tags()
+	if in.raw != nil && in.nbytes%4 == 0 {
+		in.data = in.dataBuf(in.nbytes / 4)
+		c := in.rawAt
+		readF32(&c, in.data)
+		in.release()
+	}
+	f.Data = in.data
+	return f
+}
+
+// combineInto adds in's values to dst (add) or copies them there, straight
+// from gRPC's buffers when they are still there. len(dst) must be
+// in.nbytes/4.
+func (in *inFrame) combineInto(dst []float32, add bool) {
+	if in.raw == nil {
+		if add {
+			fsum.Add(dst, in.data)
+		} else {
+			copy(dst, in.data)
+		}
+		return
+	}
+	c := in.rawAt
+	var carry [4]byte // a value split between two pieces
+	nc := 0
+	for k := 0; k < len(dst); {
+		b := c.s[c.i].ReadOnlyData()[c.off:]
+		c.i, c.off = c.i+1, 0
+		if nc > 0 {
+			t := copy(carry[nc:], b)
+			nc, b = nc+t, b[t:]
+			if nc < 4 {
+				continue
+			}
+			v := math.Float32frombits(binary.LittleEndian.Uint32(carry[:]))
+			if add {
+				dst[k] += v
+			} else {
+				dst[k] = v
+			}
+			k, nc = k+1, 0
+		}
+		m := min(len(b)/4, len(dst)-k)
+		combineLE(dst[k:k+m], b[:4*m], add)
+		k += m
+		if k < len(dst) {
+			nc = copy(carry[:], b[4*m:])
+		}
+	}
+	in.release()
 }
 
 // dataBuf returns in.store resized to n elements.
@@ -248,13 +378,11 @@ func (in *inFrame) decodeFrame(c *cursor, end int) {
 				return
 			}
 			in.nbytes, in.hasData = int(l), true
-			if l%4 != 0 {
-				in.data = nil
-				c.discard(int(l))
-				continue
+			in.raw, in.rawAt, in.data = nil, *c, nil
+			c.discard(int(l))
+			if c.err == nil && l > 0 && l%4 == 0 {
+				in.raw = c.s
 			}
-			in.data = in.dataBuf(int(l / 4))
-			readF32(c, in.data)
 		default:
 			c.skip(typ)
 		}

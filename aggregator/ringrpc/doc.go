@@ -10,16 +10,17 @@
 // membership generation) to it and connects the ring:
 //
 //   - outbound: ONE client stream (Collective.SendFrames) to the right
-//     neighbour, fed by one sender goroutine from a bounded outbox, and
-//     watched by one receiver goroutine that notices the neighbour ending
-//     the stream;
+//     neighbour, written by one sender goroutine one frame at a time
+//     (SendRight waits until gRPC has written its frame), and watched by
+//     one receiver goroutine that notices the neighbour ending the stream;
 //   - inbound: the left neighbour's stream to this Endpoint, whose handler
 //     (the stream's receiver) decodes frames into recycled buffers and
 //     queues them in the ring's bounded inbox, where RecvLeft takes them.
 //
 // A full inbox stops the handler reading, so HTTP/2 flow control pushes
-// back on the sender: memory per ring is bounded by InboxFrames and
-// OutboxFrames frames of at most 4 MiB (internal/wire.MaxFrameBytes) each.
+// back on the sender: memory per ring is bounded by InboxFrames frames of
+// at most 4 MiB (internal/wire.MaxFrameBytes) each, plus the one being
+// sent.
 //
 // # Handshake and refusal
 //
@@ -40,12 +41,16 @@
 // raw little-endian bytes), so any gRPC client can speak to an Endpoint.
 // Between two rings the stream uses a codec registered under the content
 // subtype "gradsyncframes" that writes and parses exactly that protobuf
-// encoding without the generic proto machinery: a frame is encoded straight
-// from the caller's []float32 into a recycled buffer that gRPC writes out
-// and hands back, and decoded straight from gRPC's receive buffers into a
-// recycled []float32. On little-endian machines float32 slices are viewed
-// as bytes without conversion (see endian_le.go); elsewhere they are
-// converted with internal/wire.
+// encoding without the generic proto machinery and without copying the
+// values: a frame goes out as a few bytes of tags followed by the caller's
+// []float32 itself (gRPC reference-counts it and says when it has written
+// it, and only then does SendRight return), and a received frame's values
+// stay in gRPC's receive buffers until RecvLeftInto adds or copies them
+// into the collective's buffer (RecvLeft decodes them into a recycled
+// []float32 instead). The data field's length is padded with redundant
+// varint bytes so that the values arrive 4-byte aligned. On little-endian
+// machines float32 slices are viewed as bytes without conversion (see
+// endian_le.go); elsewhere they are converted with internal/wire.
 //
 // # Failure
 //

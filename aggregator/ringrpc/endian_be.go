@@ -2,14 +2,19 @@
 
 package ringrpc
 
-import "github.com/gradsync/gradsync/internal/wire"
+import (
+	"slices"
 
-// appendF32 appends src as little-endian float32 bytes.
-func appendF32(dst []byte, src []float32) []byte {
-	n := len(dst)
-	dst = append(dst, make([]byte, 4*len(src))...)
-	wire.PutF32(dst[n:], src)
-	return dst
+	"github.com/gradsync/gradsync/internal/fsum"
+	"github.com/gradsync/gradsync/internal/wire"
+)
+
+// f32Wire returns src as little-endian bytes, converted into buf (grown
+// as needed).
+func f32Wire(buf []byte, src []float32) []byte {
+	buf = slices.Grow(buf[:0], 4*len(src))[:4*len(src)]
+	wire.PutF32(buf, src)
+	return buf
 }
 
 // readF32 fills dst from 4*len(dst) little-endian bytes of c.
@@ -22,5 +27,17 @@ func readF32(c *cursor, dst []float32) {
 			panic("ringrpc: " + err.Error())
 		}
 		dst = dst[k:]
+	}
+}
+
+// combineLE adds the little-endian float32 values in src to dst (add) or
+// copies them there; len(src) == 4*len(dst).
+func combineLE(dst []float32, src []byte, add bool) {
+	if add {
+		fsum.AddLE(dst, src)
+		return
+	}
+	if err := wire.GetF32(dst, src); err != nil {
+		panic("ringrpc: " + err.Error())
 	}
 }

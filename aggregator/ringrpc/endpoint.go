@@ -199,6 +199,7 @@ func (r *Ring) serve(stream pb.Collective_SendFramesServer, fast bool) error {
 			return err
 		}
 		if err := r.checkFrame(in); err != nil {
+			in.release()
 			r.inFree <- in
 			r.leftEnded(r.peerGone(r.left, err), false)
 			return err

@@ -26,13 +26,19 @@ import (
 const (
 	// DefaultInboxFrames frames wait at most in a ring's inbox.
 	DefaultInboxFrames = 4
-	// DefaultOutboxFrames frames are encoded and waiting to be written, at
-	// most, per ring.
+	// DefaultOutboxFrames is RingConfig.OutboxFrames's default; the
+	// setting no longer has an effect.
 	DefaultOutboxFrames = 4
 	// maxQueueFrames bounds both, so that a ring holds at most about
 	// 2·64·4 MiB.
 	maxQueueFrames = 64
 )
+
+// releaseGrace is how long a SendRight that gives up (its context ended,
+// or the link broke) still waits for gRPC to finish with the caller's
+// data. A neighbour that reads takes about a millisecond per MiB; one that
+// does not will not take it any sooner.
+const releaseGrace = 100 * time.Millisecond
 
 // Socket buffer sizes for streams that carry frames: large writes and reads
 // cut the system calls per 4 MiB frame from hundreds to a handful.
@@ -62,8 +68,9 @@ type RingConfig struct {
 	// InboxFrames bounds the frames received but not yet taken by
 	// RecvLeft; 0 means DefaultInboxFrames.
 	InboxFrames int
-	// OutboxFrames bounds the frames handed to SendRight but not yet
-	// written by gRPC; 0 means DefaultOutboxFrames.
+	// OutboxFrames is accepted for compatibility and ignored: SendRight
+	// no longer queues copies of frames. It hands gRPC the caller's data
+	// itself and returns once gRPC has written it (see SendRight).
 	OutboxFrames int
 }
 
@@ -146,8 +153,8 @@ type Ring struct {
 	// Outbound: one stream to the right neighbour.
 	conn     *grpc.ClientConn
 	stream   grpc.ClientStream
-	out      chan *outFrame // encoded frames in send order; room for all
-	outFree  chan *outFrame // frames gRPC is done with; room for all
+	out      chan *outFrame // frames for the sender goroutine, in order
+	spare    *outFrame      // an idle outFrame; only SendRight touches it
 	flush    chan struct{}  // closed by Shutdown: drain out, then half-close
 	flushOne sync.Once
 	acked    chan struct{} // closed when the right neighbour acknowledged a half-close
@@ -158,7 +165,7 @@ type Ring struct {
 	// Inbound: frames from the left neighbour's stream.
 	inbox  chan *inFrame
 	inFree chan *inFrame
-	last   *inFrame // returned by the last RecvLeft; only RecvLeft touches it
+	last   *inFrame // returned by the last RecvLeft; only RecvLeft(Into) touches it
 
 	// Data bytes handed to SendRight and returned by RecvLeft.
 	sentBytes, recvBytes atomic.Int64
@@ -222,12 +229,9 @@ func (e *Endpoint) Join(ctx context.Context, cfg RingConfig) (*Ring, error) {
 		return nil, err
 	}
 	n := len(cfg.Peers)
-	inbox, outbox := cfg.InboxFrames, cfg.OutboxFrames
+	inbox := cfg.InboxFrames
 	if inbox == 0 {
 		inbox = DefaultInboxFrames
-	}
-	if outbox == 0 {
-		outbox = DefaultOutboxFrames
 	}
 	r := &Ring{
 		e: e, job: cfg.JobID, gen: cfg.Generation, rank: cfg.Rank, n: n,
@@ -235,8 +239,8 @@ func (e *Endpoint) Join(ctx context.Context, cfg RingConfig) (*Ring, error) {
 		peers:    append([]string(nil), cfg.Peers...),
 		leftUp:   make(chan struct{}),
 		leftDone: make(chan struct{}),
-		out:      make(chan *outFrame, outbox),
-		outFree:  make(chan *outFrame, outbox),
+		out:      make(chan *outFrame, 1),
+		spare:    newOutFrame(),
 		flush:    make(chan struct{}),
 		acked:    make(chan struct{}),
 		sendDone: make(chan struct{}),
@@ -245,9 +249,6 @@ func (e *Endpoint) Join(ctx context.Context, cfg RingConfig) (*Ring, error) {
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.lastIn.Store(time.Now().UnixNano())
-	for range outbox {
-		r.outFree <- &outFrame{free: r.outFree}
-	}
 	// In circulation: inbox frames queued, one held by RecvLeft, one
 	// being filled by the handler.
 	for range inbox + 2 {
@@ -375,14 +376,14 @@ func (r *Ring) sender() {
 	for {
 		select {
 		case o := <-r.out:
-			if !send(o) {
+			if o.state.CompareAndSwap(outQueued, outSending) && !send(o) {
 				return
 			}
 		case <-r.flush:
 			for {
 				select {
 				case o := <-r.out:
-					if !send(o) {
+					if o.state.CompareAndSwap(outQueued, outSending) && !send(o) {
 						return
 					}
 				default:
@@ -469,9 +470,16 @@ func (r *Ring) JobID() string { return r.job }
 // Generation is the ring's membership generation.
 func (r *Ring) Generation() uint64 { return r.gen }
 
-// SendRight implements aggregator.Ring: it encodes f (copying f.Data once)
-// into a free outbox buffer and queues it for the sender goroutine. It
-// blocks only while all OutboxFrames buffers are in flight.
+// SendRight implements aggregator.Ring without copying f.Data: gRPC
+// writes the caller's values straight from f.Data (on little-endian
+// machines), and SendRight returns once gRPC is done with them, that is
+// once the whole frame is in the connection's write buffer or the socket.
+//
+// If SendRight fails (ctx ended, the link broke, the ring was closed)
+// while gRPC is still writing the frame, it waits up to releaseGrace for
+// gRPC to finish; after that gRPC may go on reading f.Data until the ring
+// is closed (Close returns only once gRPC has let go of it). A failed
+// SendRight leaves the ring aborted, so no later call needs the frame.
 func (r *Ring) SendRight(ctx context.Context, f aggregator.Frame) error {
 	err := r.sendRight(ctx, f)
 	if err != nil {
@@ -497,43 +505,93 @@ func (r *Ring) sendRight(ctx context.Context, f aggregator.Frame) error {
 		return r.sendErr
 	default:
 	}
-	var o *outFrame
+	o := r.spare
+	if o == nil { // the last one was abandoned to gRPC
+		o = newOutFrame()
+	}
+	r.spare = nil
+	o.state.Store(outQueued)
+	o.encode(r.job, r.rank, f)
+	var err error
 	select {
-	case o = <-r.outFree:
+	case r.out <- o:
+		r.sentBytes.Add(int64(4 * len(f.Data)))
+		r.framesOut.Add(1)
+		select {
+		case <-o.released:
+			r.spare = o
+			return nil
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-r.ctx.Done():
+			err = aggregator.ErrClosed
+		case <-r.sendDone:
+			err = r.sendErr
+		}
 	case <-ctx.Done():
-		return ctx.Err()
+		return ctx.Err() // o was not queued: spare stays nil, o is dropped
 	case <-r.ctx.Done():
 		return aggregator.ErrClosed
 	case <-r.sendDone:
 		return r.sendErr
 	}
-	o.encode(r.job, r.rank, f)
-	r.sentBytes.Add(int64(4 * len(f.Data)))
-	r.framesOut.Add(1)
-	r.out <- o // never blocks: out has room for every outFrame
-	return nil
+	if o.state.CompareAndSwap(outQueued, outAbandoned) {
+		return err // the sender will skip it; gRPC never saw it
+	}
+	t := time.NewTimer(releaseGrace)
+	defer t.Stop()
+	select {
+	case <-o.released:
+		r.spare = o
+	case <-t.C: // o stays with gRPC until the ring is closed
+	}
+	return err
 }
 
 // RecvLeft implements aggregator.Ring. Frames that arrived before the left
 // link broke are delivered before the error.
 func (r *Ring) RecvLeft(ctx context.Context) (aggregator.Frame, error) {
-	f, err := r.recvLeft(ctx)
+	in, err := r.recvLeft(ctx)
 	if err != nil {
 		r.aborted.Store(true)
+		return aggregator.Frame{}, err
 	}
-	return f, err
+	r.last = in
+	return in.frame(), nil
 }
 
-func (r *Ring) recvLeft(ctx context.Context) (aggregator.Frame, error) {
+// RecvLeftInto implements aggregator.ReducingRing: the values are added
+// or copied into dst straight from gRPC's receive buffers.
+func (r *Ring) RecvLeftInto(ctx context.Context, dst []float32, add bool, accept func(aggregator.Frame, int) error) error {
+	in, err := r.recvLeft(ctx)
+	if err != nil {
+		r.aborted.Store(true)
+		return err
+	}
+	r.last = in
+	if err := accept(in.tags(), in.nbytes/4); err != nil {
+		return err
+	}
+	if len(dst) != in.nbytes/4 {
+		return fmt.Errorf("ringrpc: RecvLeftInto: accept let %d values into %d places", in.nbytes/4, len(dst))
+	}
+	in.combineInto(dst, add)
+	return nil
+}
+
+// recvLeft returns the next frame from the inbox, after recycling the one
+// the previous call returned.
+func (r *Ring) recvLeft(ctx context.Context) (*inFrame, error) {
 	if r.last != nil {
+		r.last.release()
 		r.inFree <- r.last // room: every inFrame fits
 		r.last = nil
 	}
 	if r.n == 1 {
-		return aggregator.Frame{}, errors.New("ringrpc: a ring of one rank has no neighbour to receive from")
+		return nil, errors.New("ringrpc: a ring of one rank has no neighbour to receive from")
 	}
 	if err := ctx.Err(); err != nil {
-		return aggregator.Frame{}, err
+		return nil, err
 	}
 	select {
 	case in := <-r.inbox:
@@ -545,30 +603,29 @@ func (r *Ring) recvLeft(ctx context.Context) (aggregator.Frame, error) {
 	case in := <-r.inbox:
 		return r.take(in, time.Since(start)), nil
 	case <-ctx.Done():
-		return aggregator.Frame{}, ctx.Err()
+		return nil, ctx.Err()
 	case <-r.ctx.Done():
-		return aggregator.Frame{}, aggregator.ErrClosed
+		return nil, aggregator.ErrClosed
 	case <-r.leftDone:
 		select {
 		case in := <-r.inbox:
 			return r.take(in, time.Since(start)), nil
 		default:
 		}
-		return aggregator.Frame{}, r.leftErr
+		return nil, r.leftErr
 	}
 }
 
-// take hands in to the caller; waited is how long RecvLeft blocked for it.
-func (r *Ring) take(in *inFrame, waited time.Duration) aggregator.Frame {
-	r.last = in
+// take accounts for in, which RecvLeft blocked for waited to get.
+func (r *Ring) take(in *inFrame, waited time.Duration) *inFrame {
 	r.recvBytes.Add(int64(in.nbytes))
-	f := in.frame()
-	if f.Op != r.curOp || f.Step != r.curStep { // the first frame of a collective
-		r.curOp, r.curStep = f.Op, f.Step
+	op := opFromPB(in.op)
+	if op != r.curOp || in.step != r.curStep { // the first frame of a collective
+		r.curOp, r.curStep = op, in.step
 		r.collectives.Add(1)
 		r.waitNanos.Add(int64(waited))
 	}
-	return f
+	return in
 }
 
 // Shutdown ends the ring in order, when every rank calls it after the
@@ -642,4 +699,4 @@ func (r *Ring) Close() error {
 	return nil
 }
 
-var _ aggregator.Ring = (*Ring)(nil)
+var _ aggregator.ReducingRing = (*Ring)(nil)
