@@ -287,19 +287,21 @@ func (l *MaxPool2D) pairBackward(dy []float32) {
 					}
 					a0, a1, b0, b1 := x0[2*j], x0[2*j+1], x1[2*j], x1[2*j+1]
 					m := max(max(a0, a1), max(b0, b1))
-					// the first of the window equal to m, else (NaN) the last
-					var ga0, ga1, gb0, gb1 float32
-					switch {
-					case a0 == m:
-						ga0 = d
-					case a1 == m:
-						ga1 = d
-					case b0 == m:
-						gb0 = d
-					default:
-						gb1 = d
+					// the first of the window equal to m, else (NaN) the last;
+					// conditional moves, not branches: which one wins is random
+					k := 3
+					if b0 == m {
+						k = 2
 					}
-					d0[2*j], d0[2*j+1], d1[2*j], d1[2*j+1] = ga0, ga1, gb0, gb1
+					if a1 == m {
+						k = 1
+					}
+					if a0 == m {
+						k = 0
+					}
+					var w [4]float32
+					w[k&3] = d
+					d0[2*j], d0[2*j+1], d1[2*j], d1[2*j+1] = w[0], w[1], w[2], w[3]
 				}
 				o += ow
 			}
