@@ -35,10 +35,9 @@ type MaxPool2D struct {
 	ReLU bool
 
 	batch int
-	x     []float32 // borrowed input of the last Forward (2×2 windows, stride 2)
-	pair  bool      // 2×2 windows with stride 2: Backward recomputes the argmax from x
+	pair  bool      // 2×2 windows with stride 2: Backward writes each window of dx whole
 	y, dx []float32 // owned
-	arg   []int32   // owned: per output, the index of its maximum within the sample's input (other windows)
+	arg   []int32   // owned: per output, the index of its maximum within the sample's input
 }
 
 // NewMaxPool2D returns a max pool over (c, h, w) inputs.
@@ -54,31 +53,42 @@ func (l *MaxPool2D) Forward(x []float32, batch int, train bool) []float32 {
 	if batch < 1 || len(x) != batch*in {
 		panic(fmt.Sprintf("models: MaxPool2D.Forward: len(x)=%d, want batch %d × %d×%d×%d", len(x), batch, g.C, g.H, g.W))
 	}
-	l.batch, l.x = batch, x
+	l.batch = batch
 	oh, ow := g.OutH(), g.OutW()
 	l.y = grow(l.y, batch*g.C*oh*ow)
-	if !l.pair {
-		if cap(l.arg) < len(l.y) {
-			l.arg = make([]int32, len(l.y))
-		}
-		l.arg = l.arg[:len(l.y)]
+	if cap(l.arg) < len(l.y) {
+		l.arg = make([]int32, len(l.y))
 	}
+	l.arg = l.arg[:len(l.y)]
 	o := 0
 	for n := range batch {
 		xn := x[n*in : (n+1)*in]
 		for c := range g.C {
 			base := c * g.H * g.W
-			if l.pair {
-				// Only the maxima here; Backward finds where they were
-				// from x, writing each window of dx whole (no scatter into
-				// a cleared buffer).
+			if g.K == 2 && g.Stride == 2 {
 				for i := range oh {
 					r0 := base + 2*i*g.W
-					x0 := xn[r0 : r0+2*ow]
-					x1 := xn[r0+g.W : r0+g.W+2*ow]
+					r1 := r0 + g.W
 					y := l.y[o : o+ow]
+					arg := l.arg[o : o+ow]
+					x0 := xn[r0 : r0+2*ow]
+					x1 := xn[r1 : r1+2*ow]
 					for j := range y {
-						y[j] = max(max(x0[2*j], x0[2*j+1]), max(x1[2*j], x1[2*j+1])) // NaN-propagating
+						// Branch-free: which element is largest is random,
+						// so a branch per comparison mispredicts often.
+						a0, a1, b0, b1 := x0[2*j], x0[2*j+1], x1[2*j], x1[2*j+1]
+						m := max(max(a0, a1), max(b0, b1)) // NaN-propagating
+						k := int32(g.W + 1)                // the first of the window equal to m
+						if b0 == m {
+							k = int32(g.W)
+						}
+						if a1 == m {
+							k = 1
+						}
+						if a0 == m {
+							k = 0
+						}
+						y[j], arg[j] = m, int32(r0+2*j)+k
 					}
 					o += ow
 				}
@@ -256,10 +266,10 @@ func (l *GlobalAvgPool) Backward(dy []float32) []float32 {
 	return l.dx
 }
 
-// pairBackward is Backward for 2×2 windows with stride 2: per window, dy
-// goes to the first element equal to its maximum (the last one when the
-// maximum is NaN), 0 to the others, as Forward's other path records it;
-// with ReLU fused, nothing passes where the output was clipped to 0.
+// pairBackward is Backward for 2×2 windows with stride 2: each window of
+// dx is written whole, dy at the recorded argmax and 0 at the other three,
+// rather than clearing dx and scattering (with ReLU fused, nothing passes
+// where the output was clipped to 0).
 func (l *MaxPool2D) pairBackward(dy []float32) {
 	g := l.Geom
 	in := g.C * g.H * g.W
@@ -267,41 +277,31 @@ func (l *MaxPool2D) pairBackward(dy []float32) {
 	if 2*oh != g.H || 2*ow != g.W {
 		clear(l.dx) // odd sizes: the last row or column is in no window
 	}
+	w := int32(g.W)
 	o := 0
 	for n := range l.batch {
-		xn := l.x[n*in : (n+1)*in]
 		dxn := l.dx[n*in : (n+1)*in]
 		for c := range g.C {
 			base := c * g.H * g.W
 			for i := range oh {
 				r0 := base + 2*i*g.W
-				x0 := xn[r0 : r0+2*ow]
-				x1 := xn[r0+g.W : r0+g.W+2*ow]
 				d0 := dxn[r0 : r0+2*ow]
 				d1 := dxn[r0+g.W : r0+g.W+2*ow]
 				dyr := dy[o : o+ow]
 				yr := l.y[o : o+ow]
+				arg := l.arg[o : o+ow]
 				for j, d := range dyr {
 					if l.ReLU {
 						d = reluGate(d, yr[j])
 					}
-					a0, a1, b0, b1 := x0[2*j], x0[2*j+1], x1[2*j], x1[2*j+1]
-					m := max(max(a0, a1), max(b0, b1))
-					// the first of the window equal to m, else (NaN) the last;
-					// conditional moves, not branches: which one wins is random
-					k := 3
-					if b0 == m {
-						k = 2
+					// the argmax's offset in the window, 0, 1, W or W+1, as 0..3
+					k := arg[j] - int32(r0+2*j)
+					if k >= w {
+						k += 2 - w
 					}
-					if a1 == m {
-						k = 1
-					}
-					if a0 == m {
-						k = 0
-					}
-					var w [4]float32
-					w[k&3] = d
-					d0[2*j], d0[2*j+1], d1[2*j], d1[2*j+1] = w[0], w[1], w[2], w[3]
+					var v [4]float32
+					v[k&3] = d
+					d0[2*j], d0[2*j+1], d1[2*j], d1[2*j+1] = v[0], v[1], v[2], v[3]
 				}
 				o += ow
 			}
