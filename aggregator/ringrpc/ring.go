@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -115,11 +116,13 @@ func DialOptions() []grpc.DialOption {
 }
 
 // ServerOptions are the options to add to internal/rpc.ServerOptions on a
-// server that hosts an Endpoint: socket buffers sized for 4 MiB frames.
+// server that hosts an Endpoint: socket buffers sized for 4 MiB frames, and
+// receive buffers that are not cleared before gRPC fills them (framePool).
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.WriteBufferSize(bulkWriteBuffer),
 		grpc.ReadBufferSize(bulkReadBuffer),
+		experimental.BufferPool(&framePool{}),
 	}
 }
 
