@@ -35,7 +35,6 @@ type MaxPool2D struct {
 	ReLU bool
 
 	batch int
-	pair  bool      // 2×2 windows with stride 2: Backward writes each window of dx whole
 	y, dx []float32 // owned
 	arg   []int32   // owned: per output, the index of its maximum within the sample's input
 }
@@ -43,7 +42,7 @@ type MaxPool2D struct {
 // NewMaxPool2D returns a max pool over (c, h, w) inputs.
 func NewMaxPool2D(g PoolGeom) *MaxPool2D {
 	g.check("NewMaxPool2D")
-	return &MaxPool2D{Geom: g, pair: g.K == 2 && g.Stride == 2}
+	return &MaxPool2D{Geom: g}
 }
 
 // Forward returns the window maxima and records where they were.
@@ -129,10 +128,6 @@ func (l *MaxPool2D) Backward(dy []float32) []float32 {
 	in := g.C * g.H * g.W
 	out := g.OutSize()
 	l.dx = grow(l.dx, l.batch*in)
-	if l.pair {
-		l.pairBackward(dy)
-		return l.dx
-	}
 	clear(l.dx)
 	for n := range l.batch {
 		dxn := l.dx[n*in : (n+1)*in]
@@ -264,47 +259,4 @@ func (l *GlobalAvgPool) Backward(dy []float32) []float32 {
 		fill(l.dx[p*l.hw:(p+1)*l.hw], d*inv)
 	}
 	return l.dx
-}
-
-// pairBackward is Backward for 2×2 windows with stride 2: each window of
-// dx is written whole, dy at the recorded argmax and 0 at the other three,
-// rather than clearing dx and scattering (with ReLU fused, nothing passes
-// where the output was clipped to 0).
-func (l *MaxPool2D) pairBackward(dy []float32) {
-	g := l.Geom
-	in := g.C * g.H * g.W
-	oh, ow := g.OutH(), g.OutW()
-	if 2*oh != g.H || 2*ow != g.W {
-		clear(l.dx) // odd sizes: the last row or column is in no window
-	}
-	w := int32(g.W)
-	o := 0
-	for n := range l.batch {
-		dxn := l.dx[n*in : (n+1)*in]
-		for c := range g.C {
-			base := c * g.H * g.W
-			for i := range oh {
-				r0 := base + 2*i*g.W
-				d0 := dxn[r0 : r0+2*ow]
-				d1 := dxn[r0+g.W : r0+g.W+2*ow]
-				dyr := dy[o : o+ow]
-				yr := l.y[o : o+ow]
-				arg := l.arg[o : o+ow]
-				for j, d := range dyr {
-					if l.ReLU {
-						d = reluGate(d, yr[j])
-					}
-					// the argmax's offset in the window, 0, 1, W or W+1, as 0..3
-					k := arg[j] - int32(r0+2*j)
-					if k >= w {
-						k += 2 - w
-					}
-					var v [4]float32
-					v[k&3] = d
-					d0[2*j], d0[2*j+1], d1[2*j], d1[2*j+1] = v[0], v[1], v[2], v[3]
-				}
-				o += ow
-			}
-		}
-	}
 }
