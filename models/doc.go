@@ -19,7 +19,8 @@
 // parity_test.go checks logits and gradients against them.
 //
 // Layers have explicit Forward and Backward passes over row-major float32
-// batches: Linear, Conv2D (im2col + GEMM), MaxPool2D, AvgPool2D,
+// batches: Linear, Conv2D (im2col + GEMM, or Winograd F(2×2,3×3) for 3×3
+// stride-1 kernels over at least 4 channels), MaxPool2D, AvgPool2D,
 // GlobalAvgPool, ReLU, GELU, Dropout, BatchNorm2d, LayerNorm, Residual,
 // SelfAttention, PatchEmbed, ClassToken, Flatten. Forward's train flag
 // switches dropout and batch norm between training and evaluation

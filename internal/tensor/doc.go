@@ -1,7 +1,8 @@
 // Package tensor holds the numeric kernels the models are built on: a
 // row-major float32 GEMM with interchangeable backends (OpenBLAS loaded at
-// run time through purego, or pure-Go gonum), and im2col/col2im for NCHW
-// convolutions.
+// run time through purego, or pure-Go gonum), im2col/col2im for NCHW
+// convolutions, and the Winograd F(2×2,3×3) transforms (winograd.go) for
+// 3×3 stride-1 ones.
 //
 // All slices are plain row-major []float32 owned by the caller; kernels
 // write only into their dst (first) argument and never keep references.
