@@ -27,6 +27,7 @@ import (
 func newLocalCmd(g *globals) *cobra.Command {
 	var sf specFlags
 	var stateDir, runsDir, metricsAddr, linkRate string
+	var heartbeatTimeout time.Duration
 	c := &cobra.Command{
 		Use:   "local",
 		Short: "Train with a coordinator and N workers in this process, over real gRPC on loopback",
@@ -54,7 +55,8 @@ func newLocalCmd(g *globals) *cobra.Command {
 			}
 			// Loopback mTLS with a CA made for this run (nothing written),
 			// unless plaintext was asked for.
-			scfg := server.Config{DataDir: stateDir, RunsDir: runsDir, Logger: log, Insecure: g.sec.insecure}
+			scfg := server.Config{DataDir: stateDir, RunsDir: runsDir, Logger: log, Insecure: g.sec.insecure,
+				HeartbeatTimeout: heartbeatTimeout}
 			wcfg := worker.Config{Logger: log, Insecure: g.sec.insecure}
 			if wcfg.Link, err = netem.ParseRate(linkRate); err != nil {
 				return fmt.Errorf("--link-rate: %w", err)
@@ -125,6 +127,8 @@ func newLocalCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&runsDir, "runs-dir", "runs", "where run directories (runs/<job-id>) are written")
 	c.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics of the server and workers on this address (/metrics)")
 	c.Flags().StringVar(&linkRate, "link-rate", "", linkRateHelp)
+	c.Flags().DurationVar(&heartbeatTimeout, "heartbeat-timeout", 5*time.Second,
+		"silence after which a worker is lost (raise it when the machine is starved, e.g. a long run under nice -n 19)")
 	return c
 }
 

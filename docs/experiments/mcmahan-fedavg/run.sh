@@ -8,6 +8,8 @@
 # job is interrupted; every evaluation so far is in its run directory).
 # FedAvg evaluates the global model after every round, FedSGD after every
 # 5th (its rounds are short; evaluation would otherwise take half its time).
+# (A generous heartbeat timeout: under `nice -n 19` on a busy machine the
+# process can be starved for seconds.)
 # Env: GS (binary; built to /tmp/gsfl if absent), RUNS_DIR (default /tmp/flruns),
 # LR (client learning rate; default 0.1 for fedavg, 0.2 for fedsgd), SEED (default 1).
 # STOP_AT (e.g. 0.99) ends the run at the first evaluation that reaches it.
@@ -24,7 +26,7 @@ if [ ! -x "$GS" ]; then
 fi
 mkdir -p "$RUNS_DIR"
 COMMON=(local --insecure --json --mode fedavg --model fedcnn --dataset mnist --clients 100 --fraction 0.1
-  --partition shards --seed "$SEED" --runs-dir "$RUNS_DIR")
+  --partition shards --seed "$SEED" --runs-dir "$RUNS_DIR" --heartbeat-timeout 300s)
 method=${1:?fedavg or fedsgd}
 case $method in
   fedavg) args=(--local-epochs 5 --local-batch 10 --lr "${LR:-0.1}" --rounds 100000) ;;
