@@ -71,7 +71,6 @@ func newBenchAllReduceCmd(g *globals) *cobra.Command {
 	f.IntVar(&o.Warmup, "warmup", 3, "untimed repetitions first")
 	f.IntVar(&o.FrameElems, "frame-elems", 0, "float32 values per ring frame (0: the collectives' default, 1 MiB of data)")
 	f.IntVar(&o.InboxFrames, "inbox-frames", 0, "grpc: frames a rank may hold received but not yet reduced (0: ringrpc's default)")
-	f.IntVar(&o.OutboxFrames, "outbox-frames", 0, "grpc: frames a rank may have queued for sending (0: ringrpc's default)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "grpc: write each rank's CPU profile to this `prefix` followed by the rank and .pprof")
 	return c
 }
