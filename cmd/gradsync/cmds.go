@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -199,35 +200,16 @@ func newServerCmd(g *globals) *cobra.Command {
 		Short: "Run the coordinator (jobs API, worker registry, parameter server)",
 		Args:  cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			log, err := g.logger(c.ErrOrStderr(), slog.LevelInfo)
-			if err != nil {
-				return err
-			}
-			cfg.Logger = log
-			if cfg.TLS, cfg.Tokens, err = g.sec.server(); err != nil {
-				return err
-			}
-			cfg.Insecure = g.sec.insecure
-			stopMetrics, err := startMetrics(c.Context(), metricsAddr, log, &cfg.Metrics)
-			if err != nil {
-				return err
-			}
-			defer stopMetrics()
-			srv, err := server.New(cfg)
-			if err != nil {
-				return err
-			}
-			lis, err := net.Listen("tcp", addr)
-			if err != nil {
-				return err
-			}
-			log.Info("gradsync server listening", "addr", lis.Addr().String(), "data_dir", cfg.DataDir, "runs_dir", cfg.RunsDir,
-				"heartbeat_timeout", cfg.HeartbeatTimeout)
-			if g.json {
-				p := &printer{out: c.OutOrStdout(), json: true}
-				p.jsonLine(map[string]any{"event": "listening", "addr": lis.Addr().String()})
-			}
-			return srv.Serve(c.Context(), lis)
+			return serveService(c, g, addr, metricsAddr, func(b serviceBase) error {
+				cfg.Logger, cfg.TLS, cfg.Tokens, cfg.Insecure, cfg.Metrics = b.log, b.tls, b.tokens, b.insecure, b.metrics
+				srv, err := server.New(cfg)
+				if err != nil {
+					return err
+				}
+				b.log.Info("gradsync server listening", "addr", b.lis.Addr().String(), "data_dir", cfg.DataDir, "runs_dir", cfg.RunsDir,
+					"heartbeat_timeout", cfg.HeartbeatTimeout)
+				return srv.Serve(c.Context(), b.lis)
+			})
 		},
 	}
 	f := c.Flags()
@@ -303,40 +285,61 @@ workers may call it) or --insecure.`,
   gradsync aggregator --listen 127.0.0.1:7002 --insecure`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			log, err := g.logger(c.ErrOrStderr(), slog.LevelInfo)
-			if err != nil {
-				return err
-			}
-			cfg.Logger = log
-			if cfg.TLS, _, err = g.sec.server(); err != nil {
-				return err
-			}
-			cfg.Insecure = g.sec.insecure
-			stopMetrics, err := startMetrics(c.Context(), metricsAddr, log, &cfg.Metrics)
-			if err != nil {
-				return err
-			}
-			defer stopMetrics()
-			agg, err := server.NewAggregator(cfg)
-			if err != nil {
-				return err
-			}
-			lis, err := net.Listen("tcp", addr)
-			if err != nil {
-				return err
-			}
-			log.Info("gradsync aggregator listening", "addr", lis.Addr().String())
-			if g.json {
-				p := &printer{out: c.OutOrStdout(), json: true}
-				p.jsonLine(map[string]any{"event": "listening", "addr": lis.Addr().String()})
-			}
-			return agg.Serve(c.Context(), lis)
+			return serveService(c, g, addr, metricsAddr, func(b serviceBase) error {
+				// The aggregator has no jobs API: bearer tokens do not apply.
+				cfg.Logger, cfg.TLS, cfg.Insecure, cfg.Metrics = b.log, b.tls, b.insecure, b.metrics
+				agg, err := server.NewAggregator(cfg)
+				if err != nil {
+					return err
+				}
+				b.log.Info("gradsync aggregator listening", "addr", b.lis.Addr().String())
+				return agg.Serve(c.Context(), b.lis)
+			})
 		},
 	}
 	f := c.Flags()
 	f.StringVar(&addr, "listen", ":7001", "address to listen on")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics)")
 	return c
+}
+
+// serviceBase is what `gradsync server` and `gradsync aggregator` set up
+// alike before they serve: logger, TLS (and the jobs API's bearer tokens),
+// Prometheus metrics and the listener.
+type serviceBase struct {
+	log      *slog.Logger
+	tls      *tls.Config
+	tokens   [][]byte
+	insecure bool
+	metrics  *metrics.Registry
+	lis      net.Listener
+}
+
+// serveService sets up a serviceBase on addr (with --json, a "listening"
+// line) and runs serve with it; the metrics endpoint stops when it returns.
+func serveService(c *cobra.Command, g *globals, addr, metricsAddr string, serve func(serviceBase) error) error {
+	var b serviceBase
+	var err error
+	if b.log, err = g.logger(c.ErrOrStderr(), slog.LevelInfo); err != nil {
+		return err
+	}
+	if b.tls, b.tokens, err = g.sec.server(); err != nil {
+		return err
+	}
+	b.insecure = g.sec.insecure
+	stopMetrics, err := startMetrics(c.Context(), metricsAddr, b.log, &b.metrics)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	if b.lis, err = net.Listen("tcp", addr); err != nil {
+		return err
+	}
+	if g.json {
+		p := &printer{out: c.OutOrStdout(), json: true}
+		p.jsonLine(map[string]any{"event": "listening", "addr": b.lis.Addr().String()})
+	}
+	return serve(b)
 }
 
 // linkRateHelp documents --link-rate (local and worker).
