@@ -17,6 +17,7 @@ func winogradGeoms() []ConvGeom {
 	return []ConvGeom{
 		w(1, 3, 3, 0), w(1, 4, 4, 0), w(2, 5, 4, 0), w(3, 4, 7, 0), w(1, 1, 1, 1), w(2, 2, 3, 1),
 		w(2, 5, 5, 1), w(3, 6, 7, 1), w(1, 3, 4, 2), w(2, 7, 8, 2), w(32, 26, 26, 0),
+		w(2, 4, 6, 1), w(1, 2, 4, 2), w(3, 8, 4, 0), // even outputs (a fused 2×2 pool)
 		{C: 2, H: 5, W: 6, KH: 3, KW: 3, StrideH: 1, StrideW: 1, PadH: 0, PadW: 1},
 	}
 }
@@ -170,4 +171,104 @@ func BenchmarkWinograd(b *testing.B) {
 			WinogradOutputGrad(m, tmp, sm, y, g, out, batch)
 		}
 	})
+}
+
+// TestWinogradOutputPool checks the fused output transform and 2×2 max
+// pool against WinogradOutput followed by a reference pool (the same
+// arithmetic, so bit for bit), ties (tiles of m all 0) and NaNs included,
+// and its gradient against WinogradOutputGrad of the scattered pool
+// gradient.
+func TestWinogradOutputPool(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 5))
+	nan := float32(math.NaN())
+	for _, be := range backends(t) {
+		withBackend(t, be, func() {
+			tested := 0
+			for _, g := range winogradGeoms() {
+				if !g.WinogradPoolOK() {
+					continue
+				}
+				tested++
+				for _, out := range []int{1, 3} {
+					for _, batch := range []int{1, 2} {
+						th, tw := g.WinogradTiles()
+						pn := th * tw
+						P := batch * pn
+						op := out * P
+						s := WinogradStride(op)
+						m := randSlice(r, 16*s)
+						for i := 0; i < op; i += 3 { // ties: every point of the tile 0
+							for xi := range 16 {
+								m[xi*s+i] = 0
+							}
+						}
+						if op > 4 {
+							m[5*s+4] = nan
+						}
+						b := randSlice(r, out)
+						tmp := make([]float32, 4*op)
+						for _, relu := range []bool{false, true} {
+							full := make([]float32, batch*out*g.OutH()*g.OutW())
+							WinogradOutput(full, tmp, m, s, b, g, out, batch, false)
+							y := make([]float32, op)
+							arg := make([]uint8, op)
+							WinogradOutputPool(y, arg, tmp, m, s, b, g, out, batch, relu)
+							ow := g.OutW()
+							for q := range batch * out {
+								img := full[q*g.OutH()*ow:]
+								for ty := range th {
+									for tx := range tw {
+										k := q*pn + ty*tw + tx
+										a0, a1 := img[2*ty*ow+2*tx], img[2*ty*ow+2*tx+1]
+										b0, b1 := img[(2*ty+1)*ow+2*tx], img[(2*ty+1)*ow+2*tx+1]
+										mx := max(max(a0, a1), max(b0, b1))
+										w := uint8(3)
+										if b0 == mx {
+											w = 2
+										}
+										if a1 == mx {
+											w = 1
+										}
+										if a0 == mx {
+											w = 0
+										}
+										if relu {
+											mx = max(mx, 0)
+										}
+										if math.Float32bits(y[k]) != math.Float32bits(mx) || arg[k] != w {
+											t.Fatalf("%s %+v out %d batch %d relu %v: y[%d]=%v arg %d, want %v arg %d", be, g, out, batch, relu, k, y[k], arg[k], mx, w)
+										}
+									}
+								}
+							}
+							// gradient: the pooled dy scattered to its argmax, then WinogradOutputGrad
+							dy := randSlice(r, op)
+							dfull := make([]float32, len(full))
+							for q := range batch * out {
+								for ty := range th {
+									for tx := range tw {
+										k := q*pn + ty*tw + tx
+										a := arg[k]
+										dfull[q*g.OutH()*ow+(2*ty+int(a>>1))*ow+2*tx+int(a&1)] = dy[k]
+									}
+								}
+							}
+							want := randSlice(r, 16*s)
+							got := append([]float32(nil), want...)
+							WinogradOutputGrad(want, tmp, s, dfull, g, out, batch)
+							WinogradOutputPoolGrad(got, tmp, s, dy, arg, g, out, batch)
+							for i := range want {
+								if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+									t.Fatalf("%s %+v out %d batch %d: dm[%d]=%v, want %v", be, g, out, batch, i, got[i], want[i])
+								}
+							}
+						}
+					}
+				}
+			}
+			if tested < 4 {
+				t.Fatalf("only %d geometries with even outputs", tested)
+			}
+		})
+	}
 }
