@@ -101,7 +101,8 @@ func lenet5(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
 //	9 Dropout(0.5), 10 Linear(128, classes)
 //
 // (1,199,882 parameters on 1×28×28 with 10 classes). The first ReLU is
-// fused into its convolution, the second into the pool.
+// fused into its convolution, the second into the pool, and the pool into
+// the second convolution's Winograd output transform (ConvMaxPool).
 func kerasCNN(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
 	c1 := b.conv("0", geom(opt.Channels, opt.Height, opt.Width, 3, 1, 0), 32, true)
 	c1.SkipInputGrad = true
@@ -112,7 +113,7 @@ func kerasCNN(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
 	f1 := b.fc("7", p.Geom.OutSize(), 128)
 	d2 := b.dropout(0.5)
 	f2 := b.fc("10", 128, opt.Classes)
-	return []Layer{c1, c2, p, d1, &Flatten{}, f1, &ReLU{}, d2, f2}, b.initAll
+	return []Layer{c1, NewConvMaxPool(c2, p), d1, &Flatten{}, f1, &ReLU{}, d2, f2}, b.initAll
 }
 
 // fedCNN is the MNIST CNN of McMahan et al. 2017 ("Communication-Efficient

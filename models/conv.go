@@ -47,6 +47,13 @@ type Conv2D struct {
 	wm   []float32 // owned scratch: one block's products M, or their gradients dM (16 at stride sm)
 	wdv  []float32 // owned scratch: one block's dV
 	wt   []float32 // owned scratch: one block's 2×2 output tiles (4, Out, P)
+
+	// The last Forward came from ConvMaxPool's fused path: y is the
+	// pooled output (batch, Out, OutH/2, OutW/2), parg the window position
+	// of each maximum, and the ReLU (l.ReLU or the pool's) applies to it.
+	pooled     bool
+	pooledReLU bool
+	parg       []uint8
 }
 
 // winogradMinC is the fewest input channels for which the Winograd path is
@@ -128,7 +135,7 @@ func (l *Conv2D) Forward(x []float32, batch int, train bool) []float32 {
 	if batch < 1 || len(x) != batch*in {
 		panic(fmt.Sprintf("models: Conv2D.Forward: len(x)=%d, want batch %d × %d×%d×%d", len(x), batch, g.C, g.H, g.W))
 	}
-	l.x, l.batch = x, batch
+	l.x, l.batch, l.pooled = x, batch, false
 	k, p := g.ColRows(), g.ColCols()
 	l.y = grow(l.y, batch*l.Out*p)
 	if l.wino {
@@ -209,6 +216,9 @@ func fill(dst []float32, v float32) {
 func (l *Conv2D) Backward(dy []float32) []float32 {
 	g := l.Geom
 	k, p := g.ColRows(), g.ColCols()
+	if l.pooled {
+		p /= 4
+	}
 	if l.x == nil || len(dy) != l.batch*l.Out*p {
 		panic(fmt.Sprintf("models: Conv2D.Backward: len(dy)=%d, want batch %d × %d×%d×%d (after Forward)",
 			len(dy), l.batch, l.Out, g.OutH(), g.OutW()))
@@ -322,8 +332,38 @@ func (l *Conv2D) winoForward(x []float32, batch int) {
 		for xi := range 16 {
 			tensor.Gemm(false, false, l.Out, P, g.C, 1, l.wu[xi*l.Out*g.C:], g.C, v[xi*sv:], P, 0, l.wm[xi*sm:], P)
 		}
+		if l.pooled {
+			po := out / 4
+			tensor.WinogradOutputPool(l.y[n0*po:(n0+b)*po], l.parg[n0*po:(n0+b)*po], l.wt, l.wm, sm, l.B, g, l.Out, b, l.pooledReLU)
+			continue
+		}
 		tensor.WinogradOutput(l.y[n0*out:(n0+b)*out], l.wt, l.wm, sm, l.B, g, l.Out, b, l.ReLU)
 	}
+}
+
+// poolForward is Forward on the Winograd path with a 2×2 stride-2 max
+// pool taken in the output transform (ConvMaxPool): it returns the pooled
+// output (batch, Out, OutH/2, OutW/2), with max(0, ·) applied when relu
+// or l.ReLU is set.
+func (l *Conv2D) poolForward(x []float32, batch int, relu bool) []float32 {
+	l.checkBound()
+	g := l.Geom
+	if !l.wino || !g.WinogradPoolOK() {
+		panic(fmt.Sprintf("models: Conv2D.poolForward: %+v is not on the Winograd path with even output sizes", g))
+	}
+	in := g.C * g.H * g.W
+	if batch < 1 || len(x) != batch*in {
+		panic(fmt.Sprintf("models: Conv2D.Forward: len(x)=%d, want batch %d × %d×%d×%d", len(x), batch, g.C, g.H, g.W))
+	}
+	l.x, l.batch, l.pooled, l.pooledReLU = x, batch, true, relu || l.ReLU
+	n := batch * l.OutSize() / 4
+	l.y = grow(l.y, n)
+	if cap(l.parg) < n {
+		l.parg = make([]uint8, n)
+	}
+	l.parg = l.parg[:n]
+	l.winoForward(x, batch)
+	return l.y
 }
 
 // winoBackward is Backward on the Winograd path: per block, dM = A·dy·Aᵀ,
@@ -341,7 +381,11 @@ func (l *Conv2D) winoBackward(dy []float32) []float32 {
 		clear(l.dx)
 		l.wdv = grow(l.wdv, 16*sv)
 	}
-	if l.ReLU {
+	relu := l.ReLU
+	if l.pooled {
+		out, p, relu = out/4, p/4, l.pooledReLU
+	}
+	if relu {
 		l.dmask = grow(l.dmask, nb*out)
 	}
 	for blk := range blocks {
@@ -349,7 +393,7 @@ func (l *Conv2D) winoBackward(dy []float32) []float32 {
 		b := min(nb, l.batch-n0)
 		P := b * tiles
 		dyb := dy[n0*out : (n0+b)*out]
-		if l.ReLU {
+		if relu {
 			reluMask(l.dmask[:len(dyb)], dyb, l.y[n0*out:(n0+b)*out])
 			dyb = l.dmask[:len(dyb)]
 		}
@@ -358,7 +402,11 @@ func (l *Conv2D) winoBackward(dy []float32) []float32 {
 				l.DB[i%l.Out] += sum32(dyb[i*p : (i+1)*p])
 			}
 		}
-		tensor.WinogradOutputGrad(l.wm, l.wt, sm, dyb, g, l.Out, b)
+		if l.pooled {
+			tensor.WinogradOutputPoolGrad(l.wm, l.wt, sm, dyb, l.parg[n0*out:(n0+b)*out], g, l.Out, b)
+		} else {
+			tensor.WinogradOutputGrad(l.wm, l.wt, sm, dyb, g, l.Out, b)
+		}
 		var v []float32
 		if l.kept {
 			v = l.wv[blk*16*sv : (blk+1)*16*sv]

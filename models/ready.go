@@ -11,6 +11,8 @@ func gradViews(dst [][]float32, l Layer) [][]float32 {
 		return append(dst, l.DW, l.DB)
 	case *Conv2D:
 		return append(dst, l.DW, l.DB)
+	case *ConvMaxPool:
+		return gradViews(dst, l.Conv)
 	case *BatchNorm2d:
 		return append(dst, l.DWeight, l.DBias)
 	case *LayerNorm:
