@@ -276,12 +276,9 @@ func (s *Server) Start(now time.Time) ([]Action, error) {
 // closing the round. When the round's closing makes the job fail, the
 // error is the failure and the actions end with a *RoundFailed.
 func (s *Server) Submit(now time.Time, u Update) ([]Action, error) {
-	var acts []Action
-	if s.state == stateOpen && !now.Before(s.deadline) {
-		var err error
-		if acts, err = s.expire(acts, now); err != nil {
-			return acts, err
-		}
+	acts, err := s.Tick(now)
+	if err != nil {
+		return acts, err
 	}
 	if s.state == stateIdle {
 		return acts, ErrNotRunning
@@ -330,12 +327,9 @@ func (s *Server) Submit(now time.Time, u Update) ([]Action, error) {
 // or has answered, or when no round is open, changes nothing. Actions and
 // error are Submit's.
 func (s *Server) Drop(now time.Time, client int) ([]Action, error) {
-	var acts []Action
-	if s.state == stateOpen && !now.Before(s.deadline) {
-		var err error
-		if acts, err = s.expire(acts, now); err != nil {
-			return acts, err
-		}
+	acts, err := s.Tick(now)
+	if err != nil {
+		return acts, err
 	}
 	if s.state != stateOpen {
 		return acts, nil
