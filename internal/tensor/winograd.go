@@ -154,18 +154,36 @@ func WinogradInput(v []float32, s int, x []float32, g ConvGeom, batch int) {
 					}
 					continue
 				}
-				// Row pass once per column of the 4-row strip (neighbouring
-				// tiles share two columns), then the column pass per tile.
 				r0 := img[iy*g.W : (iy+1)*g.W]
 				r1 := img[(iy+1)*g.W : (iy+2)*g.W]
 				r2 := img[(iy+2)*g.W : (iy+3)*g.W]
 				r3 := img[(iy+3)*g.W : (iy+4)*g.W]
+				// Vector kernel: blocks of 8 interior tiles, the last block
+				// moved back to end at the last tile it can read (tiles done
+				// twice get the same values).
+				vlo, vhi := winoVectorTiles(g)
+				for tx := vlo; tx < vhi; tx += 8 {
+					tx = min(tx, vhi-8)
+					ix := 2*tx - g.PadW
+					_ = r0[ix+17] // the kernel reads r·[ix : ix+18]
+					_ = r3[ix+17]
+					_ = v[o+tx+7+15*s]
+					winoInput8(&v[o+tx], s, &r0[ix], &r1[ix], &r2[ix], &r3[ix])
+				}
+				if vlo == 0 && vhi == tw {
+					continue
+				}
+				// Row pass once per column of the 4-row strip (neighbouring
+				// tiles share two columns), then the column pass per tile.
 				t0, t1, t2, t3 := t[0][:g.W], t[1][:g.W], t[2][:g.W], t[3][:g.W]
 				for j := range r0 {
 					a, b, c, d := r0[j], r1[j], r2[j], r3[j]
 					t0[j], t1[j], t2[j], t3[j] = a-c, b+c, c-b, b-d
 				}
 				for tx := range tw {
+					if tx >= vlo && tx < vhi {
+						continue
+					}
 					ix := 2*tx - g.PadW
 					if ix < 0 || ix+4 > g.W {
 						d := g.edgePatch(img, iy, ix)
@@ -186,6 +204,22 @@ func WinogradInput(v []float32, s int, x []float32, g ConvGeom, batch int) {
 			}
 		}
 	}
+}
+
+// winoVectorTiles returns the tiles [lo, hi) of each row of tiles that
+// WinogradInput's vector kernel computes: all of them interior, reading
+// 18 input columns from the first, at least 8 of them; lo == hi when
+// there is no kernel or too few such tiles.
+func winoVectorTiles(g ConvGeom) (lo, hi int) {
+	if !winoSIMD || g.W+g.PadW < 18 {
+		return 0, 0
+	}
+	lo = (g.PadW + 1) / 2           // the first tile with ix = 2·tx − PadW ≥ 0
+	last := (g.W + g.PadW - 18) / 2 // the last first tile of a block: ix + 18 ≤ W
+	if last < lo {
+		return 0, 0
+	}
+	return lo, last + 8
 }
 
 // stripMax is the widest image the strip paths of the input transforms

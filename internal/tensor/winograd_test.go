@@ -18,6 +18,7 @@ func winogradGeoms() []ConvGeom {
 		w(1, 3, 3, 0), w(1, 4, 4, 0), w(2, 5, 4, 0), w(3, 4, 7, 0), w(1, 1, 1, 1), w(2, 2, 3, 1),
 		w(2, 5, 5, 1), w(3, 6, 7, 1), w(1, 3, 4, 2), w(2, 7, 8, 2), w(32, 26, 26, 0),
 		w(2, 4, 6, 1), w(1, 2, 4, 2), w(3, 8, 4, 0), // even outputs (a fused 2×2 pool)
+		w(3, 6, 18, 0), w(2, 5, 19, 1), w(1, 4, 40, 2), // vector kernels: one block, edge tiles around it, overlapping blocks
 		{C: 2, H: 5, W: 6, KH: 3, KW: 3, StrideH: 1, StrideW: 1, PadH: 0, PadW: 1},
 	}
 }
@@ -153,6 +154,13 @@ func BenchmarkWinograd(b *testing.B) {
 			WinogradInput(v, sv, x, g, batch)
 		}
 	})
+	b.Run("input-go", func(b *testing.B) {
+		defer func(v bool) { winoSIMD = v }(winoSIMD)
+		winoSIMD = false
+		for b.Loop() {
+			WinogradInput(v, sv, x, g, batch)
+		}
+	})
 	b.Run("inputgrad", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -270,5 +278,40 @@ func TestWinogradOutputPool(t *testing.T) {
 				t.Fatalf("only %d geometries with even outputs", tested)
 			}
 		})
+	}
+}
+
+// TestWinogradInputSIMD: the vector kernels give the Go code's values bit
+// for bit (the naive and adjoint tests above run with them on).
+func TestWinogradInputSIMD(t *testing.T) {
+	if !winoSIMD {
+		t.Skip("no vector kernels on this machine")
+	}
+	defer func() { winoSIMD = true }()
+	r := rand.New(rand.NewPCG(6, 6))
+	vectors := 0
+	for _, g := range winogradGeoms() {
+		if lo, hi := winoVectorTiles(g); hi > lo {
+			vectors++
+		}
+		const batch = 2
+		th, tw := g.WinogradTiles()
+		P := batch * th * tw
+		s := WinogradStride(g.C * P)
+		x := randSlice(r, batch*g.C*g.H*g.W)
+		want, got := randSlice(r, 16*s), randSlice(r, 16*s)
+		copy(got, want)
+		winoSIMD = false
+		WinogradInput(want, s, x, g, batch)
+		winoSIMD = true
+		WinogradInput(got, s, x, g, batch)
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%+v: input v[%d] = %v, Go code %v", g, i, got[i], want[i])
+			}
+		}
+	}
+	if vectors < 4 {
+		t.Fatalf("only %d geometries reach the vector kernels", vectors)
 	}
 }
