@@ -136,7 +136,11 @@ func TestPSAsyncAndBoundedTrain(t *testing.T) {
 		if r.GetPsRefused() != 0 {
 			t.Errorf("%s: %d gradients refused; the wait keeps them within the bound", tc.consistency, r.GetPsRefused())
 		}
-		if r.GetPsStaleUpdatesMean() == 0 {
+		// Only async is sure to show staleness: there the fast rank races
+		// ahead of the slowed one for hundreds of steps. A bounded rank 0
+		// may be the fast one and, at s = 0, run in lockstep, its pushes
+		// always first (mean 0 is then right, not a failure).
+		if tc.consistency == "async" && r.GetPsStaleUpdatesMean() == 0 {
 			t.Errorf("%s with 2 ranks: no gradient was stale by a single update", tc.consistency)
 		}
 		if !hasStalenessRecord(t, j.RunDir) {
