@@ -1,6 +1,9 @@
 package tensor
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Winograd F(2×2, 3×3) for 3×3 stride-1 convolutions (Lavin & Gray 2015,
 // "Fast Algorithms for Convolutional Neural Networks"). The output is cut
@@ -222,6 +225,14 @@ func winoVectorTiles(g ConvGeom) (lo, hi int) {
 	return lo, last + 8
 }
 
+// winoMask[8−m:16−m] masks out the first m of 8 tiles for winoInputGrad8.
+var winoMask = func() (m [16]float32) {
+	for i := 8; i < 16; i++ {
+		m[i] = math.Float32frombits(^uint32(0))
+	}
+	return m
+}()
+
 // stripMax is the widest image the strip paths of the input transforms
 // handle (their row buffers live on the stack); wider ones go tile by tile.
 const stripMax = 256
@@ -288,13 +299,32 @@ func WinogradInputGrad(dx, dv []float32, s int, g ConvGeom, batch int) {
 				o := c*P + n*pn + ty*tw // tile (ty, 0)
 				strip := iy >= 0 && iy+4 <= g.H && g.W <= stripMax
 				t0, t1, t2, t3 := t[0][:g.W], t[1][:g.W], t[2][:g.W], t[3][:g.W]
+				vlo, vhi := 0, 0
 				if strip {
 					clear(t0)
 					clear(t1)
 					clear(t2)
 					clear(t3)
+					// Vector kernel: blocks of 8 interior tiles; the last block
+					// is moved back to end at the last tile it can write, with
+					// the tiles already done masked out.
+					vlo, vhi = winoVectorTiles(g)
+					for tx := vlo; tx < vhi; tx += 8 {
+						st := min(tx, vhi-8)
+						ix := 2*st - g.PadW
+						_ = t0[ix+17] // the kernel updates t·[ix : ix+18]
+						_ = t1[ix+17]
+						_ = t2[ix+17]
+						_ = t3[ix+17]
+						_ = dv[o+st+7+15*s]
+						winoInputGrad8(&t0[ix], &t1[ix], &t2[ix], &t3[ix], &dv[o+st], s, &winoMask[8-(tx-st)])
+						tx = st
+					}
 				}
 				for tx := range tw {
+					if tx >= vlo && tx < vhi {
+						continue
+					}
 					ix := 2*tx - g.PadW
 					q := dv[o+tx : o+tx+15*s+1]
 					if !strip || ix < 0 || ix+4 > g.W {
@@ -333,7 +363,12 @@ func WinogradInputGrad(dx, dv []float32, s int, g ConvGeom, batch int) {
 				r1 := img[(iy+1)*g.W : (iy+2)*g.W]
 				r2 := img[(iy+2)*g.W : (iy+3)*g.W]
 				r3 := img[(iy+3)*g.W : (iy+4)*g.W]
-				for j := range r0 {
+				j0 := 0
+				if winoSIMD && g.W >= 8 {
+					winoRowT(&r0[0], &r1[0], &r2[0], &r3[0], &t0[0], &t1[0], &t2[0], &t3[0], g.W)
+					j0 = g.W &^ 7
+				}
+				for j := j0; j < g.W; j++ {
 					a, b, c, d := t0[j], t1[j], t2[j], t3[j]
 					r0[j] += a
 					r1[j] += b - c + d

@@ -8,3 +8,11 @@ var winoSIMD = false
 func winoInput8(dst *float32, s int, r0, r1, r2, r3 *float32) {
 	panic("tensor: winoInput8 without SIMD")
 }
+
+func winoInputGrad8(t0, t1, t2, t3, dv *float32, s int, mask *float32) {
+	panic("tensor: winoInputGrad8 without SIMD")
+}
+
+func winoRowT(r0, r1, r2, r3, t0, t1, t2, t3 *float32, n int) {
+	panic("tensor: winoRowT without SIMD")
+}

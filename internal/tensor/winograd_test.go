@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -167,6 +168,13 @@ func BenchmarkWinograd(b *testing.B) {
 			WinogradInputGrad(x, v, sv, g, batch)
 		}
 	})
+	b.Run("inputgrad-go", func(b *testing.B) {
+		defer func(v bool) { winoSIMD = v }(winoSIMD)
+		winoSIMD = false
+		for b.Loop() {
+			WinogradInputGrad(x, v, sv, g, batch)
+		}
+	})
 	b.Run("output", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -281,8 +289,9 @@ func TestWinogradOutputPool(t *testing.T) {
 	}
 }
 
-// TestWinogradInputSIMD: the vector kernels give the Go code's values bit
-// for bit (the naive and adjoint tests above run with them on).
+// TestWinogradInputSIMD: the vector kernels give the Go code's values,
+// bit for bit in the forward transform (the naive and adjoint tests above
+// run with them on).
 func TestWinogradInputSIMD(t *testing.T) {
 	if !winoSIMD {
 		t.Skip("no vector kernels on this machine")
@@ -308,6 +317,19 @@ func TestWinogradInputSIMD(t *testing.T) {
 		for i := range want {
 			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
 				t.Fatalf("%+v: input v[%d] = %v, Go code %v", g, i, got[i], want[i])
+			}
+		}
+		// the adjoint: the same values (a zero's sign may differ)
+		dv := randSlice(r, 16*s)
+		dxWant := randSlice(r, len(x))
+		dxGot := slices.Clone(dxWant)
+		winoSIMD = false
+		WinogradInputGrad(dxWant, dv, s, g, batch)
+		winoSIMD = true
+		WinogradInputGrad(dxGot, dv, s, g, batch)
+		for i := range dxWant {
+			if dxGot[i] != dxWant[i] {
+				t.Fatalf("%+v: input gradient dx[%d] = %v, Go code %v", g, i, dxGot[i], dxWant[i])
 			}
 		}
 	}
