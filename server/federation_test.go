@@ -138,19 +138,7 @@ func TestRealClientsMatchSimulation(t *testing.T) {
 // Joins that are wrong are refused with clear codes.
 func TestRealClientSilentAndLate(t *testing.T) {
 	ctx := testCtx(t, 120*time.Second)
-	c := newCluster(t, server.Config{}, 2)
-	c.waitWorkers(ctx, pb.WorkerState_WORKER_STATE_IDLE, "w0", "w1")
-	fake := c.connectFake(ctx, "silent", true)
-	c.waitWorkers(ctx, pb.WorkerState_WORKER_STATE_IDLE, "w0", "w1", "silent")
-	spec := &pb.JobSpec{Model: "logreg", Mode: "fedavg", Workers: proto.Int32(3), Seed: proto.Int64(5),
-		Dataset: &pb.DatasetSpec{Name: "synthetic", SyntheticTrain: 900, SyntheticTest: 200},
-		Federated: &pb.FederatedSpec{Rounds: 3, Fraction: 1, MinClients: 2, LocalBatchSize: 30,
-			RoundDeadlineSeconds: 2}}
-	job := c.submit(ctx, spec)
-	var a *pb.Assignment
-	for a == nil {
-		a = fake.next(ctx, t).GetAssignment()
-	}
+	c, _, job, a := fakeClientJob(ctx, t, "silent", 2)
 	fed := pb.NewFederationClient(c.conn)
 	join := func(j *pb.FederationJoin) pb.Federation_ParticipateClient {
 		t.Helper()
@@ -249,6 +237,27 @@ func TestRealClientSilentAndLate(t *testing.T) {
 	}
 }
 
+// fakeClientJob starts two real workers and a fake one (id), submits a
+// 3-client fedavg job (3 rounds, fraction 1, min_clients 2, the round
+// deadline in seconds) and returns once the fake has its assignment.
+func fakeClientJob(ctx context.Context, t *testing.T, id string, deadline float64) (*cluster, *fakeWorker, *pb.Job, *pb.Assignment) {
+	t.Helper()
+	c := newCluster(t, server.Config{}, 2)
+	c.waitWorkers(ctx, pb.WorkerState_WORKER_STATE_IDLE, "w0", "w1")
+	fake := c.connectFake(ctx, id, true)
+	c.waitWorkers(ctx, pb.WorkerState_WORKER_STATE_IDLE, "w0", "w1", id)
+	spec := &pb.JobSpec{Model: "logreg", Mode: "fedavg", Workers: proto.Int32(3), Seed: proto.Int64(5),
+		Dataset: &pb.DatasetSpec{Name: "synthetic", SyntheticTrain: 900, SyntheticTest: 200},
+		Federated: &pb.FederatedSpec{Rounds: 3, Fraction: 1, MinClients: 2, LocalBatchSize: 30,
+			RoundDeadlineSeconds: deadline}}
+	job := c.submit(ctx, spec)
+	var a *pb.Assignment
+	for a == nil {
+		a = fake.next(ctx, t).GetAssignment()
+	}
+	return c, fake, job, a
+}
+
 // TestParticipateRefusesOtherJobs: only a running fedavg job with real
 // clients takes Participate streams.
 func TestParticipateRefusesOtherJobs(t *testing.T) {
@@ -283,19 +292,7 @@ func TestParticipateRefusesOtherJobs(t *testing.T) {
 // answer of the two clients left, the lost one missing.
 func TestRealClientLostDoesNotHoldRounds(t *testing.T) {
 	ctx := testCtx(t, 60*time.Second)
-	c := newCluster(t, server.Config{}, 2)
-	c.waitWorkers(ctx, pb.WorkerState_WORKER_STATE_IDLE, "w0", "w1")
-	fake := c.connectFake(ctx, "doomed", true)
-	c.waitWorkers(ctx, pb.WorkerState_WORKER_STATE_IDLE, "w0", "w1", "doomed")
-	spec := &pb.JobSpec{Model: "logreg", Mode: "fedavg", Workers: proto.Int32(3), Seed: proto.Int64(5),
-		Dataset: &pb.DatasetSpec{Name: "synthetic", SyntheticTrain: 900, SyntheticTest: 200},
-		Federated: &pb.FederatedSpec{Rounds: 3, Fraction: 1, MinClients: 2, LocalBatchSize: 30,
-			RoundDeadlineSeconds: 600}}
-	job := c.submit(ctx, spec)
-	var a *pb.Assignment
-	for a == nil {
-		a = fake.next(ctx, t).GetAssignment()
-	}
+	c, fake, job, a := fakeClientJob(ctx, t, "doomed", 600)
 	fake.stop() // gone before it ever joins the rounds
 
 	j := c.waitState(ctx, job.Id, pb.JobState_JOB_STATE_SUCCEEDED, pb.JobState_JOB_STATE_FAILED)
