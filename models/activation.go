@@ -3,7 +3,7 @@ package models
 import (
 	"fmt"
 	"math"
-	"math/rand/v2"
+	"math/bits"
 )
 
 // GELU is torch.nn.GELU() (the exact erf form): y = x·Φ(x) with Φ the
@@ -45,18 +45,21 @@ func (l *GELU) Backward(dy []float32) []float32 {
 
 // Dropout is torch.nn.Dropout(P): in training mode each value is zeroed
 // with probability P and the survivors are scaled by 1/(1−P); in
-// evaluation mode it is the identity. Masks are drawn from a PCG stream
-// seeded by (Seed, number of training Forwards so far), so a run is
+// evaluation mode it is the identity. Masks are drawn from a wyrand
+// stream (a 64-bit counter through a 64×64→128-bit multiply, hi ⊕ lo)
+// started from (Seed, number of training Forwards so far), so a run is
 // reproducible from the network seed and the step count, independent of
-// batch history.
+// batch history. Each 64-bit draw decides two values from its 32-bit
+// halves (a value is dropped when its half is below P·2³²: 32 bits of
+// resolution in P), and the mask is kept as one bit per value.
 type Dropout struct {
 	P    float32
 	Seed uint64
 
 	calls uint64    // training Forwards so far
-	rng   rand.PCG  // reseeded per call
 	on    bool      // the last Forward was in training mode with P > 0
-	mask  []float32 // owned: 0 or 1/(1−P) per value of the last training Forward
+	bits  []uint64  // owned: bit i%64 of word i/64 set when value i of the last training Forward was kept
+	tbl   dropTable // the multipliers for P, set by each training Forward
 	y, dx []float32 // owned
 	n     int
 }
@@ -67,6 +70,25 @@ func NewDropout(p float32, seed uint64) *Dropout {
 		panic(fmt.Sprintf("models: NewDropout(%v): probability must be in [0, 1)", p))
 	}
 	return &Dropout{P: p, Seed: seed}
+}
+
+// wyrand's increment and multiplier constants.
+const (
+	wyP0 = 0xa0761d6478bd642f
+	wyP1 = 0xe7037ed1a0b428db
+)
+
+// splitmix64 is SplitMix64's output function: a bijective 64-bit mix.
+func splitmix64(z uint64) uint64 {
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
+}
+
+// dropoutState is the wyrand counter that starts the mask stream of
+// training Forward number calls of a layer seeded with seed.
+func dropoutState(seed, calls uint64) uint64 {
+	return splitmix64(seed ^ splitmix64(calls+0x9e3779b97f4a7c15))
 }
 
 // Forward applies a fresh mask in training mode and returns x itself
@@ -80,35 +102,78 @@ func (l *Dropout) Forward(x []float32, batch int, train bool) []float32 {
 	if !l.on {
 		return x
 	}
-	l.rng.Seed(l.Seed, l.calls)
+	s := dropoutState(l.Seed, l.calls)
 	l.calls++
-	l.mask = grow(l.mask, len(x))
+	words := (len(x) + 63) / 64
+	if cap(l.bits) < words {
+		l.bits = make([]uint64, words)
+	}
+	l.bits = l.bits[:words]
 	l.y = grow(l.y, len(x))
-	// Each 64-bit draw decides two values from its 32-bit halves.
 	thresh := uint64(float64(l.P) * (1 << 32))
-	scale := math.Float32bits(1 / (1 - l.P))
-	mask, y := l.mask, l.y
-	i := 0
-	for ; i+2 <= len(x); i += 2 {
-		u := l.rng.Uint64()
-		mask[i] = keep(u&0xffffffff, thresh, scale)
-		mask[i+1] = keep(u>>32, thresh, scale)
+	l.tbl.set(1 / (1 - l.P))
+	full := len(x) / 64
+	for w := range full {
+		l.bits[w] = dropWord((*[64]float32)(l.y[w*64:]), (*[64]float32)(x[w*64:]), &s, thresh, &l.tbl)
 	}
-	if i < len(x) {
-		mask[i] = keep(l.rng.Uint64()&0xffffffff, thresh, scale)
+	if full < words {
+		// the tail: through a zero-padded word, so that the draws are
+		// those of a full word
+		var xt, yt [64]float32
+		n := copy(xt[:], x[full*64:])
+		l.bits[full] = dropWord(&yt, &xt, &s, thresh, &l.tbl) & (1<<n - 1)
+		copy(l.y[full*64:], yt[:n])
 	}
-	for i, v := range x {
-		y[i] = v * mask[i]
-	}
-	return y
+	return l.y
 }
 
-// keep returns the mask value for a 32-bit uniform u: 0 when u < thresh
-// (dropped), else the float whose bits are scale. It is branch-free: the
-// outcome is random by design, so a branch would mispredict often.
-func keep(u, thresh uint64, scale uint32) float32 {
-	dropped := (u - thresh) >> 63 // 1 when u < thresh: both are below 2³², so the difference wraps
-	return math.Float32frombits(scale & uint32(dropped-1))
+// dropWord draws the mask of 64 values from the wyrand counter *s (two
+// values per draw, from its low then high 32-bit half: a value is kept
+// when its half is ≥ thresh), sets y = x·(0 or the scale) and returns the
+// mask, bit j set when value j was kept.
+func dropWord(y, x *[64]float32, s *uint64, thresh uint64, t *dropTable) uint64 {
+	var m uint64
+	st := *s
+	for j := 0; j < 64; j += 2 {
+		st += wyP0
+		hi, lo := bits.Mul64(st, st^wyP1)
+		u := hi ^ lo
+		k0 := (thresh - 1 - u&0xffffffff) >> 63 // 1 when kept: u ≥ thresh (wraps when thresh is 0)
+		k1 := (thresh - 1 - u>>32) >> 63
+		m |= (k0 | k1<<1) << j
+	}
+	*s = st
+	undropWord(y, x, m, t)
+	return m
+}
+
+// dropTable holds, for each 4-bit mask, the four multipliers it stands
+// for: 0 or the scale.
+type dropTable [16][4]float32
+
+// set fills the table for the given scale.
+func (t *dropTable) set(scale float32) {
+	for m := range t {
+		for j := range 4 {
+			t[m][j] = 0
+			if m>>j&1 != 0 {
+				t[m][j] = scale
+			}
+		}
+	}
+}
+
+// undropWord sets dx = dy·(0 or the scale) over 64 values as mask bit j
+// says, four values per table row (Forward uses it for y = x·mask too).
+func undropWord(dx, dy *[64]float32, m uint64, t *dropTable) {
+	for j := 0; j < 64; j += 4 {
+		r := &t[m&15]
+		dx[j] = dy[j] * r[0]
+		dx[j+1] = dy[j+1] * r[1]
+		dx[j+2] = dy[j+2] * r[2]
+		dx[j+3] = dy[j+3] * r[3]
+		m >>= 4
+	}
 }
 
 // Backward returns dy·mask in training mode and dy itself otherwise.
@@ -120,8 +185,15 @@ func (l *Dropout) Backward(dy []float32) []float32 {
 		return dy
 	}
 	l.dx = grow(l.dx, len(dy))
-	for i, v := range dy {
-		l.dx[i] = v * l.mask[i]
+	full := len(dy) / 64
+	for w, m := range l.bits[:full] {
+		undropWord((*[64]float32)(l.dx[w*64:]), (*[64]float32)(dy[w*64:]), m, &l.tbl)
+	}
+	if full < len(l.bits) {
+		var dt, xt [64]float32
+		n := copy(dt[:], dy[full*64:])
+		undropWord(&xt, &dt, l.bits[full], &l.tbl)
+		copy(l.dx[full*64:], xt[:n])
 	}
 	return l.dx
 }

@@ -388,6 +388,39 @@ func TestDropout(t *testing.T) {
 	}
 }
 
+// TestDropoutRates checks the dropped fraction at small and large P and
+// on lengths that end in a partial mask word, and that Backward applies
+// Forward's mask value for value.
+func TestDropoutRates(t *testing.T) {
+	for _, c := range []struct {
+		p   float32
+		n   int
+		tol float64
+	}{{0.001, 200003, 0.0004}, {0.5, 100001, 0.006}, {0.9, 99999, 0.006}, {0.25, 1, 1}, {0.25, 63, 1}, {0.25, 65, 1}, {0.25, 130, 1}} {
+		x := randn(rand.New(rand.NewPCG(2, uint64(c.n))), c.n)
+		l := NewDropout(c.p, 5)
+		y := slices.Clone(l.Forward(x, 1, true))
+		zeros := 0
+		scale := 1 / (1 - c.p)
+		for i, v := range y {
+			switch v {
+			case 0:
+				zeros++
+			case x[i] * scale:
+			default:
+				t.Fatalf("p=%v n=%d: y[%d] = %v, want 0 or %v", c.p, c.n, i, v, x[i]*scale)
+			}
+		}
+		if f := float64(zeros) / float64(c.n); math.Abs(f-float64(c.p)) > c.tol {
+			t.Errorf("p=%v n=%d: dropped fraction %v", c.p, c.n, f)
+		}
+		dx := l.Backward(x)
+		if !slices.Equal(dx, y) {
+			t.Fatalf("p=%v n=%d: Backward(x) differs from Forward(x)", c.p, c.n)
+		}
+	}
+}
+
 func TestResidualGradient(t *testing.T) {
 	r := rand.New(rand.NewPCG(6, 1))
 	body := newBoundLinear(4, 4, r)
