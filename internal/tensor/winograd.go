@@ -415,6 +415,12 @@ func inputTransformT(dv []float32, s int) (d [16]float32) {
 	}
 }
 
+// The output transform and its gradient have AVX2 kernels
+// (winoOutput8, winoOutputPool8, winoOutputGrad8, winoOutputPoolGrad8)
+// for rows of at least 8 tiles (pooled: 8 tiles per sample and channel),
+// with outputTile and outputGradTile, the same arithmetic, for the tiles
+// they leave; otherwise, or without AVX2, they run as the GEMMs below.
+//
 // winoAA is Aᵀ⊗Aᵀ (4×16), Aᵀ = [1 1 1 0; 0 1 −1 −1]: row (i,j) maps the
 // 16 points of a tile's M to output (i,j), so that the output transform
 // of a whole block is one GEMM, and its transpose (winoAAT, 16×4) the
@@ -442,6 +448,50 @@ var winoAA, winoAAT = func() (aa, aat []float32) {
 // OpenBLAS's small-matrix kernels, which skip packing.
 var winoChunk = 4096
 
+// winoOutputVec reports whether WinogradOutput and WinogradOutputGrad use
+// the vector kernels for g (rows of at least 8 whole tiles); the tiles
+// past them (odd output sizes) go through outputTile and outputGradTile.
+func winoOutputVec(g ConvGeom) bool {
+	return winoSIMD && g.OutW()/2 >= 8
+}
+
+// winoPoolVec reports whether WinogradOutputPool and its gradient use the
+// vector kernels for tiles tiles per sample and channel (at least 8).
+func winoPoolVec(tiles int) bool {
+	return winoSIMD && tiles >= 8
+}
+
+// outputTile returns Aᵀ·m·A of the tile whose points are m[ξ·s], in the
+// vector kernels' order: p_c = (m0c + m1c) + m2c and
+// q_c = (m1c − m2c) − m3c down each column c, then the same across p and
+// q. (The GEMM path sums in its backend's order: the same values within
+// a few ulps.)
+func outputTile(m []float32, s int) (y00, y01, y10, y11 float32) {
+	m = m[:15*s+1]
+	var p, q [4]float32
+	for c := range 4 {
+		a, b, d, e := m[c*s], m[(4+c)*s], m[(8+c)*s], m[(12+c)*s]
+		p[c] = (a + b) + d
+		q[c] = (b - d) - e
+	}
+	return (p[0] + p[1]) + p[2], (p[1] - p[2]) - p[3], (q[0] + q[1]) + q[2], (q[1] - q[2]) - q[3]
+}
+
+// outputGradTile writes A·g·Aᵀ of one tile's output gradient
+// (g00, g01; g10, g11) to dm[ξ·s], in the vector kernels' order: rows
+// h0 = g0, h1 = g0 + g1, h2 = g0 − g1, h3 = −g1, then the same across
+// each row.
+func outputGradTile(dm []float32, s int, g00, g01, g10, g11 float32) {
+	dm = dm[:15*s+1]
+	h := [4][2]float32{{g00, g01}, {g00 + g10, g01 + g11}, {g00 - g10, g01 - g11}, {-g10, -g11}}
+	for r, hr := range h {
+		dm[4*r*s] = hr[0]
+		dm[(4*r+1)*s] = hr[0] + hr[1]
+		dm[(4*r+2)*s] = hr[0] - hr[1]
+		dm[(4*r+3)*s] = -hr[1]
+	}
+}
+
 // WinogradOutput sets y (batch, out, OutH, OutW) to Aᵀ·m·A + bias[o] for
 // every output channel and tile, then to max(0, ·) when relu is set; m is
 // (16, out, P) at point stride s, bias (out) or nil, and tmp scratch of at
@@ -462,6 +512,10 @@ func WinogradOutput(y, tmp, m []float32, s int, bias []float32, g ConvGeom, out,
 	}
 	if len(tmp) < 4*op {
 		panic(fmt.Sprintf("tensor: WinogradOutput: len(tmp)=%d < %d", len(tmp), 4*op))
+	}
+	if winoOutputVec(g) {
+		winogradOutputVec(y, m, s, bias, g, out, batch, relu)
+		return
 	}
 	for j := 0; j < op; j += winoChunk {
 		w := min(winoChunk, op-j)
@@ -507,6 +561,55 @@ func WinogradOutput(y, tmp, m []float32, s int, bias []float32, g ConvGeom, out,
 	}
 }
 
+// winogradOutputVec is WinogradOutput with the vector kernel over each
+// row's whole tiles and outputTile for the rest.
+func winogradOutputVec(y, m []float32, s int, bias []float32, g ConvGeom, out, batch int, relu bool) {
+	th, tw := g.WinogradTiles()
+	oh, ow := g.OutH(), g.OutW()
+	plane := oh * ow
+	pn := th * tw
+	P := batch * pn
+	whole, wholeRows := ow/2, oh/2
+	for n := range batch {
+		for o := range out {
+			var b float32
+			if bias != nil {
+				b = bias[o]
+			}
+			img := y[(n*out+o)*plane : (n*out+o+1)*plane]
+			for ty := range th {
+				i0 := o*P + n*pn + ty*tw
+				yy := 2 * ty
+				tx0 := 0
+				if ty < wholeRows {
+					_ = img[(yy+1)*ow+2*whole-1] // the kernel writes two rows of 2·whole values
+					_ = m[i0+whole-1+15*s]
+					winoOutput8(&img[yy*ow], ow, &m[i0], s, whole, b, relu)
+					tx0 = whole
+				}
+				for tx := tx0; tx < tw; tx++ {
+					y00, y01, y10, y11 := outputTile(m[i0+tx:], s)
+					y00, y01, y10, y11 = y00+b, y01+b, y10+b, y11+b
+					if relu {
+						y00, y01, y10, y11 = max(y00, 0), max(y01, 0), max(y10, 0), max(y11, 0)
+					}
+					xx := 2 * tx
+					img[yy*ow+xx] = y00
+					if xx+1 < ow {
+						img[yy*ow+xx+1] = y01
+					}
+					if yy+1 < oh {
+						img[(yy+1)*ow+xx] = y10
+						if xx+1 < ow {
+							img[(yy+1)*ow+xx+1] = y11
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
 // WinogradOutputGrad sets dm (16, out, P, point stride s) to A·dy·Aᵀ for
 // every output channel and tile of dy (batch, out, OutH, OutW): the
 // adjoint of WinogradOutput's linear part (without bias and ReLU); tmp is
@@ -524,6 +627,10 @@ func WinogradOutputGrad(dm, tmp []float32, s int, dy []float32, g ConvGeom, out,
 	checkPoints("WinogradOutputGrad", "dm", dm, s, op)
 	if len(tmp) < 4*op {
 		panic(fmt.Sprintf("tensor: WinogradOutputGrad: len(tmp)=%d < %d", len(tmp), 4*op))
+	}
+	if winoOutputVec(g) {
+		winogradOutputGradVec(dm, s, dy, g, out, batch)
+		return
 	}
 	t00, t01, t10, t11 := tmp[:op], tmp[op:2*op], tmp[2*op:3*op], tmp[3*op:4*op]
 	for n := range batch {
@@ -560,6 +667,48 @@ func WinogradOutputGrad(dm, tmp []float32, s int, dy []float32, g ConvGeom, out,
 	for j := 0; j < op; j += winoChunk {
 		w := min(winoChunk, op-j)
 		Gemm(false, false, 16, w, 4, 1, winoAAT, 4, tmp[j:], op, 0, dm[j:], s)
+	}
+}
+
+// winogradOutputGradVec is WinogradOutputGrad with the vector kernel over
+// each row's whole tiles and outputGradTile for the rest.
+func winogradOutputGradVec(dm []float32, s int, dy []float32, g ConvGeom, out, batch int) {
+	th, tw := g.WinogradTiles()
+	oh, ow := g.OutH(), g.OutW()
+	plane := oh * ow
+	pn := th * tw
+	P := batch * pn
+	whole, wholeRows := ow/2, oh/2
+	for n := range batch {
+		for o := range out {
+			img := dy[(n*out+o)*plane : (n*out+o+1)*plane]
+			for ty := range th {
+				i0 := o*P + n*pn + ty*tw
+				yy := 2 * ty
+				tx0 := 0
+				if ty < wholeRows {
+					_ = img[(yy+1)*ow+2*whole-1] // the kernel reads two rows of 2·whole values
+					_ = dm[i0+whole-1+15*s]
+					winoOutputGrad8(&dm[i0], s, &img[yy*ow], ow, whole)
+					tx0 = whole
+				}
+				for tx := tx0; tx < tw; tx++ {
+					xx := 2 * tx
+					var g00, g01, g10, g11 float32
+					g00 = img[yy*ow+xx]
+					if xx+1 < ow {
+						g01 = img[yy*ow+xx+1]
+					}
+					if yy+1 < oh {
+						g10 = img[(yy+1)*ow+xx]
+						if xx+1 < ow {
+							g11 = img[(yy+1)*ow+xx+1]
+						}
+					}
+					outputGradTile(dm[i0+tx:], s, g00, g01, g10, g11)
+				}
+			}
+		}
 	}
 }
 
@@ -601,6 +750,22 @@ func WinogradOutputPool(y []float32, arg []uint8, tmp, m []float32, s int, bias 
 	}
 	if len(tmp) < 4*op {
 		panic(fmt.Sprintf("tensor: WinogradOutputPool: len(tmp)=%d < %d", len(tmp), 4*op))
+	}
+	if winoPoolVec(pn) {
+		for n := range batch {
+			for o := range out {
+				var b float32
+				if bias != nil {
+					b = bias[o]
+				}
+				i0, k0 := o*P+n*pn, (n*out+o)*pn
+				_ = m[i0+pn-1+15*s]
+				_ = y[k0+pn-1]
+				_ = arg[k0+pn-1]
+				winoOutputPool8(&y[k0], &arg[k0], &m[i0], s, pn, b, relu)
+			}
+		}
+		return
 	}
 	for j := 0; j < op; j += winoChunk {
 		w := min(winoChunk, op-j)
@@ -665,6 +830,18 @@ func WinogradOutputPoolGrad(dm, tmp []float32, s int, dy []float32, arg []uint8,
 		panic(fmt.Sprintf("tensor: WinogradOutputPoolGrad: len(tmp)=%d < %d", len(tmp), 4*op))
 	}
 	pn := th * tw
+	if winoPoolVec(pn) {
+		for n := range batch {
+			for o := range out {
+				i0, k0 := o*P+n*pn, (n*out+o)*pn
+				_ = dm[i0+pn-1+15*s]
+				_ = dy[k0+pn-1]
+				_ = arg[k0+pn-1]
+				winoOutputPoolGrad8(&dm[i0], s, &dy[k0], &arg[k0], pn)
+			}
+		}
+		return
+	}
 	for n := range batch {
 		for o := range out {
 			i0 := o*P + n*pn

@@ -33,3 +33,33 @@ func winoInputGrad8(t0, t1, t2, t3, dv *float32, s int, mask *float32)
 //
 //go:noescape
 func winoRowT(r0, r1, r2, r3, t0, t1, t2, t3 *float32, n int)
+
+// winoOutput8 writes Aᵀ·m·A + b (then max(·, 0) when relu is set) of n ≥ 8
+// neighbouring tiles of one row, whose points are m[ξ·s + k], k = 0..n−1,
+// to y[2k], y[2k+1] (the first output row) and y[ow+2k], y[ow+2k+1] (the
+// second), in blocks of 8 tiles, the last one moved back to end at the
+// last tile: the same operations in the same order as outputTile and the
+// Go code's bias and max, so the same values.
+//
+//go:noescape
+func winoOutput8(y *float32, ow int, m *float32, s, n int, b float32, relu bool)
+
+// winoOutputPool8 is winoOutput8 followed by WinogradOutputPool's 2×2 max
+// (and arg) of each of n ≥ 8 consecutive tiles, written to y[k] and
+// arg[k]: the same values as the Go code applied to outputTile's.
+//
+//go:noescape
+func winoOutputPool8(y *float32, arg *uint8, m *float32, s, n int, b float32, relu bool)
+
+// winoOutputGrad8 writes A·g·Aᵀ of n ≥ 8 neighbouring tiles of one row,
+// whose output gradients are dy[2k], dy[2k+1], dy[ow+2k], dy[ow+2k+1], to
+// dm[ξ·s + k], as outputGradTile does.
+//
+//go:noescape
+func winoOutputGrad8(dm *float32, s int, dy *float32, ow, n int)
+
+// winoOutputPoolGrad8 is winoOutputGrad8 for the tiles of a fused pool:
+// tile k's gradient is dy[k] at position arg[k]&3 and 0 elsewhere.
+//
+//go:noescape
+func winoOutputPoolGrad8(dm *float32, s int, dy *float32, arg *uint8, n int)

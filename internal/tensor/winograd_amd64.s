@@ -183,3 +183,361 @@ loop:
 
 done:
 	RET
+
+// OUTT computes the output transform Aᵀ·m·A of 8 neighbouring tiles whose
+// 16 points lie at SI (ξ = 0..3), R8 (4..7), R9 (8..11) and R10 (12..15),
+// each row's points CX bytes apart (R12 = 3·CX): the rows pass
+// p_c = (m0c + m1c) + m2c, q_c = (m1c − m2c) − m3c, then the columns pass
+// y00 = (p0 + p1) + p2 (Y8), y01 = (p1 − p2) − p3 (Y9), y10 = (q0 + q1) + q2
+// (Y10), y11 = (q1 − q2) − q3 (Y11), as outputTile does. Y0..Y7 and Y12
+// are clobbered. OUTCOL is the rows pass of one column c, whose points
+// are at A0..A3: P = p_c, Q = q_c.
+#define OUTCOL(A0, A1, A2, A3, P, Q) \
+	VMOVUPS A0, P; \
+	VMOVUPS A1, Q; \
+	VMOVUPS A2, Y12; \
+	VADDPS Q, P, P; \
+	VADDPS Y12, P, P; \
+	VSUBPS Y12, Q, Q; \
+	VSUBPS A3, Q, Q
+
+#define OUTT \
+	OUTCOL((SI), (R8), (R9), (R10), Y0, Y4); \
+	OUTCOL((SI)(CX*1), (R8)(CX*1), (R9)(CX*1), (R10)(CX*1), Y1, Y5); \
+	OUTCOL((SI)(CX*2), (R8)(CX*2), (R9)(CX*2), (R10)(CX*2), Y2, Y6); \
+	OUTCOL((SI)(R12*1), (R8)(R12*1), (R9)(R12*1), (R10)(R12*1), Y3, Y7); \
+	VADDPS Y1, Y0, Y8; \
+	VADDPS Y2, Y8, Y8; \
+	VSUBPS Y2, Y1, Y9; \
+	VSUBPS Y3, Y9, Y9; \
+	VADDPS Y5, Y4, Y10; \
+	VADDPS Y6, Y10, Y10; \
+	VSUBPS Y6, Y5, Y11; \
+	VSUBPS Y7, Y11, Y11
+
+// GOMIN sets D to Go's min(X, Y) as the compiler lowers it on amd64:
+// T = MIN(X, Y), D = MIN(T, X) | T (NaNs propagate, min(−0, +0) = −0).
+#define GOMIN(X, Y, D, T) \
+	VMINPS Y, X, T; \
+	VMINPS X, T, D; \
+	VORPS T, D, D
+
+// RELU sets V to Go's max(V, 0) = −min(−V, −0) (Y14: −0 in every lane;
+// Y12, Y13 clobbered).
+#define RELU(V) \
+	VXORPS Y14, V, Y13; \
+	GOMIN(Y13, Y14, V, Y12); \
+	VXORPS Y14, V, V
+
+// POINTS sets the point pointers R8, R9, R10 (ξ = 4, 8, 12) from SI
+// (ξ = 0) and the point stride s in CX: CX = s·4 bytes, R12 = 3·CX, and
+// Y14 = −0 in every lane.
+#define POINTS \
+	SHLQ $2, CX; \
+	LEAQ (CX)(CX*2), R12; \
+	LEAQ (SI)(CX*4), R8; \
+	LEAQ (R8)(CX*4), R9; \
+	LEAQ (R9)(CX*4), R10; \
+	MOVL $0x80000000, BX; \
+	VMOVD BX, X14; \
+	VPBROADCASTD X14, Y14
+
+// func winoOutput8(y *float32, ow int, m *float32, s, n int, b float32, relu bool)
+TEXT ·winoOutput8(SB), NOSPLIT, $0-45
+	MOVQ y+0(FP), DI
+	MOVQ ow+8(FP), R11
+	SHLQ $2, R11
+	MOVQ m+16(FP), SI
+	MOVQ s+24(FP), CX
+	POINTS
+	VBROADCASTSS b+40(FP), Y15
+	MOVBLZX relu+44(FP), R13
+	MOVQ n+32(FP), DX
+
+outloop:
+	CMPQ DX, $8
+	JLT  outtail
+
+outbody:
+	OUTT
+	VADDPS Y15, Y8, Y8
+	VADDPS Y15, Y9, Y9
+	VADDPS Y15, Y10, Y10
+	VADDPS Y15, Y11, Y11
+	TESTQ  R13, R13
+	JZ     outstore
+	RELU(Y8)
+	RELU(Y9)
+	RELU(Y10)
+	RELU(Y11)
+
+outstore:
+	// interleave (y00, y01) into the first row, (y10, y11) into the second
+	VUNPCKLPS  Y9, Y8, Y0
+	VUNPCKHPS  Y9, Y8, Y1
+	VPERM2F128 $0x20, Y1, Y0, Y2
+	VPERM2F128 $0x31, Y1, Y0, Y3
+	VMOVUPS    Y2, (DI)
+	VMOVUPS    Y3, 32(DI)
+	VUNPCKLPS  Y11, Y10, Y0
+	VUNPCKHPS  Y11, Y10, Y1
+	VPERM2F128 $0x20, Y1, Y0, Y2
+	VPERM2F128 $0x31, Y1, Y0, Y3
+	VMOVUPS    Y2, (DI)(R11*1)
+	VMOVUPS    Y3, 32(DI)(R11*1)
+	ADDQ       $32, SI
+	ADDQ       $32, R8
+	ADDQ       $32, R9
+	ADDQ       $32, R10
+	ADDQ       $64, DI
+	SUBQ       $8, DX
+	JMP        outloop
+
+outtail:
+	// the last n%8 tiles: back up to end the block at the last tile
+	TESTQ DX, DX
+	JZ    outdone
+	MOVQ  $8, BX
+	SUBQ  DX, BX
+	SHLQ  $2, BX
+	SUBQ  BX, SI
+	SUBQ  BX, R8
+	SUBQ  BX, R9
+	SUBQ  BX, R10
+	SUBQ  BX, DI
+	SUBQ  BX, DI
+	MOVQ  $8, DX
+	JMP   outbody
+
+outdone:
+	VZEROUPPER
+	RET
+
+// func winoOutputPool8(y *float32, arg *uint8, m *float32, s, n int, b float32, relu bool)
+TEXT ·winoOutputPool8(SB), NOSPLIT, $0-45
+	MOVQ y+0(FP), DI
+	MOVQ arg+8(FP), AX
+	MOVQ m+16(FP), SI
+	MOVQ s+24(FP), CX
+	POINTS
+	VBROADCASTSS b+40(FP), Y15
+	MOVBLZX relu+44(FP), R13
+	MOVQ n+32(FP), DX
+	MOVL $3, BX
+	VMOVD BX, X13
+	VPBROADCASTD X13, Y13 // 3
+
+poolloop:
+	CMPQ DX, $8
+	JLT  pooltail
+
+poolbody:
+	OUTT
+	VADDPS Y15, Y8, Y8   // a0
+	VADDPS Y15, Y9, Y9   // a1
+	VADDPS Y15, Y10, Y10 // b0
+	VADDPS Y15, Y11, Y11 // b1
+
+	// mx = max(max(a0, a1), max(b0, b1)) = −min(min(−a0, −a1), min(−b0, −b1))
+	VXORPS Y14, Y8, Y0
+	VXORPS Y14, Y9, Y1
+	VXORPS Y14, Y10, Y2
+	VXORPS Y14, Y11, Y3
+	GOMIN(Y0, Y1, Y4, Y12)
+	GOMIN(Y2, Y3, Y5, Y12)
+	GOMIN(Y4, Y5, Y6, Y12) // −mx
+	VXORPS Y14, Y6, Y7     // mx
+
+	// arg: 0 if a0 == mx, else 1 if a1 == mx, else 2 if b0 == mx, else 3
+	VCMPPS    $0, Y7, Y10, Y0
+	VCMPPS    $0, Y7, Y9, Y1
+	VCMPPS    $0, Y7, Y8, Y2
+	VPSRLD    $1, Y13, Y4   // 1
+	VPADDD    Y0, Y13, Y3   // 3, or 2 where b0 == mx
+	VBLENDVPS Y1, Y4, Y3, Y3
+	VPANDN    Y3, Y2, Y3
+
+	TESTQ R13, R13
+	JZ    poolstore
+	// max(mx, 0) = −min(−mx, −0)
+	GOMIN(Y6, Y14, Y5, Y12)
+	VXORPS Y14, Y5, Y7
+
+poolstore:
+	VMOVUPS      Y7, (DI)
+	VEXTRACTI128 $1, Y3, X4
+	VPACKSSDW    X4, X3, X3
+	VPACKUSWB    X3, X3, X3
+	VMOVQ        X3, (AX)
+	ADDQ         $32, SI
+	ADDQ         $32, R8
+	ADDQ         $32, R9
+	ADDQ         $32, R10
+	ADDQ         $32, DI
+	ADDQ         $8, AX
+	SUBQ         $8, DX
+	JMP          poolloop
+
+pooltail:
+	TESTQ DX, DX
+	JZ    pooldone
+	MOVQ  $8, BX
+	SUBQ  DX, BX
+	SUBQ  BX, AX
+	SHLQ  $2, BX
+	SUBQ  BX, SI
+	SUBQ  BX, R8
+	SUBQ  BX, R9
+	SUBQ  BX, R10
+	SUBQ  BX, DI
+	MOVQ  $8, DX
+	JMP   poolbody
+
+pooldone:
+	VZEROUPPER
+	RET
+
+// GROW stores one row of the output gradient transform, h·Aᵀ for the
+// row's (H0, H1): H0, H0 + H1, H0 − H1 and −H1 at P, P + CX, P + 2·CX and
+// P + R12 (Y14: −0 in every lane; Y12 clobbered).
+#define GROW(H0, H1, P) \
+	VMOVUPS H0, (P); \
+	VADDPS H1, H0, Y12; \
+	VMOVUPS Y12, (P)(CX*1); \
+	VSUBPS H1, H0, Y12; \
+	VMOVUPS Y12, (P)(CX*2); \
+	VXORPS Y14, H1, Y12; \
+	VMOVUPS Y12, (P)(R12*1)
+
+// GRADT stores A·g·Aᵀ of 8 tiles with g00, g01, g10, g11 in Y0..Y3 to the
+// 16 points at SI, R8, R9, R10 (as OUTT reads them): the rows
+// h0 = g0, h1 = g0 + g1, h2 = g0 − g1, h3 = −g1, then GROW, as
+// outputGradTile does. Y4, Y5, Y12 are clobbered.
+#define GRADT \
+	GROW(Y0, Y1, SI); \
+	VADDPS Y2, Y0, Y4; \
+	VADDPS Y3, Y1, Y5; \
+	GROW(Y4, Y5, R8); \
+	VSUBPS Y2, Y0, Y4; \
+	VSUBPS Y3, Y1, Y5; \
+	GROW(Y4, Y5, R9); \
+	VXORPS Y14, Y2, Y4; \
+	VXORPS Y14, Y3, Y5; \
+	GROW(Y4, Y5, R10)
+
+// DEINT16 splits the 16 values at R into their even (E) and odd (O)
+// elements (Y12, Y13 clobbered).
+#define DEINT16(R, E, O) \
+	VMOVUPS 0(R), Y12; \
+	VMOVUPS 32(R), Y13; \
+	VSHUFPS $0x88, Y13, Y12, E; \
+	VSHUFPS $0xDD, Y13, Y12, O; \
+	VPERMPD $0xD8, E, E; \
+	VPERMPD $0xD8, O, O
+
+// func winoOutputGrad8(dm *float32, s int, dy *float32, ow, n int)
+TEXT ·winoOutputGrad8(SB), NOSPLIT, $0-40
+	MOVQ dm+0(FP), SI
+	MOVQ s+8(FP), CX
+	POINTS
+	MOVQ dy+16(FP), DI
+	MOVQ ow+24(FP), R11
+	SHLQ $2, R11
+	MOVQ n+32(FP), DX
+
+gradloop:
+	CMPQ DX, $8
+	JLT  gradtail
+
+gradbody:
+	DEINT16(DI, Y0, Y1)
+	LEAQ (DI)(R11*1), BX
+	DEINT16(BX, Y2, Y3)
+	GRADT
+	ADDQ $32, SI
+	ADDQ $32, R8
+	ADDQ $32, R9
+	ADDQ $32, R10
+	ADDQ $64, DI
+	SUBQ $8, DX
+	JMP  gradloop
+
+gradtail:
+	TESTQ DX, DX
+	JZ    graddone
+	MOVQ  $8, BX
+	SUBQ  DX, BX
+	SHLQ  $2, BX
+	SUBQ  BX, SI
+	SUBQ  BX, R8
+	SUBQ  BX, R9
+	SUBQ  BX, R10
+	SUBQ  BX, DI
+	SUBQ  BX, DI
+	MOVQ  $8, DX
+	JMP   gradbody
+
+graddone:
+	VZEROUPPER
+	RET
+
+// func winoOutputPoolGrad8(dm *float32, s int, dy *float32, arg *uint8, n int)
+TEXT ·winoOutputPoolGrad8(SB), NOSPLIT, $0-40
+	MOVQ dm+0(FP), SI
+	MOVQ s+8(FP), CX
+	POINTS
+	MOVQ dy+16(FP), DI
+	MOVQ arg+24(FP), AX
+	MOVQ n+32(FP), DX
+	MOVL $3, BX
+	VMOVD BX, X13
+	VPBROADCASTD X13, Y11 // 3
+	VPSRLD $1, Y11, Y9    // 1
+	VPSUBD Y9, Y11, Y10   // 2
+	VPXOR  Y8, Y8, Y8     // 0
+
+pgloop:
+	CMPQ DX, $8
+	JLT  pgtail
+
+pgbody:
+	// g = the tile's dy at its arg, 0 elsewhere
+	VMOVUPS   (DI), Y7
+	VPMOVZXBD (AX), Y6
+	VPAND     Y11, Y6, Y6
+	VPCMPEQD  Y8, Y6, Y0
+	VANDPS    Y7, Y0, Y0
+	VPCMPEQD  Y9, Y6, Y1
+	VANDPS    Y7, Y1, Y1
+	VPCMPEQD  Y10, Y6, Y2
+	VANDPS    Y7, Y2, Y2
+	VPCMPEQD  Y11, Y6, Y3
+	VANDPS    Y7, Y3, Y3
+	GRADT
+	ADDQ      $32, SI
+	ADDQ      $32, R8
+	ADDQ      $32, R9
+	ADDQ      $32, R10
+	ADDQ      $32, DI
+	ADDQ      $8, AX
+	SUBQ      $8, DX
+	JMP       pgloop
+
+pgtail:
+	TESTQ DX, DX
+	JZ    pgdone
+	MOVQ  $8, BX
+	SUBQ  DX, BX
+	SUBQ  BX, AX
+	SHLQ  $2, BX
+	SUBQ  BX, SI
+	SUBQ  BX, R8
+	SUBQ  BX, R9
+	SUBQ  BX, R10
+	SUBQ  BX, DI
+	MOVQ  $8, DX
+	JMP   pgbody
+
+pgdone:
+	VZEROUPPER
+	RET

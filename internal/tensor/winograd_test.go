@@ -21,6 +21,9 @@ func winogradGeoms() []ConvGeom {
 		w(2, 4, 6, 1), w(1, 2, 4, 2), w(3, 8, 4, 0), // even outputs (a fused 2×2 pool)
 		w(3, 6, 18, 0), w(2, 5, 19, 1), w(1, 4, 40, 2), // vector kernels: one block, edge tiles around it, overlapping blocks
 		{C: 2, H: 5, W: 6, KH: 3, KW: 3, StrideH: 1, StrideW: 1, PadH: 0, PadW: 1},
+		// output vector kernels: rows of 8+ whole tiles with an odd edge
+		// column and row, a partial last block; a pool of 8 narrow tiles
+		w(3, 19, 21, 1), w(1, 12, 20, 0), w(2, 10, 6, 0),
 	}
 }
 
@@ -175,23 +178,36 @@ func BenchmarkWinograd(b *testing.B) {
 			WinogradInputGrad(x, v, sv, g, batch)
 		}
 	})
-	b.Run("output", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			WinogradOutput(y, tmp, m, sm, nil, g, out, batch, false)
+	yp := make([]float32, out*P)
+	arg := make([]uint8, out*P)
+	bias := randSlice(r, out)
+	for _, simd := range []bool{true, false} {
+		sfx := ""
+		if !simd {
+			sfx = "-go"
 		}
-	})
-	b.Run("outputgrad", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			WinogradOutputGrad(m, tmp, sm, y, g, out, batch)
+		run := func(name string, f func()) {
+			b.Run(name+sfx, func(b *testing.B) {
+				defer func(v bool) { winoSIMD = v }(winoSIMD)
+				winoSIMD = winoSIMD && simd
+				b.ReportAllocs()
+				for b.Loop() {
+					f()
+				}
+			})
 		}
-	})
+		run("output", func() { WinogradOutput(y, tmp, m, sm, nil, g, out, batch, false) })
+		run("outputgrad", func() { WinogradOutputGrad(m, tmp, sm, y, g, out, batch) })
+		run("outputpool", func() { WinogradOutputPool(yp, arg, tmp, m, sm, bias, g, out, batch, true) })
+		run("outputpoolgrad", func() { WinogradOutputPoolGrad(m, tmp, sm, yp, arg, g, out, batch) })
+	}
 }
 
 // TestWinogradOutputPool checks the fused output transform and 2×2 max
-// pool against WinogradOutput followed by a reference pool (the same
-// arithmetic, so bit for bit), ties (tiles of m all 0) and NaNs included,
+// pool against the full output transform in the same arithmetic
+// (WinogradOutput's GEMM, or outputTile where the pool takes the vector
+// kernel) followed by a reference pool, bit for bit, ties (tiles of m all
+// 0) and NaNs included,
 // and its gradient against WinogradOutputGrad of the scattered pool
 // gradient.
 func TestWinogradOutputPool(t *testing.T) {
@@ -224,8 +240,14 @@ func TestWinogradOutputPool(t *testing.T) {
 						b := randSlice(r, out)
 						tmp := make([]float32, 4*op)
 						for _, relu := range []bool{false, true} {
+							// the full output in the pool's own arithmetic: the
+							// vector kernels' (outputTile) or the GEMM path's
 							full := make([]float32, batch*out*g.OutH()*g.OutW())
-							WinogradOutput(full, tmp, m, s, b, g, out, batch, false)
+							if winoPoolVec(pn) {
+								refOutput(full, m, s, b, g, out, batch, false)
+							} else {
+								WinogradOutput(full, tmp, m, s, b, g, out, batch, false)
+							}
 							y := make([]float32, op)
 							arg := make([]uint8, op)
 							WinogradOutputPool(y, arg, tmp, m, s, b, g, out, batch, relu)
@@ -274,7 +296,10 @@ func TestWinogradOutputPool(t *testing.T) {
 							WinogradOutputGrad(want, tmp, s, dfull, g, out, batch)
 							WinogradOutputPoolGrad(got, tmp, s, dy, arg, g, out, batch)
 							for i := range want {
-								if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+								// the same values; a zero's sign may differ where
+								// one of them is a GEMM (WinogradOutputGrad on
+								// rows of under 8 tiles)
+								if got[i] != want[i] {
 									t.Fatalf("%s %+v out %d batch %d: dm[%d]=%v, want %v", be, g, out, batch, i, got[i], want[i])
 								}
 							}
@@ -335,5 +360,256 @@ func TestWinogradInputSIMD(t *testing.T) {
 	}
 	if vectors < 4 {
 		t.Fatalf("only %d geometries reach the vector kernels", vectors)
+	}
+}
+
+// refOutput is WinogradOutput tile by tile with outputTile: the vector
+// kernels' arithmetic.
+func refOutput(y, m []float32, s int, bias []float32, g ConvGeom, out, batch int, relu bool) {
+	th, tw := g.WinogradTiles()
+	oh, ow := g.OutH(), g.OutW()
+	pn := th * tw
+	for n := range batch {
+		for o := range out {
+			img := y[(n*out+o)*oh*ow:]
+			for ty := range th {
+				for tx := range tw {
+					t := [4]float32{}
+					t[0], t[1], t[2], t[3] = outputTile(m[o*batch*pn+n*pn+ty*tw+tx:], s)
+					for k, v := range t {
+						v += bias[o]
+						if relu {
+							v = max(v, 0)
+						}
+						if yy, xx := 2*ty+k/2, 2*tx+k%2; yy < oh && xx < ow {
+							img[yy*ow+xx] = v
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// refOutputGrad is WinogradOutputGrad tile by tile with outputGradTile.
+func refOutputGrad(dm []float32, s int, dy []float32, g ConvGeom, out, batch int) {
+	th, tw := g.WinogradTiles()
+	oh, ow := g.OutH(), g.OutW()
+	pn := th * tw
+	for n := range batch {
+		for o := range out {
+			img := dy[(n*out+o)*oh*ow:]
+			for ty := range th {
+				for tx := range tw {
+					var t [4]float32
+					for k := range t {
+						if yy, xx := 2*ty+k/2, 2*tx+k%2; yy < oh && xx < ow {
+							t[k] = img[yy*ow+xx]
+						}
+					}
+					outputGradTile(dm[o*batch*pn+n*pn+ty*tw+tx:], s, t[0], t[1], t[2], t[3])
+				}
+			}
+		}
+	}
+}
+
+// refPool is WinogradOutputPool's pool over a full output y: each tile's
+// maximum (Go's max, NaNs propagating) and its position.
+func refPool(y []float32, g ConvGeom, out, batch int, relu bool) ([]float32, []uint8) {
+	th, tw := g.WinogradTiles()
+	ow := g.OutW()
+	var p []float32
+	var arg []uint8
+	for q := range batch * out {
+		img := y[q*g.OutH()*ow:]
+		for ty := range th {
+			for tx := range tw {
+				a0, a1 := img[2*ty*ow+2*tx], img[2*ty*ow+2*tx+1]
+				b0, b1 := img[(2*ty+1)*ow+2*tx], img[(2*ty+1)*ow+2*tx+1]
+				mx := max(max(a0, a1), max(b0, b1))
+				w := uint8(3)
+				if b0 == mx {
+					w = 2
+				}
+				if a1 == mx {
+					w = 1
+				}
+				if a0 == mx {
+					w = 0
+				}
+				if relu {
+					mx = max(mx, 0)
+				}
+				p, arg = append(p, mx), append(arg, w)
+			}
+		}
+	}
+	return p, arg
+}
+
+// withSIMD runs f with the vector kernels on (where the machine has them)
+// or off.
+func withSIMD(on bool, f func()) {
+	defer func(v bool) { winoSIMD = v }(winoSIMD)
+	winoSIMD = winoSIMD && on
+	f()
+}
+
+// sameBits reports whether a and b hold the same float32 bit patterns.
+func sameBits(a, b []float32) int {
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return i
+		}
+	}
+	return -1
+}
+
+// near reports the first index where a and b differ by more than a few
+// ulps of values ~1 (NaNs equal).
+func near(a, b []float32) int {
+	for i := range a {
+		x, y := float64(a[i]), float64(b[i])
+		if math.IsNaN(x) && math.IsNaN(y) {
+			continue
+		}
+		if !(math.Abs(x-y) <= 1e-6*(1+math.Abs(x))) {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestWinogradOutputSIMD: the output-side vector kernels give the values
+// of the Go code in the same order (outputTile, outputGradTile and Go's
+// max) bit for bit, and those of the GEMM path (their fallback) within a
+// few ulps, with the same pool positions; ties, NaNs and signed zeros
+// included.
+func TestWinogradOutputSIMD(t *testing.T) {
+	if !winoSIMD {
+		t.Skip("no vector kernels on this machine")
+	}
+	w := func(c, h, wd, pad int) ConvGeom {
+		return ConvGeom{C: c, H: h, W: wd, KH: 3, KW: 3, StrideH: 1, StrideW: 1, PadH: pad, PadW: pad}
+	}
+	geoms := append(winogradGeoms(), w(2, 18, 18, 0), w(1, 6, 40, 2), w(2, 9, 35, 1), w(1, 7, 9, 1), w(64, 16, 16, 1))
+	negZero := float32(math.Copysign(0, -1))
+	nan := float32(math.NaN())
+	r := rand.New(rand.NewPCG(7, 7))
+	plain, pooled := 0, 0
+	for _, g := range geoms {
+		th, tw := g.WinogradTiles()
+		pn := th * tw
+		for _, out := range []int{1, 3} {
+			for _, batch := range []int{1, 2} {
+				name := fmt.Sprintf("%+v out %d batch %d", g, out, batch)
+				P := batch * pn
+				op := out * P
+				s := WinogradStride(op)
+				m := randSlice(r, 16*s)
+				for i := 0; i < op; i += 5 { // ties: tiles of +0 or −0
+					for xi := range 16 {
+						m[xi*s+i] = 0
+						if i%2 == 1 {
+							m[xi*s+i] = negZero
+						}
+					}
+				}
+				if op > 9 {
+					m[5*s+9] = nan
+				}
+				bias := randSlice(r, out)
+				bias[0] = negZero
+				tmp := make([]float32, 4*op)
+				ny := batch * out * g.OutH() * g.OutW()
+				dy := randSlice(r, ny)
+				if winoOutputVec(g) {
+					plain++
+				}
+				for _, relu := range []bool{false, true} {
+					var yVec, yGo, yRef = make([]float32, ny), make([]float32, ny), make([]float32, ny)
+					WinogradOutput(yVec, tmp, m, s, bias, g, out, batch, relu)
+					withSIMD(false, func() { WinogradOutput(yGo, tmp, m, s, bias, g, out, batch, relu) })
+					refOutput(yRef, m, s, bias, g, out, batch, relu)
+					if winoOutputVec(g) {
+						if i := sameBits(yVec, yRef); i >= 0 {
+							t.Fatalf("%s relu %v: y[%d] = %v, Go code %v", name, relu, i, yVec[i], yRef[i])
+						}
+					}
+					if i := near(yVec, yGo); i >= 0 {
+						t.Fatalf("%s relu %v: y[%d] = %v, GEMM path %v", name, relu, i, yVec[i], yGo[i])
+					}
+				}
+				dmVec, dmGo, dmRef := randSlice(r, 16*s), randSlice(r, 16*s), randSlice(r, 16*s)
+				copy(dmGo, dmVec)
+				copy(dmRef, dmVec) // the padding between point matrices must stay
+				WinogradOutputGrad(dmVec, tmp, s, dy, g, out, batch)
+				withSIMD(false, func() { WinogradOutputGrad(dmGo, tmp, s, dy, g, out, batch) })
+				refOutputGrad(dmRef, s, dy, g, out, batch)
+				if winoOutputVec(g) {
+					if i := sameBits(dmVec, dmRef); i >= 0 {
+						t.Fatalf("%s: dm[%d] = %v, Go code %v", name, i, dmVec[i], dmRef[i])
+					}
+				}
+				if i := near(dmVec, dmGo); i >= 0 {
+					t.Fatalf("%s: dm[%d] = %v, GEMM path %v", name, i, dmVec[i], dmGo[i])
+				}
+
+				if !g.WinogradPoolOK() {
+					continue
+				}
+				if winoPoolVec(pn) {
+					pooled++
+				}
+				for _, relu := range []bool{false, true} {
+					yVec, yGo := make([]float32, op), make([]float32, op)
+					argVec, argGo := make([]uint8, op), make([]uint8, op)
+					WinogradOutputPool(yVec, argVec, tmp, m, s, bias, g, out, batch, relu)
+					withSIMD(false, func() { WinogradOutputPool(yGo, argGo, tmp, m, s, bias, g, out, batch, relu) })
+					full := make([]float32, ny)
+					refOutput(full, m, s, bias, g, out, batch, false)
+					yRef, argRef := refPool(full, g, out, batch, relu)
+					if winoPoolVec(pn) {
+						if i := sameBits(yVec, yRef); i >= 0 || !slices.Equal(argVec, argRef) {
+							i = max(i, 0)
+							t.Fatalf("%s relu %v: pooled y[%d] = %v arg %d, Go code %v arg %d", name, relu, i, yVec[i], argVec[i], yRef[i], argRef[i])
+						}
+					}
+					if i := near(yVec, yGo); i >= 0 || !slices.Equal(argVec, argGo) {
+						i = max(i, 0)
+						t.Fatalf("%s relu %v: pooled y[%d] = %v arg %d, GEMM path %v arg %d", name, relu, i, yVec[i], argVec[i], yGo[i], argGo[i])
+					}
+					dp := randSlice(r, op)
+					dfull := make([]float32, ny)
+					ow := g.OutW()
+					for q := range batch * out {
+						for k := range pn {
+							a := argVec[q*pn+k]
+							dfull[q*g.OutH()*ow+(2*(k/tw)+int(a>>1))*ow+2*(k%tw)+int(a&1)] = dp[q*pn+k]
+						}
+					}
+					dmVec, dmGo, dmRef := randSlice(r, 16*s), randSlice(r, 16*s), randSlice(r, 16*s)
+					copy(dmGo, dmVec)
+					copy(dmRef, dmVec)
+					WinogradOutputPoolGrad(dmVec, tmp, s, dp, argVec, g, out, batch)
+					withSIMD(false, func() { WinogradOutputPoolGrad(dmGo, tmp, s, dp, argVec, g, out, batch) })
+					refOutputGrad(dmRef, s, dfull, g, out, batch)
+					if winoPoolVec(pn) {
+						if i := sameBits(dmVec, dmRef); i >= 0 {
+							t.Fatalf("%s: pooled dm[%d] = %v, Go code %v", name, i, dmVec[i], dmRef[i])
+						}
+					}
+					for i := range dmVec {
+						if dmVec[i] != dmGo[i] {
+							t.Fatalf("%s: pooled dm[%d] = %v, GEMM path %v", name, i, dmVec[i], dmGo[i])
+						}
+					}
+				}
+			}
+		}
+	}
+	if plain < 16 || pooled < 16 {
+		t.Fatalf("only %d plain and %d pooled cases reach the vector kernels", plain, pooled)
 	}
 }
