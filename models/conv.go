@@ -12,7 +12,9 @@ import (
 // groups 1 and dilation 1). 3×3 stride-1 kernels over at least
 // winogradMinC channels run as Winograd F(2×2, 3×3) over blocks of
 // samples (tensor.WinogradInput and friends: 2.25× fewer multiplications);
-// every other geometry runs per sample as im2col + GEMM.
+// stride-1 kernels over few input channels (C·KH·KW ≤ 75, output rows of
+// 8 or more, AVX2) as a direct convolution (tensor.ConvSmall); every other
+// geometry runs per sample as im2col + GEMM.
 // x is (batch, C, H, W) and y is (batch, Out, OutH, OutW), both row-major,
 // with the geometry fixed at construction. W has PyTorch's layout
 // (Out, C, KH, KW) and B is (Out), or nil for a convolution without bias.
@@ -39,6 +41,9 @@ type Conv2D struct {
 	dmask  []float32 // owned scratch: one sample's dy masked by the fused ReLU
 	dwt    []float32 // owned scratch: Σ_n col·dyᵀ, the weight gradient transposed (C·KH·KW, Out)
 	direct bool      // 1×1 kernel, stride 1, no padding: the column matrix is the input itself
+
+	small bool             // computed by tensor.ConvSmall (few input channels)
+	cs    tensor.ConvSmall // its scratch
 
 	wino bool      // computed as Winograd F(2×2, 3×3)
 	wu   []float32 // owned: transformed weights U (16, Out, C), set by Forward
@@ -95,6 +100,7 @@ func NewConv2D(g tensor.ConvGeom, out int, bias bool) *Conv2D {
 	l := &Conv2D{Geom: g, Out: out}
 	l.direct = g.KH == 1 && g.KW == 1 && g.StrideH == 1 && g.StrideW == 1 && g.PadH == 0 && g.PadW == 0
 	l.wino = g.WinogradOK() && g.C >= winogradMinC
+	l.small = !l.wino && !l.direct && tensor.SmallConvOK(g)
 	if bias {
 		l.B, l.DB = []float32{}, []float32{} // non-nil: bound later
 	}
@@ -140,6 +146,11 @@ func (l *Conv2D) Forward(x []float32, batch int, train bool) []float32 {
 	l.y = grow(l.y, batch*l.Out*p)
 	if l.wino {
 		l.winoForward(x, batch)
+		return l.y
+	}
+	if l.small {
+		l.kept = false
+		l.cs.Forward(l.y, x, l.W, l.B, g, l.Out, batch, l.ReLU)
 		return l.y
 	}
 	l.kept = !l.direct && batch*k*p <= keepColsMax
@@ -227,6 +238,9 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 	if l.wino {
 		return l.winoBackward(dy)
 	}
+	if l.small {
+		return l.smallBackward(dy)
+	}
 	if !l.SkipInputGrad {
 		l.dx = grow(l.dx, l.batch*in)
 		if !l.direct {
@@ -280,6 +294,39 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 	}
 	if l.SkipInputGrad {
 		return nil
+	}
+	return l.dx
+}
+
+// smallBackward is Backward on the tensor.ConvSmall path: dW and db in
+// one pass over dy, then, unless SkipInputGrad, dx = col2im(Wᵀ·dy[n]) per
+// sample as on the im2col path.
+func (l *Conv2D) smallBackward(dy []float32) []float32 {
+	g := l.Geom
+	k, p, in := g.ColRows(), g.ColCols(), g.C*g.H*g.W
+	var y []float32
+	if l.ReLU {
+		y = l.y
+	}
+	l.cs.Grad(l.DW, l.DB, dy, y, l.x, g, l.Out, l.batch)
+	if l.SkipInputGrad {
+		return nil
+	}
+	l.dx = grow(l.dx, l.batch*in)
+	l.dcol = grow(l.dcol, k*p)
+	if l.ReLU {
+		l.dmask = grow(l.dmask, l.Out*p)
+	}
+	for n := range l.batch {
+		dyn := dy[n*l.Out*p : (n+1)*l.Out*p]
+		if l.ReLU {
+			reluMask(l.dmask, dyn, l.y[n*l.Out*p:(n+1)*l.Out*p])
+			dyn = l.dmask
+		}
+		dxn := l.dx[n*in : (n+1)*in]
+		tensor.Gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, l.dcol, p)
+		clear(dxn)
+		tensor.Col2im(dxn, l.dcol, g)
 	}
 	return l.dx
 }

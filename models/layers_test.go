@@ -49,6 +49,13 @@ var convCases = []struct {
 	{geom(4, 5, 5, 3, 1, 1), 3, true},
 	{geom(5, 6, 7, 3, 1, 0), 2, false},
 	{geom(4, 3, 4, 3, 1, 2), 2, true},
+	// tensor.ConvSmall (stride 1, few channels, output rows ≥ 8): a row of
+	// exactly 8, overlapping last vectors with padding, 8 filters plus one,
+	// a 25-tap kernel (three gradient passes of ≤ 12 taps)
+	{geom(1, 6, 10, 3, 1, 0), 2, true},
+	{geom(1, 5, 11, 3, 1, 1), 3, false},
+	{geom(2, 4, 13, 3, 1, 0), 9, true},
+	{geom(1, 4, 9, 5, 1, 2), 2, true},
 }
 
 // TestConv2DWinogradMatchesIm2col runs the Winograd path with one sample
@@ -92,6 +99,69 @@ func TestConv2DWinogradMatchesIm2col(t *testing.T) {
 					}
 				}
 			}
+		}
+	})
+}
+
+// TestConv2DSmallMatchesIm2col runs the tensor.ConvSmall path against
+// the im2col path on the same weights: outputs, dx, dW and db, with and
+// without the fused ReLU and the input gradient, at batch 1 and 3.
+func TestConv2DSmallMatchesIm2col(t *testing.T) {
+	if !tensor.SmallConvOK(geom(1, 28, 28, 3, 1, 0)) {
+		t.Skip("no direct small-channel convolution on this machine")
+	}
+	forEachBackend(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(2, 4))
+		cases := append(slices.Clone(convCases), struct {
+			g    tensor.ConvGeom
+			out  int
+			bias bool
+		}{geom(1, 28, 28, 3, 1, 0), 32, true}, struct {
+			g    tensor.ConvGeom
+			out  int
+			bias bool
+		}{geom(3, 12, 17, 5, 1, 2), 5, false})
+		n := 0
+		for _, c := range cases {
+			if !tensor.SmallConvOK(c.g) || c.g.C >= winogradMinC && c.g.WinogradOK() {
+				continue
+			}
+			n++
+			for _, batch := range []int{1, 3} {
+				for _, relu := range []bool{false, true} {
+					for _, skip := range []bool{false, true} {
+						fast := newBoundConv(c.g, c.out, c.bias, r)
+						if !fast.small {
+							t.Fatalf("%+v: not on the small-channel path", c.g)
+						}
+						fast.ReLU, fast.SkipInputGrad = relu, skip
+						slow := newBoundConv(c.g, c.out, c.bias, r)
+						copy(slow.W, fast.W)
+						copy(slow.B, fast.B)
+						slow.ReLU, slow.SkipInputGrad, slow.small = relu, skip, false
+						x := randn(r, batch*c.g.C*c.g.H*c.g.W)
+						dy := randn(r, batch*fast.OutSize())
+						yf, ys := fast.Forward(x, batch, true), slow.Forward(x, batch, true)
+						dxf, dxs := fast.Backward(dy), slow.Backward(dy)
+						if skip != (dxf == nil) {
+							t.Fatalf("%+v skip %v: dx = %v", c.g, skip, dxf)
+						}
+						for _, p := range []struct {
+							name string
+							a, b []float32
+						}{{"y", yf, ys}, {"dx", dxf, dxs}, {"dW", fast.DW, slow.DW}, {"db", fast.DB, slow.DB}} {
+							for i := range p.b {
+								if math.Abs(float64(p.a[i]-p.b[i])) > 1e-4*(1+math.Abs(float64(p.b[i]))) {
+									t.Fatalf("%+v batch %d relu %v: small %s[%d] = %v, im2col %v", c.g, batch, relu, p.name, i, p.a[i], p.b[i])
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+		if n < 6 {
+			t.Fatalf("only %d cases on the small-channel path", n)
 		}
 	})
 }
@@ -514,12 +584,32 @@ func BenchmarkLayers(b *testing.B) {
 	im2col := newBoundConv(g, 64, true, r)
 	im2col.wino = false
 	run("conv32x26x26-64-im2col", im2col, 32*26*26)
-	g = geom(1, 28, 28, 3, 1, 0)
-	conv1 := newBoundConv(g, 32, true, r)
-	conv1.ReLU, conv1.SkipInputGrad = true, true
-	run("conv1x28x28-32relu", conv1, 28*28)
-	g = geom(1, 28, 28, 5, 1, 2)
-	run("conv1x28x28-6pad2", newBoundConv(g, 6, true, r), 28*28)
+	// the first layers of cnn, lenet5, fedcnn and resnet8, on the
+	// small-channel path where it applies and on im2col
+	for _, c := range []struct {
+		name       string
+		g          tensor.ConvGeom
+		out        int
+		bias, relu bool
+	}{
+		{"conv1x28x28-32relu", geom(1, 28, 28, 3, 1, 0), 32, true, true},
+		{"conv1x28x28-6pad2", geom(1, 28, 28, 5, 1, 2), 6, true, false},
+		{"conv1x28x28-32pad2relu", geom(1, 28, 28, 5, 1, 2), 32, true, true},
+		{"conv1x28x28-16pad1", geom(1, 28, 28, 3, 1, 1), 16, false, false},
+	} {
+		for _, small := range []bool{true, false} {
+			l := newBoundConv(c.g, c.out, c.bias, r)
+			l.ReLU, l.SkipInputGrad = c.relu, true
+			name := c.name
+			if !small {
+				name += "-im2col"
+				l.small = false
+			} else if !l.small {
+				continue
+			}
+			run(name, l, 28*28)
+		}
+	}
 	run("maxpool64x24x24", NewMaxPool2D(PoolGeom{C: 64, H: 24, W: 24, K: 2, Stride: 2}), 64*24*24)
 	run("relu64x24x24", &ReLU{}, 64*24*24)
 	run("dropout9216", NewDropout(0.25, 1), 9216)

@@ -1,0 +1,22 @@
+//go:build !amd64
+
+package tensor
+
+// convSmallSIMD is false: without the assembly kernels, im2col is faster.
+const convSmallSIMD = false
+
+// convSmallAsm is false: there are no assembly kernels here (tests set it
+// on amd64 to run the Go code).
+var convSmallAsm = false
+
+func convSmallRow(y []float32, ys int, x []float32, offs []int, wb, bb []float32, f, n, relu int) {
+	convSmallRowGo(y, ys, x, offs, wb, bb, f, n, relu)
+}
+
+func convSmallGrad(acc, dy, y, x []float32, offs []int, outH, outW, rowStride int, tail *[8]float32) {
+	convSmallGradGo(acc, dy, y, x, offs, outH, outW, rowStride, tail)
+}
+
+func convSmallGradTaps(acc, dy, y, x []float32, offs []int, kw, outH, outW, rowStride int, tail *[8]float32) {
+	convSmallGradGo(acc, dy, y, x, offs, outH, outW, rowStride, tail)
+}
