@@ -432,7 +432,7 @@ func (l *Conv2D) winoBackward(dy []float32) []float32 {
 	if l.pooled {
 		out, p, relu = out/4, p/4, l.pooledReLU
 	}
-	if relu {
+	if relu && !l.pooled {
 		l.dmask = grow(l.dmask, nb*out)
 	}
 	for blk := range blocks {
@@ -440,18 +440,24 @@ func (l *Conv2D) winoBackward(dy []float32) []float32 {
 		b := min(nb, l.batch-n0)
 		P := b * tiles
 		dyb := dy[n0*out : (n0+b)*out]
-		if relu {
-			reluMask(l.dmask[:len(dyb)], dyb, l.y[n0*out:(n0+b)*out])
-			dyb = l.dmask[:len(dyb)]
-		}
-		if l.DB != nil {
-			for i := range b * l.Out {
-				l.DB[i%l.Out] += sum32(dyb[i*p : (i+1)*p])
-			}
-		}
 		if l.pooled {
-			tensor.WinogradOutputPoolGrad(l.wm, l.wt, sm, dyb, l.parg[n0*out:(n0+b)*out], g, l.Out, b)
+			// the ReLU's gate and the bias gradient (reluMask's and sum32's
+			// values) are taken in the output gradient transform
+			var yb []float32
+			if relu {
+				yb = l.y[n0*out : (n0+b)*out]
+			}
+			tensor.WinogradOutputPoolGrad(l.wm, l.wt, sm, dyb, l.parg[n0*out:(n0+b)*out], yb, l.DB, g, l.Out, b)
 		} else {
+			if relu {
+				reluMask(l.dmask[:len(dyb)], dyb, l.y[n0*out:(n0+b)*out])
+				dyb = l.dmask[:len(dyb)]
+			}
+			if l.DB != nil {
+				for i := range b * l.Out {
+					l.DB[i%l.Out] += sum32(dyb[i*p : (i+1)*p])
+				}
+			}
 			tensor.WinogradOutputGrad(l.wm, l.wt, sm, dyb, g, l.Out, b)
 		}
 		var v []float32

@@ -812,11 +812,18 @@ func WinogradOutputPool(y []float32, arg []uint8, tmp, m []float32, s int, bias 
 
 // WinogradOutputPoolGrad sets dm (16, out, P, point stride s) to A·e·Aᵀ
 // for every output channel and tile, where e is the tile's gradient of
-// the pooled output: dy (batch, out, OutH/2, OutW/2) at the position arg
-// recorded by WinogradOutputPool and 0 elsewhere. It is the adjoint of
-// WinogradOutputPool's linear part for fixed arg (without bias and ReLU);
-// tmp is scratch of at least 4·out·P values.
-func WinogradOutputPoolGrad(dm, tmp []float32, s int, dy []float32, arg []uint8, g ConvGeom, out, batch int) {
+// the pooled output: d at the position arg recorded by WinogradOutputPool
+// and 0 elsewhere, with d = dy (batch, out, OutH/2, OutW/2), or, when y is
+// not nil, dy gated by the ReLU WinogradOutputPool applied: y is its
+// pooled output, and d is 0 where y is +0 or negative (+Inf and NaNs
+// pass, and so does −0, which the ReLU never outputs: the models'
+// reluGate). It is the adjoint of
+// WinogradOutputPool's linear part for fixed arg. When db is not nil, the
+// bias gradient Σ d over each sample and channel's tiles is added to
+// db[o] (samples in order, each summed as four interleaved partial sums
+// (a0 + a1) + (a2 + a3), the models' sum32). tmp is scratch of at least
+// 4·out·P values.
+func WinogradOutputPoolGrad(dm, tmp []float32, s int, dy []float32, arg []uint8, y, db []float32, g ConvGeom, out, batch int) {
 	g.checkWinogradPool("WinogradOutputPoolGrad")
 	th, tw := g.WinogradTiles()
 	P := batch * th * tw
@@ -825,19 +832,42 @@ func WinogradOutputPoolGrad(dm, tmp []float32, s int, dy []float32, arg []uint8,
 	if len(arg) != op {
 		panic(fmt.Sprintf("tensor: WinogradOutputPoolGrad: len(arg)=%d, want %d", len(arg), op))
 	}
+	if y != nil {
+		checkLen("WinogradOutputPoolGrad", "y", y, op)
+	}
+	if db != nil {
+		checkLen("WinogradOutputPoolGrad", "db", db, out)
+	}
 	checkPoints("WinogradOutputPoolGrad", "dm", dm, s, op)
 	if len(tmp) < 4*op {
 		panic(fmt.Sprintf("tensor: WinogradOutputPoolGrad: len(tmp)=%d < %d", len(tmp), 4*op))
 	}
 	pn := th * tw
 	if winoPoolVec(pn) {
+		k8 := pn &^ 7 // the kernel's tiles; the rest here, in the same arithmetic
 		for n := range batch {
 			for o := range out {
 				i0, k0 := o*P+n*pn, (n*out+o)*pn
 				_ = dm[i0+pn-1+15*s]
-				_ = dy[k0+pn-1]
-				_ = arg[k0+pn-1]
-				winoOutputPoolGrad8(&dm[i0], s, &dy[k0], &arg[k0], pn)
+				dyo := dy[k0 : k0+pn]
+				ao := arg[k0 : k0+pn]
+				var yo []float32
+				var yp *float32
+				if y != nil {
+					yo = y[k0 : k0+pn]
+					yp = &yo[0]
+				}
+				var a [4]float32
+				winoOutputPoolGrad8(&dm[i0], s, &dyo[0], &ao[0], yp, pn, &a)
+				for k := k8; k < pn; k++ {
+					d := poolGradTerm(dyo, yo, k, &a)
+					var e [4]float32
+					e[ao[k]&3] = d
+					outputGradTile(dm[i0+k:], s, e[0], e[1], e[2], e[3])
+				}
+				if db != nil {
+					db[o] += (a[0] + a[1]) + (a[2] + a[3])
+				}
 			}
 		}
 		return
@@ -849,12 +879,22 @@ func WinogradOutputPoolGrad(dm, tmp []float32, s int, dy []float32, arg []uint8,
 			t01 := tmp[op+i0 : op+i0+pn]
 			t10 := tmp[2*op+i0 : 2*op+i0+pn]
 			t11 := tmp[3*op+i0 : 3*op+i0+pn]
-			dyo := dy[(n*out+o)*pn : (n*out+o+1)*pn]
-			ao := arg[(n*out+o)*pn : (n*out+o+1)*pn]
-			for k, d := range dyo {
+			k0 := (n*out + o) * pn
+			dyo := dy[k0 : k0+pn]
+			ao := arg[k0 : k0+pn]
+			var yo []float32
+			if y != nil {
+				yo = y[k0 : k0+pn]
+			}
+			var a [4]float32
+			for k := range dyo {
+				d := poolGradTerm(dyo, yo, k, &a)
 				var e [4]float32
 				e[ao[k]&3] = d
 				t00[k], t01[k], t10[k], t11[k] = e[0], e[1], e[2], e[3]
+			}
+			if db != nil {
+				db[o] += (a[0] + a[1]) + (a[2] + a[3])
 			}
 		}
 	}
@@ -862,4 +902,23 @@ func WinogradOutputPoolGrad(dm, tmp []float32, s int, dy []float32, arg []uint8,
 		w := min(winoChunk, op-j)
 		Gemm(false, false, 16, w, 4, 1, winoAAT, 4, tmp[j:], op, 0, dm[j:], s)
 	}
+}
+
+// poolGradTerm returns tile k's gradient d: dy[k], or 0 where y is not
+// nil and −bits(y[k]) is not negative as an int32 (y[k] is +0 or
+// negative; the models' reluGate), and
+// adds it to the partial sums a as the models' sum32 does: a[k%4] over
+// the whole groups of 4, a[0] for the rest.
+func poolGradTerm(dy, y []float32, k int, a *[4]float32) float32 {
+	d := dy[k]
+	if y != nil {
+		mask := uint32(-int32(math.Float32bits(y[k])) >> 31)
+		d = math.Float32frombits(math.Float32bits(d) & mask)
+	}
+	if k < len(dy)&^3 {
+		a[k&3] += d
+	} else {
+		a[0] += d
+	}
+	return d
 }

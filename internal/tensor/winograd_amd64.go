@@ -58,8 +58,11 @@ func winoOutputPool8(y *float32, arg *uint8, m *float32, s, n int, b float32, re
 //go:noescape
 func winoOutputGrad8(dm *float32, s int, dy *float32, ow, n int)
 
-// winoOutputPoolGrad8 is winoOutputGrad8 for the tiles of a fused pool:
-// tile k's gradient is dy[k] at position arg[k]&3 and 0 elsewhere.
+// winoOutputPoolGrad8 is winoOutputGrad8 for the first n − n%8 tiles of a
+// fused pool: tile k's gradient is d = dy[k] at position arg[k]&3 and 0
+// elsewhere, with d first gated by the ReLU (0 unless −bits(y[k]) is a
+// negative int32, as in poolGradTerm) when y is not nil. It adds d
+// to sum[k%4], in order: sum32's accumulators.
 //
 //go:noescape
-func winoOutputPoolGrad8(dm *float32, s int, dy *float32, arg *uint8, n int)
+func winoOutputPoolGrad8(dm *float32, s int, dy *float32, arg *uint8, y *float32, n int, sum *[4]float32)

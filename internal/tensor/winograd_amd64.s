@@ -481,28 +481,46 @@ graddone:
 	VZEROUPPER
 	RET
 
-// func winoOutputPoolGrad8(dm *float32, s int, dy *float32, arg *uint8, n int)
-TEXT ·winoOutputPoolGrad8(SB), NOSPLIT, $0-40
+// func winoOutputPoolGrad8(dm *float32, s int, dy *float32, arg *uint8, y *float32, n int, sum *[4]float32)
+TEXT ·winoOutputPoolGrad8(SB), NOSPLIT, $0-56
 	MOVQ dm+0(FP), SI
 	MOVQ s+8(FP), CX
 	POINTS
 	MOVQ dy+16(FP), DI
 	MOVQ arg+24(FP), AX
-	MOVQ n+32(FP), DX
+	MOVQ y+32(FP), R11
+	MOVQ n+40(FP), DX
+	MOVQ sum+48(FP), R13
+	VMOVUPS (R13), X15
 	MOVL $3, BX
 	VMOVD BX, X13
 	VPBROADCASTD X13, Y11 // 3
 	VPSRLD $1, Y11, Y9    // 1
 	VPSUBD Y9, Y11, Y10   // 2
 	VPXOR  Y8, Y8, Y8     // 0
+	SHRQ   $3, DX
+	JZ     pgdone
 
 pgloop:
-	CMPQ DX, $8
-	JLT  pgtail
+	VMOVUPS (DI), Y7
+	TESTQ   R11, R11
+	JZ      pgsum
+	// the ReLU's gate, as the models' reluGate: d where −bits(y) < 0 as an
+	// int32 (y > 0, +Inf, a NaN; also −0, which ReLU never outputs), 0
+	// where y is +0 or negative
+	VMOVUPS  (R11), Y13
+	VPSUBD   Y13, Y8, Y13
+	VPSRAD   $31, Y13, Y13
+	VANDPS   Y13, Y7, Y7
+	ADDQ     $32, R11
 
-pgbody:
-	// g = the tile's dy at its arg, 0 elsewhere
-	VMOVUPS   (DI), Y7
+pgsum:
+	// sum lanes j += d[j], then += d[4+j]: sum32's order
+	VADDPS       X7, X15, X15
+	VEXTRACTF128 $1, Y7, X13
+	VADDPS       X13, X15, X15
+
+	// g = the tile's d at its arg, 0 elsewhere
 	VPMOVZXBD (AX), Y6
 	VPAND     Y11, Y6, Y6
 	VPCMPEQD  Y8, Y6, Y0
@@ -520,24 +538,10 @@ pgbody:
 	ADDQ      $32, R10
 	ADDQ      $32, DI
 	ADDQ      $8, AX
-	SUBQ      $8, DX
-	JMP       pgloop
-
-pgtail:
-	TESTQ DX, DX
-	JZ    pgdone
-	MOVQ  $8, BX
-	SUBQ  DX, BX
-	SUBQ  BX, AX
-	SHLQ  $2, BX
-	SUBQ  BX, SI
-	SUBQ  BX, R8
-	SUBQ  BX, R9
-	SUBQ  BX, R10
-	SUBQ  BX, DI
-	MOVQ  $8, DX
-	JMP   pgbody
+	DECQ      DX
+	JNZ       pgloop
 
 pgdone:
+	VMOVUPS X15, (R13)
 	VZEROUPPER
 	RET

@@ -29,6 +29,6 @@ func winoOutputGrad8(dm *float32, s int, dy *float32, ow, n int) {
 	panic("tensor: winoOutputGrad8 without SIMD")
 }
 
-func winoOutputPoolGrad8(dm *float32, s int, dy *float32, arg *uint8, n int) {
+func winoOutputPoolGrad8(dm *float32, s int, dy *float32, arg *uint8, y *float32, n int, sum *[4]float32) {
 	panic("tensor: winoOutputPoolGrad8 without SIMD")
 }

@@ -199,7 +199,7 @@ func BenchmarkWinograd(b *testing.B) {
 		run("output", func() { WinogradOutput(y, tmp, m, sm, nil, g, out, batch, false) })
 		run("outputgrad", func() { WinogradOutputGrad(m, tmp, sm, y, g, out, batch) })
 		run("outputpool", func() { WinogradOutputPool(yp, arg, tmp, m, sm, bias, g, out, batch, true) })
-		run("outputpoolgrad", func() { WinogradOutputPoolGrad(m, tmp, sm, yp, arg, g, out, batch) })
+		run("outputpoolgrad", func() { WinogradOutputPoolGrad(m, tmp, sm, yp, arg, yp, bias, g, out, batch) })
 	}
 }
 
@@ -294,7 +294,7 @@ func TestWinogradOutputPool(t *testing.T) {
 							want := randSlice(r, 16*s)
 							got := append([]float32(nil), want...)
 							WinogradOutputGrad(want, tmp, s, dfull, g, out, batch)
-							WinogradOutputPoolGrad(got, tmp, s, dy, arg, g, out, batch)
+							WinogradOutputPoolGrad(got, tmp, s, dy, arg, nil, nil, g, out, batch)
 							for i := range want {
 								// the same values; a zero's sign may differ where
 								// one of them is a GEMM (WinogradOutputGrad on
@@ -592,8 +592,8 @@ func TestWinogradOutputSIMD(t *testing.T) {
 					dmVec, dmGo, dmRef := randSlice(r, 16*s), randSlice(r, 16*s), randSlice(r, 16*s)
 					copy(dmGo, dmVec)
 					copy(dmRef, dmVec)
-					WinogradOutputPoolGrad(dmVec, tmp, s, dp, argVec, g, out, batch)
-					withSIMD(false, func() { WinogradOutputPoolGrad(dmGo, tmp, s, dp, argVec, g, out, batch) })
+					WinogradOutputPoolGrad(dmVec, tmp, s, dp, argVec, nil, nil, g, out, batch)
+					withSIMD(false, func() { WinogradOutputPoolGrad(dmGo, tmp, s, dp, argVec, nil, nil, g, out, batch) })
 					refOutputGrad(dmRef, s, dfull, g, out, batch)
 					if winoPoolVec(pn) {
 						if i := sameBits(dmVec, dmRef); i >= 0 {
@@ -605,6 +605,45 @@ func TestWinogradOutputSIMD(t *testing.T) {
 							t.Fatalf("%s: pooled dm[%d] = %v, GEMM path %v", name, i, dmVec[i], dmGo[i])
 						}
 					}
+
+					// with the ReLU's gate and the bias gradient: the gated dy
+					// through the plain call, and sum32's sums, bit for bit
+					gate := slices.Clone(yVec)
+					for i, v := range []float32{negZero, 0, nan, float32(math.Inf(1)), float32(math.Inf(-1)), -1, 2} {
+						if j := 3*i + 1; j < len(gate) {
+							gate[j] = v
+						}
+					}
+					dg := slices.Clone(dp)
+					for i := range dg {
+						if b := int32(math.Float32bits(gate[i])); -b >= 0 { // +0 or negative; −0 passes
+							dg[i] = 0
+						}
+					}
+					dbWant := randSlice(r, out)
+					dbVec, dbGo := slices.Clone(dbWant), slices.Clone(dbWant)
+					for q := range batch * out {
+						dbWant[q%out] += sum32(dg[q*pn : (q+1)*pn])
+					}
+					copy(dmRef, dmVec)
+					copy(dmGo, dmVec)
+					WinogradOutputPoolGrad(dmRef, tmp, s, dg, argVec, nil, nil, g, out, batch)
+					WinogradOutputPoolGrad(dmVec, tmp, s, dp, argVec, gate, dbVec, g, out, batch)
+					withSIMD(false, func() { WinogradOutputPoolGrad(dmGo, tmp, s, dp, argVec, gate, dbGo, g, out, batch) })
+					if i := sameBits(dmVec, dmRef); i >= 0 {
+						t.Fatalf("%s: gated pooled dm[%d] = %v, want %v", name, i, dmVec[i], dmRef[i])
+					}
+					if i := sameBits(dbVec, dbWant); i >= 0 {
+						t.Fatalf("%s: db[%d] = %v, want %v", name, i, dbVec[i], dbWant[i])
+					}
+					if i := sameBits(dbGo, dbWant); i >= 0 {
+						t.Fatalf("%s: GEMM path db[%d] = %v, want %v", name, i, dbGo[i], dbWant[i])
+					}
+					for i := range dmVec {
+						if dmVec[i] != dmGo[i] {
+							t.Fatalf("%s: gated pooled dm[%d] = %v, GEMM path %v", name, i, dmVec[i], dmGo[i])
+						}
+					}
 				}
 			}
 		}
@@ -612,4 +651,20 @@ func TestWinogradOutputSIMD(t *testing.T) {
 	if plain < 16 || pooled < 16 {
 		t.Fatalf("only %d plain and %d pooled cases reach the vector kernels", plain, pooled)
 	}
+}
+
+// sum32 is the models' sum: four interleaved partial sums.
+func sum32(s []float32) float32 {
+	var a0, a1, a2, a3 float32
+	i := 0
+	for ; i+4 <= len(s); i += 4 {
+		a0 += s[i]
+		a1 += s[i+1]
+		a2 += s[i+2]
+		a3 += s[i+3]
+	}
+	for ; i < len(s); i++ {
+		a0 += s[i]
+	}
+	return (a0 + a1) + (a2 + a3)
 }
