@@ -304,11 +304,7 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 func (l *Conv2D) smallBackward(dy []float32) []float32 {
 	g := l.Geom
 	k, p, in := g.ColRows(), g.ColCols(), g.C*g.H*g.W
-	var y []float32
-	if l.ReLU {
-		y = l.y
-	}
-	l.cs.Grad(l.DW, l.DB, dy, y, l.x, g, l.Out, l.batch)
+	l.cs.Grad(l.DW, l.DB, dy, l.x, g, l.Out, l.batch, l.ReLU)
 	if l.SkipInputGrad {
 		return nil
 	}

@@ -12,7 +12,8 @@ import (
 // positions is C·KH·KW fused multiply-adds of shifted input vectors with
 // broadcast weights, written once with the bias (and ReLU) applied, and
 // the weight gradient reads dy once, summing dy·x for every tap in
-// registers.
+// registers. With a fused ReLU, Forward keeps one bit per output (set
+// where the output is > 0) for Grad's gate, so Grad does not read y.
 //
 // Only stride 1 (after zero padding into a scratch image) and output rows
 // of at least 8 values are handled: a row's last vector of 8 overlaps the
@@ -39,7 +40,11 @@ type ConvSmall struct {
 	offs []int     // byte offset of each tap (c, ki, kj) in the padded image
 	pad  []float32 // one zero-padded sample (C, H+2·PadH, W+2·PadW)
 	acc  []float32 // weight-gradient lanes: per filter and chunk of 12 taps, 12 tap vectors + 1 bias vector
-	tail [8]float32
+	mask []uint8   // ReLU gate of the last Forward with relu: per sample, filter, output row and vector of 8, bit l for lane l
+	// tail[0:8]: the lane mask of a row's last, overlapping vector in
+	// Grad; tail[8:16]: the int32 bit values 1, 2, …, 128 (the lanes of
+	// a mask byte)
+	tail [16]float32
 }
 
 // gradChunk is the number of taps ConvSmallGrad sums per pass over dy.
@@ -101,8 +106,8 @@ func (s *ConvSmall) check(op string, g ConvGeom, f, batch int, x []float32) {
 
 // Forward sets y (batch, f, OutH, OutW) to the convolution of x (batch,
 // C, H, W) with w (f, C, KH, KW) plus b (f values, or nil for none), and
-// to max(0, ·) of that when relu is set. g must satisfy the geometry
-// conditions of SmallConvOK.
+// to max(0, ·) of that when relu is set (and then keeps the ReLU gate for
+// Grad). g must satisfy the geometry conditions of SmallConvOK.
 func (s *ConvSmall) Forward(y, x, w, b []float32, g ConvGeom, f, batch int, relu bool) {
 	s.check("ConvSmall.Forward", g, f, batch, x)
 	k, p := g.ColRows(), g.ColCols()
@@ -144,11 +149,24 @@ func (s *ConvSmall) Forward(y, x, w, b []float32, g ConvGeom, f, batch int, relu
 	if relu {
 		r = 1
 	}
+	v := (outW + 7) / 8
+	var mask []uint8
+	if relu {
+		if cap(s.mask) < batch*f*outH*v {
+			s.mask = make([]uint8, batch*f*outH*v)
+		}
+		s.mask = s.mask[:batch*f*outH*v]
+	} else {
+		s.mask = s.mask[:0]
+	}
 	for n := range batch {
 		xp := s.padded(x[n*in:(n+1)*in], g)
 		yn := y[n*f*p : (n+1)*f*p]
 		for oh := range outH {
-			convSmallRow(yn[oh*outW:], p, xp[oh*wp:], s.offs, s.wb, s.bb, f, outW, r)
+			if relu {
+				mask = s.mask[(n*f*outH+oh)*v:]
+			}
+			convSmallRow(yn[oh*outW:], p, xp[oh*wp:], s.offs, s.wb, s.bb, f, outW, r, mask, outH*v)
 		}
 	}
 }
@@ -162,15 +180,18 @@ func fill8(dst []float32, v float32) {
 
 // Grad adds to dw (f, C, KH, KW) the weight gradient Σ dy·x and to db (f
 // values, or nil) Σ dy, over the batch, for the convolution of x whose
-// output gradient is dy (batch, f, OutH, OutW). With y non-nil (the
-// output of a Forward with relu), dy counts only where y > 0 (as an int32:
-// positive, +Inf or a positive NaN), as the fused ReLU's gradient.
-func (s *ConvSmall) Grad(dw, db, dy, y, x []float32, g ConvGeom, f, batch int) {
+// output gradient is dy (batch, f, OutH, OutW). With relu set, dy counts
+// only where the output y of the last Forward (which must have had relu
+// set, on this x) was > 0 as an int32 (positive, +Inf or a positive NaN),
+// as the fused ReLU's gradient.
+func (s *ConvSmall) Grad(dw, db, dy, x []float32, g ConvGeom, f, batch int, relu bool) {
 	s.check("ConvSmall.Grad", g, f, batch, x)
 	k, p := g.ColRows(), g.ColCols()
-	if len(dw) != f*k || (db != nil && len(db) != f) || len(dy) != batch*f*p || (y != nil && len(y) != len(dy)) {
-		panic(fmt.Sprintf("tensor: ConvSmall.Grad: len(dw)=%d len(db)=%d len(dy)=%d len(y)=%d for %d filters of %+v, batch %d",
-			len(dw), len(db), len(dy), len(y), f, g, batch))
+	outH, outW := g.OutH(), g.OutW()
+	v := (outW + 7) / 8
+	if len(dw) != f*k || (db != nil && len(db) != f) || len(dy) != batch*f*p || (relu && len(s.mask) != batch*f*outH*v) {
+		panic(fmt.Sprintf("tensor: ConvSmall.Grad: len(dw)=%d len(db)=%d len(dy)=%d (ReLU gate %v, %d bytes) for %d filters of %+v, batch %d",
+			len(dw), len(db), len(dy), relu, len(s.mask), f, g, batch))
 	}
 	s.setup(g, f)
 	T := gradTaps(g.KW)
@@ -178,13 +199,13 @@ func (s *ConvSmall) Grad(dw, db, dy, y, x []float32, g ConvGeom, f, batch int) {
 	per := chunks * (gradChunk + 1) * 8
 	s.acc = growF(s.acc, f*per)
 	clear(s.acc)
-	outH, outW := g.OutH(), g.OutW()
 	rem := outW % 8
-	for i := range s.tail {
+	for i := range 8 {
 		s.tail[i] = 0
 		if rem == 0 || i >= 8-rem {
 			s.tail[i] = allOnes
 		}
+		s.tail[8+i] = math.Float32frombits(1 << i)
 	}
 	in := g.C * g.H * g.W
 	wp := g.W + 2*g.PadW
@@ -192,13 +213,13 @@ func (s *ConvSmall) Grad(dw, db, dy, y, x []float32, g ConvGeom, f, batch int) {
 		xp := s.padded(x[n*in:(n+1)*in], g)
 		for fi := range f {
 			o := (n*f + fi) * p
-			var yp []float32
-			if y != nil {
-				yp = y[o : o+p]
+			var mp []uint8
+			if relu {
+				mp = s.mask[(n*f+fi)*outH*v : (n*f+fi+1)*outH*v]
 			}
 			for c := range chunks {
 				t0 := c * T
-				convSmallGradTaps(s.acc[fi*per+c*(gradChunk+1)*8:], dy[o:o+p], yp, xp, s.offs[t0:min(k, t0+T)],
+				convSmallGradTaps(s.acc[fi*per+c*(gradChunk+1)*8:], dy[o:o+p], mp, xp, s.offs[t0:min(k, t0+T)],
 					g.KW, outH, outW, wp, &s.tail)
 			}
 		}
@@ -241,8 +262,10 @@ var allOnes = math.Float32frombits(0xffffffff)
 // convSmallRowGo is convSmallRow in Go: output row y (filter stride ys
 // values) from the taps at x[offs[t]/4 + ow] (x starts at the input row),
 // weights wb and biases bb laid out as ConvSmall.Forward does, for the f
-// filters and ow < n.
-func convSmallRowGo(y []float32, ys int, x []float32, offs []int, wb, bb []float32, f, n, relu int) {
+// filters and ow < n. With relu set it also writes, for filter fi,
+// mask[fi·ms + j] = the ReLU gate bits of vector j of the row (the one at
+// min(8j, n−8)): bit l set when that output is > 0 as an int32.
+func convSmallRowGo(y []float32, ys int, x []float32, offs []int, wb, bb []float32, f, n, relu int, mask []uint8, ms int) {
 	k := len(offs)
 	f8 := f &^ 7
 	for fi := range f {
@@ -263,25 +286,39 @@ func convSmallRowGo(y []float32, ys int, x []float32, offs []int, wb, bb []float
 			}
 			row[ow] = acc
 		}
+		if relu != 0 {
+			for j := range (n + 7) / 8 {
+				pos := min(8*j, n-8)
+				var m uint8
+				for l := range 8 {
+					if int32(math.Float32bits(row[pos+l])) > 0 {
+						m |= 1 << l
+					}
+				}
+				mask[fi*ms+j] = m
+			}
+		}
 	}
 }
 
 // convSmallGradGo is convSmallGrad in Go: x is the padded image, whose
 // rows are rowStride values apart; it adds into acc[t·8 + lane]
 // (t < len(offs)) the products dy·x of tap t and into acc[12·8 + lane]
-// dy itself, for the plane dy (OutH, OutW) gated by y > 0 (as int32)
-// when y is non-nil, lane = ow%8 for full vectors of 8 and the lane of
-// the row's last, overlapping vector for the rest.
-func convSmallGradGo(acc, dy, y, x []float32, offs []int, outH, outW, rowStride int, tail *[8]float32) {
+// dy itself, for the plane dy (OutH, OutW) gated by the bits of mask
+// (as Forward writes them for the plane) when mask is non-nil, lane =
+// ow%8 for full vectors of 8 and the lane of the row's last, overlapping
+// vector for the rest.
+func convSmallGradGo(acc, dy []float32, mask []uint8, x []float32, offs []int, outH, outW, rowStride int, tail *[16]float32) {
+	v := (outW + 7) / 8
 	for oh := range outH {
 		for ow := range outW {
 			d := dy[oh*outW+ow]
-			if y != nil && int32(math.Float32bits(y[oh*outW+ow])) <= 0 {
-				d = 0
-			}
-			lane := ow % 8
+			lane, j := ow%8, ow/8
 			if ow >= outW&^7 {
-				lane = ow - (outW - 8)
+				lane, j = ow-(outW-8), v-1
+			}
+			if mask != nil && mask[oh*v+j]>>lane&1 == 0 {
+				d = 0
 			}
 			acc[gradChunk*8+lane] += d
 			for t, off := range offs {

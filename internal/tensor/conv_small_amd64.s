@@ -2,12 +2,14 @@
 
 #include "textflag.h"
 
-// func convSmallRowAVX(y *float32, ys int, x *float32, offs *int, k int, wb, bb *float32, f, n, relu int)
+// func convSmallRowAVX(y *float32, ys int, x *float32, offs *int, k int, wb, bb *float32, f, n, relu int, mask *uint8, ms int)
 //
 // AX: position of the current vector; SI = x + pos, DI = y + pos (moving
 // by ys per filter); R8 = offs, R13 = k, R9 / R10 walk wb / bb; DX: the
-// filters left; CX: tap index; R11: tap offset; R12 = n; BX = ys.
-TEXT ·convSmallRowAVX(SB), NOSPLIT, $0-80
+// filters left; CX: tap index; R11: tap offset; R12 = n; BX = ys; R15:
+// the vector's index in the row, R14 its gate byte (moving by ms per
+// filter).
+TEXT ·convSmallRowAVX(SB), NOSPLIT, $0-96
 	MOVQ ys+8(FP), BX
 	MOVQ offs+24(FP), R8
 	MOVQ k+32(FP), R13
@@ -16,6 +18,8 @@ TEXT ·convSmallRowAVX(SB), NOSPLIT, $0-80
 	XORQ AX, AX
 
 vec:
+	MOVQ AX, R15
+	SHRQ $3, R15
 	LEAQ 8(AX), R11
 	CMPQ R11, R12
 	JLE  vecok
@@ -23,6 +27,8 @@ vec:
 	SUBQ $8, AX
 
 vecok:
+	MOVQ mask+80(FP), R14
+	ADDQ R15, R14
 	MOVQ x+16(FP), SI
 	LEAQ (SI)(AX*4), SI
 	MOVQ y+0(FP), DI
@@ -72,6 +78,39 @@ tap8:
 	VMAXPS Y5, Y15, Y5
 	VMAXPS Y6, Y15, Y6
 	VMAXPS Y7, Y15, Y7
+	// the gate bytes: lane l set when the output is > 0 as an int32
+	VPCMPGTD  Y15, Y0, Y8
+	VMOVMSKPS Y8, R11
+	MOVB      R11, (R14)
+	ADDQ      ms+88(FP), R14
+	VPCMPGTD  Y15, Y1, Y8
+	VMOVMSKPS Y8, R11
+	MOVB      R11, (R14)
+	ADDQ      ms+88(FP), R14
+	VPCMPGTD  Y15, Y2, Y8
+	VMOVMSKPS Y8, R11
+	MOVB      R11, (R14)
+	ADDQ      ms+88(FP), R14
+	VPCMPGTD  Y15, Y3, Y8
+	VMOVMSKPS Y8, R11
+	MOVB      R11, (R14)
+	ADDQ      ms+88(FP), R14
+	VPCMPGTD  Y15, Y4, Y8
+	VMOVMSKPS Y8, R11
+	MOVB      R11, (R14)
+	ADDQ      ms+88(FP), R14
+	VPCMPGTD  Y15, Y5, Y8
+	VMOVMSKPS Y8, R11
+	MOVB      R11, (R14)
+	ADDQ      ms+88(FP), R14
+	VPCMPGTD  Y15, Y6, Y8
+	VMOVMSKPS Y8, R11
+	MOVB      R11, (R14)
+	ADDQ      ms+88(FP), R14
+	VPCMPGTD  Y15, Y7, Y8
+	VMOVMSKPS Y8, R11
+	MOVB      R11, (R14)
+	ADDQ      ms+88(FP), R14
 
 store8:
 	VMOVUPS Y0, (DI)
@@ -123,7 +162,11 @@ tap1done:
 	VADDPS Y1, Y0, Y0
 	CMPQ   relu+72(FP), $0
 	JEQ    store1
-	VMAXPS Y0, Y15, Y0
+	VMAXPS    Y0, Y15, Y0
+	VPCMPGTD  Y15, Y0, Y8
+	VMOVMSKPS Y8, R11
+	MOVB      R11, (R14)
+	ADDQ      ms+88(FP), R14
 
 store1:
 	VMOVUPS Y0, (DI)
@@ -146,15 +189,16 @@ nextvec:
 	MOVQ        off(R8), R11; \
 	VFMADD231PS (R14)(R11*1), Y13, Y
 
-// func convSmallGradAVX(acc, dy, y, x *float32, offs *int, k, outH, outW, rowStride int, tail *float32)
+// func convSmallGradAVX(acc, dy *float32, mask *uint8, x *float32, offs *int, k, outH, outW, rowStride int, tail *float32)
 //
-// Y0..Y11: Σ dy·x per tap, Y12: Σ dy, Y13: the current dy vector, Y15 = 0.
-// DX / R9: dy / y of the current row; SI: x of the current row; AX:
-// position in the row; R10: rows left; R12 = outW; R13 = k; CX: y ≠ nil;
-// DI = rowStride; BX = tail.
+// Y0..Y11: Σ dy·x per tap, Y12: Σ dy, Y13: the current dy vector, Y15:
+// the lane bits 1..128 (tail[8:16]). DX / R9: dy / gate bytes of the
+// current row (R9 nil: no gate); SI: x of the current row; AX: position
+// in the row, R15 the vector's index; R10: rows left; R12 = outW; R13 =
+// k; CX = gate bytes per row; DI = rowStride; BX = tail.
 TEXT ·convSmallGradAVX(SB), NOSPLIT, $0-80
 	MOVQ   dy+8(FP), DX
-	MOVQ   y+16(FP), R9
+	MOVQ   mask+16(FP), R9
 	MOVQ   x+24(FP), SI
 	MOVQ   offs+32(FP), R8
 	MOVQ   k+40(FP), R13
@@ -162,7 +206,9 @@ TEXT ·convSmallGradAVX(SB), NOSPLIT, $0-80
 	MOVQ   outW+56(FP), R12
 	MOVQ   rowStride+64(FP), DI
 	MOVQ   tail+72(FP), BX
-	MOVQ   R9, CX
+	MOVQ   R12, CX
+	ADDQ   $7, CX
+	SHRQ   $3, CX
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -176,7 +222,7 @@ TEXT ·convSmallGradAVX(SB), NOSPLIT, $0-80
 	VXORPS Y10, Y10, Y10
 	VXORPS Y11, Y11, Y11
 	VXORPS Y12, Y12, Y12
-	VXORPS Y15, Y15, Y15
+	VMOVUPS 32(BX), Y15
 
 grow:
 	XORQ AX, AX
@@ -186,6 +232,8 @@ gvec:
 	CMPQ    R11, R12
 	JLE     gfull
 	// the row's last vector overlaps the previous one: keep only its new lanes
+	MOVQ    AX, R15
+	SHRQ    $3, R15
 	MOVQ    R12, AX
 	SUBQ    $8, AX
 	VMOVUPS (DX)(AX*4), Y13
@@ -193,15 +241,20 @@ gvec:
 	JMP     gload
 
 gfull:
+	MOVQ    AX, R15
+	SHRQ    $3, R15
 	VMOVUPS (DX)(AX*4), Y13
 
 gload:
-	TESTQ    CX, CX
-	JEQ      gnorelu
-	// gate by y > 0 as int32 (positive, +Inf or a positive NaN)
-	VMOVUPS  (R9)(AX*4), Y14
-	VPCMPGTD Y15, Y14, Y14
-	VANDPS   Y14, Y13, Y13
+	TESTQ        R9, R9
+	JEQ          gnorelu
+	// the ReLU gate: lane l of the vector's byte, spread to a lane mask
+	MOVBLZX      (R9)(R15*1), R11
+	VMOVD        R11, X14
+	VPBROADCASTD X14, Y14
+	VPAND        Y15, Y14, Y14
+	VPCMPEQD     Y15, Y14, Y14
+	VANDPS       Y14, Y13, Y13
 
 gnorelu:
 	VADDPS Y13, Y12, Y12
@@ -223,8 +276,12 @@ gdone:
 	ADDQ $8, AX
 	CMPQ AX, R12
 	JLT  gvec
-	LEAQ (DX)(R12*4), DX
-	LEAQ (R9)(R12*4), R9
+	LEAQ  (DX)(R12*4), DX
+	TESTQ R9, R9
+	JEQ   gnomask
+	ADDQ  CX, R9
+
+gnomask:
 	ADDQ DI, SI
 	DECQ R10
 	JNZ  grow
@@ -259,13 +316,15 @@ gdone:
 	VZEROUPPER
 	RET
 
-// func convSmallGrad3AVX(acc, dy, y, x *float32, rows *int, nrows, outH, outW, rowStride int, tail *float32)
+// func convSmallGrad3AVX(acc, dy *float32, mask *uint8, x *float32, rows *int, nrows, outH, outW, rowStride int, tail *float32)
 //
 // convSmallGradAVX for kernels 3 wide: the taps are (row r, column j)
 // for r < nrows ≤ 4, at byte offset rows[r] + 4j, summed into Y(r·3 + j).
+// The FMAs address base + displacement (R11 per kernel row): an indexed
+// memory operand would cost a second front-end µop each.
 TEXT ·convSmallGrad3AVX(SB), NOSPLIT, $0-80
 	MOVQ dy+8(FP), DX
-	MOVQ y+16(FP), R9
+	MOVQ mask+16(FP), R9
 	MOVQ x+24(FP), SI
 	MOVQ rows+32(FP), R8
 	MOVQ nrows+40(FP), R13
@@ -288,7 +347,12 @@ TEXT ·convSmallGrad3AVX(SB), NOSPLIT, $0-80
 	VXORPS Y10, Y10, Y10
 	VXORPS Y11, Y11, Y11
 	VXORPS Y12, Y12, Y12
-	VXORPS Y15, Y15, Y15
+	MOVQ tail+72(FP), R11
+	VMOVUPS 32(R11), Y15
+	// R8: gate bytes per row
+	MOVQ R12, R8
+	ADDQ $7, R8
+	SHRQ $3, R8
 
 convSmallGrad3AVX_row:
 	XORQ AX, AX
@@ -297,6 +361,8 @@ convSmallGrad3AVX_vec:
 	LEAQ 8(AX), R11
 	CMPQ R11, R12
 	JLE  convSmallGrad3AVX_full
+	MOVQ AX, R14
+	SHRQ $3, R14
 	MOVQ R12, AX
 	SUBQ $8, AX
 	VMOVUPS (DX)(AX*4), Y13
@@ -305,36 +371,45 @@ convSmallGrad3AVX_vec:
 	JMP  convSmallGrad3AVX_load
 
 convSmallGrad3AVX_full:
+	MOVQ AX, R14
+	SHRQ $3, R14
 	VMOVUPS (DX)(AX*4), Y13
 
 convSmallGrad3AVX_load:
 	TESTQ R9, R9
 	JEQ   convSmallGrad3AVX_gated
-	VMOVUPS  (R9)(AX*4), Y14
-	VPCMPGTD Y15, Y14, Y14
-	VANDPS   Y14, Y13, Y13
+	MOVBLZX      (R9)(R14*1), R11
+	VMOVD        R11, X14
+	VPBROADCASTD X14, Y14
+	VPAND        Y15, Y14, Y14
+	VPCMPEQD     Y15, Y14, Y14
+	VANDPS       Y14, Y13, Y13
 
 convSmallGrad3AVX_gated:
 	VADDPS Y13, Y12, Y12
 	LEAQ   (SI)(AX*4), R14
-	VFMADD231PS 0(R14)(R15*1), Y13, Y0
-	VFMADD231PS 4(R14)(R15*1), Y13, Y1
-	VFMADD231PS 8(R14)(R15*1), Y13, Y2
+	LEAQ (R14)(R15*1), R11
+	VFMADD231PS 0(R11), Y13, Y0
+	VFMADD231PS 4(R11), Y13, Y1
+	VFMADD231PS 8(R11), Y13, Y2
 	CMPQ R13, $2
 	JLT  convSmallGrad3AVX_done
-	VFMADD231PS 0(R14)(CX*1), Y13, Y3
-	VFMADD231PS 4(R14)(CX*1), Y13, Y4
-	VFMADD231PS 8(R14)(CX*1), Y13, Y5
+	LEAQ (R14)(CX*1), R11
+	VFMADD231PS 0(R11), Y13, Y3
+	VFMADD231PS 4(R11), Y13, Y4
+	VFMADD231PS 8(R11), Y13, Y5
 	CMPQ R13, $3
 	JLT  convSmallGrad3AVX_done
-	VFMADD231PS 0(R14)(DI*1), Y13, Y6
-	VFMADD231PS 4(R14)(DI*1), Y13, Y7
-	VFMADD231PS 8(R14)(DI*1), Y13, Y8
+	LEAQ (R14)(DI*1), R11
+	VFMADD231PS 0(R11), Y13, Y6
+	VFMADD231PS 4(R11), Y13, Y7
+	VFMADD231PS 8(R11), Y13, Y8
 	CMPQ R13, $4
 	JLT  convSmallGrad3AVX_done
-	VFMADD231PS 0(R14)(BX*1), Y13, Y9
-	VFMADD231PS 4(R14)(BX*1), Y13, Y10
-	VFMADD231PS 8(R14)(BX*1), Y13, Y11
+	LEAQ (R14)(BX*1), R11
+	VFMADD231PS 0(R11), Y13, Y9
+	VFMADD231PS 4(R11), Y13, Y10
+	VFMADD231PS 8(R11), Y13, Y11
 
 convSmallGrad3AVX_done:
 	ADDQ $8, AX
@@ -343,7 +418,7 @@ convSmallGrad3AVX_done:
 	LEAQ (DX)(R12*4), DX
 	TESTQ R9, R9
 	JEQ  convSmallGrad3AVX_noy
-	LEAQ (R9)(R12*4), R9
+	ADDQ R8, R9
 
 convSmallGrad3AVX_noy:
 	ADDQ rowStride+64(FP), SI
@@ -379,13 +454,13 @@ convSmallGrad3AVX_noy:
 	VZEROUPPER
 	RET
 
-// func convSmallGrad5AVX(acc, dy, y, x *float32, rows *int, nrows, outH, outW, rowStride int, tail *float32)
+// func convSmallGrad5AVX(acc, dy *float32, mask *uint8, x *float32, rows *int, nrows, outH, outW, rowStride int, tail *float32)
 //
 // convSmallGradAVX for kernels 5 wide: the taps are (row r, column j)
 // for r < nrows ≤ 2, at byte offset rows[r] + 4j, summed into Y(r·5 + j).
 TEXT ·convSmallGrad5AVX(SB), NOSPLIT, $0-80
 	MOVQ dy+8(FP), DX
-	MOVQ y+16(FP), R9
+	MOVQ mask+16(FP), R9
 	MOVQ x+24(FP), SI
 	MOVQ rows+32(FP), R8
 	MOVQ nrows+40(FP), R13
@@ -406,7 +481,12 @@ TEXT ·convSmallGrad5AVX(SB), NOSPLIT, $0-80
 	VXORPS Y10, Y10, Y10
 	VXORPS Y11, Y11, Y11
 	VXORPS Y12, Y12, Y12
-	VXORPS Y15, Y15, Y15
+	MOVQ tail+72(FP), R11
+	VMOVUPS 32(R11), Y15
+	// R8: gate bytes per row
+	MOVQ R12, R8
+	ADDQ $7, R8
+	SHRQ $3, R8
 
 convSmallGrad5AVX_row:
 	XORQ AX, AX
@@ -415,6 +495,8 @@ convSmallGrad5AVX_vec:
 	LEAQ 8(AX), R11
 	CMPQ R11, R12
 	JLE  convSmallGrad5AVX_full
+	MOVQ AX, R14
+	SHRQ $3, R14
 	MOVQ R12, AX
 	SUBQ $8, AX
 	VMOVUPS (DX)(AX*4), Y13
@@ -423,30 +505,37 @@ convSmallGrad5AVX_vec:
 	JMP  convSmallGrad5AVX_load
 
 convSmallGrad5AVX_full:
+	MOVQ AX, R14
+	SHRQ $3, R14
 	VMOVUPS (DX)(AX*4), Y13
 
 convSmallGrad5AVX_load:
 	TESTQ R9, R9
 	JEQ   convSmallGrad5AVX_gated
-	VMOVUPS  (R9)(AX*4), Y14
-	VPCMPGTD Y15, Y14, Y14
-	VANDPS   Y14, Y13, Y13
+	MOVBLZX      (R9)(R14*1), R11
+	VMOVD        R11, X14
+	VPBROADCASTD X14, Y14
+	VPAND        Y15, Y14, Y14
+	VPCMPEQD     Y15, Y14, Y14
+	VANDPS       Y14, Y13, Y13
 
 convSmallGrad5AVX_gated:
 	VADDPS Y13, Y12, Y12
 	LEAQ   (SI)(AX*4), R14
-	VFMADD231PS 0(R14)(R15*1), Y13, Y0
-	VFMADD231PS 4(R14)(R15*1), Y13, Y1
-	VFMADD231PS 8(R14)(R15*1), Y13, Y2
-	VFMADD231PS 12(R14)(R15*1), Y13, Y3
-	VFMADD231PS 16(R14)(R15*1), Y13, Y4
+	LEAQ (R14)(R15*1), R11
+	VFMADD231PS 0(R11), Y13, Y0
+	VFMADD231PS 4(R11), Y13, Y1
+	VFMADD231PS 8(R11), Y13, Y2
+	VFMADD231PS 12(R11), Y13, Y3
+	VFMADD231PS 16(R11), Y13, Y4
 	CMPQ R13, $2
 	JLT  convSmallGrad5AVX_done
-	VFMADD231PS 0(R14)(CX*1), Y13, Y5
-	VFMADD231PS 4(R14)(CX*1), Y13, Y6
-	VFMADD231PS 8(R14)(CX*1), Y13, Y7
-	VFMADD231PS 12(R14)(CX*1), Y13, Y8
-	VFMADD231PS 16(R14)(CX*1), Y13, Y9
+	LEAQ (R14)(CX*1), R11
+	VFMADD231PS 0(R11), Y13, Y5
+	VFMADD231PS 4(R11), Y13, Y6
+	VFMADD231PS 8(R11), Y13, Y7
+	VFMADD231PS 12(R11), Y13, Y8
+	VFMADD231PS 16(R11), Y13, Y9
 
 convSmallGrad5AVX_done:
 	ADDQ $8, AX
@@ -455,7 +544,7 @@ convSmallGrad5AVX_done:
 	LEAQ (DX)(R12*4), DX
 	TESTQ R9, R9
 	JEQ  convSmallGrad5AVX_noy
-	LEAQ (R9)(R12*4), R9
+	ADDQ R8, R9
 
 convSmallGrad5AVX_noy:
 	ADDQ rowStride+64(FP), SI

@@ -9,14 +9,10 @@ const convSmallSIMD = false
 // on amd64 to run the Go code).
 var convSmallAsm = false
 
-func convSmallRow(y []float32, ys int, x []float32, offs []int, wb, bb []float32, f, n, relu int) {
-	convSmallRowGo(y, ys, x, offs, wb, bb, f, n, relu)
+func convSmallRow(y []float32, ys int, x []float32, offs []int, wb, bb []float32, f, n, relu int, mask []uint8, ms int) {
+	convSmallRowGo(y, ys, x, offs, wb, bb, f, n, relu, mask, ms)
 }
 
-func convSmallGrad(acc, dy, y, x []float32, offs []int, outH, outW, rowStride int, tail *[8]float32) {
-	convSmallGradGo(acc, dy, y, x, offs, outH, outW, rowStride, tail)
-}
-
-func convSmallGradTaps(acc, dy, y, x []float32, offs []int, kw, outH, outW, rowStride int, tail *[8]float32) {
-	convSmallGradGo(acc, dy, y, x, offs, outH, outW, rowStride, tail)
+func convSmallGradTaps(acc, dy []float32, mask []uint8, x []float32, offs []int, kw, outH, outW, rowStride int, tail *[16]float32) {
+	convSmallGradGo(acc, dy, mask, x, offs, outH, outW, rowStride, tail)
 }
