@@ -416,7 +416,7 @@ func inputTransformT(dv []float32, s int) (d [16]float32) {
 }
 
 // The output transform and its gradient have AVX2 kernels
-// (winoOutput8, winoOutputPool8, winoOutputGrad8, winoOutputPoolGrad8)
+// (winoOutputRows, winoOutputPool8, winoOutputGradRows, winoOutputPoolGrad8)
 // for rows of at least 8 tiles (pooled: 8 tiles per sample and channel),
 // with outputTile and outputGradTile, the same arithmetic, for the tiles
 // they leave; otherwise, or without AVX2, they run as the GEMMs below.
@@ -561,8 +561,8 @@ func WinogradOutput(y, tmp, m []float32, s int, bias []float32, g ConvGeom, out,
 	}
 }
 
-// winogradOutputVec is WinogradOutput with the vector kernel over each
-// row's whole tiles and outputTile for the rest.
+// winogradOutputVec is WinogradOutput with the vector kernel over the
+// whole tiles of each sample and channel and outputTile for the rest.
 func winogradOutputVec(y, m []float32, s int, bias []float32, g ConvGeom, out, batch int, relu bool) {
 	th, tw := g.WinogradTiles()
 	oh, ow := g.OutH(), g.OutW()
@@ -577,18 +577,20 @@ func winogradOutputVec(y, m []float32, s int, bias []float32, g ConvGeom, out, b
 				b = bias[o]
 			}
 			img := y[(n*out+o)*plane : (n*out+o+1)*plane]
+			i0 := o*P + n*pn
+			if wholeRows > 0 {
+				_ = img[(2*wholeRows-1)*ow+2*whole-1] // the kernel writes 2·wholeRows rows of 2·whole values
+				_ = m[i0+(wholeRows-1)*tw+whole-1+15*s]
+				winoOutputRows(&img[0], ow, &m[i0], s, whole, wholeRows, tw-whole, b, relu)
+			}
 			for ty := range th {
-				i0 := o*P + n*pn + ty*tw
 				yy := 2 * ty
 				tx0 := 0
 				if ty < wholeRows {
-					_ = img[(yy+1)*ow+2*whole-1] // the kernel writes two rows of 2·whole values
-					_ = m[i0+whole-1+15*s]
-					winoOutput8(&img[yy*ow], ow, &m[i0], s, whole, b, relu)
 					tx0 = whole
 				}
 				for tx := tx0; tx < tw; tx++ {
-					y00, y01, y10, y11 := outputTile(m[i0+tx:], s)
+					y00, y01, y10, y11 := outputTile(m[i0+ty*tw+tx:], s)
 					y00, y01, y10, y11 = y00+b, y01+b, y10+b, y11+b
 					if relu {
 						y00, y01, y10, y11 = max(y00, 0), max(y01, 0), max(y10, 0), max(y11, 0)
@@ -671,7 +673,8 @@ func WinogradOutputGrad(dm, tmp []float32, s int, dy []float32, g ConvGeom, out,
 }
 
 // winogradOutputGradVec is WinogradOutputGrad with the vector kernel over
-// each row's whole tiles and outputGradTile for the rest.
+// the whole tiles of each sample and channel and outputGradTile for the
+// rest.
 func winogradOutputGradVec(dm []float32, s int, dy []float32, g ConvGeom, out, batch int) {
 	th, tw := g.WinogradTiles()
 	oh, ow := g.OutH(), g.OutW()
@@ -682,14 +685,16 @@ func winogradOutputGradVec(dm []float32, s int, dy []float32, g ConvGeom, out, b
 	for n := range batch {
 		for o := range out {
 			img := dy[(n*out+o)*plane : (n*out+o+1)*plane]
+			i0 := o*P + n*pn
+			if wholeRows > 0 {
+				_ = img[(2*wholeRows-1)*ow+2*whole-1] // the kernel reads 2·wholeRows rows of 2·whole values
+				_ = dm[i0+(wholeRows-1)*tw+whole-1+15*s]
+				winoOutputGradRows(&dm[i0], s, &img[0], ow, whole, wholeRows, tw-whole)
+			}
 			for ty := range th {
-				i0 := o*P + n*pn + ty*tw
 				yy := 2 * ty
 				tx0 := 0
 				if ty < wholeRows {
-					_ = img[(yy+1)*ow+2*whole-1] // the kernel reads two rows of 2·whole values
-					_ = dm[i0+whole-1+15*s]
-					winoOutputGrad8(&dm[i0], s, &img[yy*ow], ow, whole)
 					tx0 = whole
 				}
 				for tx := tx0; tx < tw; tx++ {
@@ -705,7 +710,7 @@ func winogradOutputGradVec(dm []float32, s int, dy []float32, g ConvGeom, out, b
 							g11 = img[(yy+1)*ow+xx+1]
 						}
 					}
-					outputGradTile(dm[i0+tx:], s, g00, g01, g10, g11)
+					outputGradTile(dm[i0+ty*tw+tx:], s, g00, g01, g10, g11)
 				}
 			}
 		}

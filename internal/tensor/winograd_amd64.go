@@ -34,31 +34,33 @@ func winoInputGrad8(t0, t1, t2, t3, dv *float32, s int, mask *float32)
 //go:noescape
 func winoRowT(r0, r1, r2, r3, t0, t1, t2, t3 *float32, n int)
 
-// winoOutput8 writes Aᵀ·m·A + b (then max(·, 0) when relu is set) of n ≥ 8
-// neighbouring tiles of one row, whose points are m[ξ·s + k], k = 0..n−1,
-// to y[2k], y[2k+1] (the first output row) and y[ow+2k], y[ow+2k+1] (the
-// second), in blocks of 8 tiles, the last one moved back to end at the
-// last tile: the same operations in the same order as outputTile and the
-// Go code's bias and max, so the same values.
+// winoOutputRows writes Aᵀ·m·A + b (then max(·, 0) when relu is set) of
+// rows ≥ 1 rows of n ≥ 8 neighbouring tiles: tile k of row r has its
+// points at m[ξ·s + r·(n+mskip) + k] and its outputs at y[r·2·ow + 2k],
+// y[r·2·ow + 2k+1] and the same one row of y down. Each row goes in blocks
+// of 8 tiles, the last one moved back to end at the row's last tile: the
+// same operations in the same order as outputTile and the Go code's bias
+// and max, so the same values.
 //
 //go:noescape
-func winoOutput8(y *float32, ow int, m *float32, s, n int, b float32, relu bool)
+func winoOutputRows(y *float32, ow int, m *float32, s, n, rows, mskip int, b float32, relu bool)
 
-// winoOutputPool8 is winoOutput8 followed by WinogradOutputPool's 2×2 max
+// winoOutputPool8 is winoOutputRows followed by WinogradOutputPool's 2×2 max
 // (and arg) of each of n ≥ 8 consecutive tiles, written to y[k] and
 // arg[k]: the same values as the Go code applied to outputTile's.
 //
 //go:noescape
 func winoOutputPool8(y *float32, arg *uint8, m *float32, s, n int, b float32, relu bool)
 
-// winoOutputGrad8 writes A·g·Aᵀ of n ≥ 8 neighbouring tiles of one row,
-// whose output gradients are dy[2k], dy[2k+1], dy[ow+2k], dy[ow+2k+1], to
-// dm[ξ·s + k], as outputGradTile does.
+// winoOutputGradRows writes A·g·Aᵀ of rows ≥ 1 rows of n ≥ 8
+// neighbouring tiles (laid out as for winoOutputRows), whose output
+// gradients are dy[r·2·ow + 2k], dy[r·2·ow + 2k+1] and the same one row
+// down, to dm[ξ·s + r·(n+mskip) + k], as outputGradTile does.
 //
 //go:noescape
-func winoOutputGrad8(dm *float32, s int, dy *float32, ow, n int)
+func winoOutputGradRows(dm *float32, s int, dy *float32, ow, n, rows, mskip int)
 
-// winoOutputPoolGrad8 is winoOutputGrad8 for the first n − n%8 tiles of a
+// winoOutputPoolGrad8 is winoOutputGradRows for the first n − n%8 tiles of a
 // fused pool: tile k's gradient is d = dy[k] at position arg[k]&3 and 0
 // elsewhere, with d first gated by the ReLU (0 unless −bits(y[k]) is a
 // negative int32, as in poolGradTerm) when y is not nil. It adds d

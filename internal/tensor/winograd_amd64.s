@@ -242,16 +242,19 @@ done:
 	VMOVD BX, X14; \
 	VPBROADCASTD X14, Y14
 
-// func winoOutput8(y *float32, ow int, m *float32, s, n int, b float32, relu bool)
-TEXT ·winoOutput8(SB), NOSPLIT, $0-45
+// func winoOutputRows(y *float32, ow int, m *float32, s, n, rows, mskip int, b float32, relu bool)
+TEXT ·winoOutputRows(SB), NOSPLIT, $0-61
 	MOVQ y+0(FP), DI
 	MOVQ ow+8(FP), R11
 	SHLQ $2, R11
 	MOVQ m+16(FP), SI
 	MOVQ s+24(FP), CX
 	POINTS
-	VBROADCASTSS b+40(FP), Y15
-	MOVBLZX relu+44(FP), R13
+	VBROADCASTSS b+56(FP), Y15
+	MOVBLZX relu+60(FP), R13
+	MOVQ rows+40(FP), AX
+
+outrow:
 	MOVQ n+32(FP), DX
 
 outloop:
@@ -296,7 +299,7 @@ outstore:
 outtail:
 	// the last n%8 tiles: back up to end the block at the last tile
 	TESTQ DX, DX
-	JZ    outdone
+	JZ    outnext
 	MOVQ  $8, BX
 	SUBQ  DX, BX
 	SHLQ  $2, BX
@@ -309,7 +312,22 @@ outtail:
 	MOVQ  $8, DX
 	JMP   outbody
 
-outdone:
+outnext:
+	// the next row of tiles: m skips mskip tiles, y moves to the start of
+	// its next pair of rows
+	MOVQ mskip+48(FP), BX
+	SHLQ $2, BX
+	ADDQ BX, SI
+	ADDQ BX, R8
+	ADDQ BX, R9
+	ADDQ BX, R10
+	ADDQ R11, DI
+	ADDQ R11, DI
+	MOVQ n+32(FP), BX
+	SHLQ $3, BX
+	SUBQ BX, DI
+	DECQ AX
+	JNZ  outrow
 	VZEROUPPER
 	RET
 
@@ -435,14 +453,17 @@ pooldone:
 	VPERMPD $0xD8, E, E; \
 	VPERMPD $0xD8, O, O
 
-// func winoOutputGrad8(dm *float32, s int, dy *float32, ow, n int)
-TEXT ·winoOutputGrad8(SB), NOSPLIT, $0-40
+// func winoOutputGradRows(dm *float32, s int, dy *float32, ow, n, rows, mskip int)
+TEXT ·winoOutputGradRows(SB), NOSPLIT, $0-56
 	MOVQ dm+0(FP), SI
 	MOVQ s+8(FP), CX
 	POINTS
 	MOVQ dy+16(FP), DI
 	MOVQ ow+24(FP), R11
 	SHLQ $2, R11
+	MOVQ rows+40(FP), AX
+
+gradrow:
 	MOVQ n+32(FP), DX
 
 gradloop:
@@ -464,7 +485,7 @@ gradbody:
 
 gradtail:
 	TESTQ DX, DX
-	JZ    graddone
+	JZ    gradnext
 	MOVQ  $8, BX
 	SUBQ  DX, BX
 	SHLQ  $2, BX
@@ -477,7 +498,20 @@ gradtail:
 	MOVQ  $8, DX
 	JMP   gradbody
 
-graddone:
+gradnext:
+	MOVQ mskip+48(FP), BX
+	SHLQ $2, BX
+	ADDQ BX, SI
+	ADDQ BX, R8
+	ADDQ BX, R9
+	ADDQ BX, R10
+	ADDQ R11, DI
+	ADDQ R11, DI
+	MOVQ n+32(FP), BX
+	SHLQ $3, BX
+	SUBQ BX, DI
+	DECQ AX
+	JNZ  gradrow
 	VZEROUPPER
 	RET
 

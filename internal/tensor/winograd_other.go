@@ -17,16 +17,16 @@ func winoRowT(r0, r1, r2, r3, t0, t1, t2, t3 *float32, n int) {
 	panic("tensor: winoRowT without SIMD")
 }
 
-func winoOutput8(y *float32, ow int, m *float32, s, n int, b float32, relu bool) {
-	panic("tensor: winoOutput8 without SIMD")
+func winoOutputRows(y *float32, ow int, m *float32, s, n, rows, mskip int, b float32, relu bool) {
+	panic("tensor: winoOutputRows without SIMD")
 }
 
 func winoOutputPool8(y *float32, arg *uint8, m *float32, s, n int, b float32, relu bool) {
 	panic("tensor: winoOutputPool8 without SIMD")
 }
 
-func winoOutputGrad8(dm *float32, s int, dy *float32, ow, n int) {
-	panic("tensor: winoOutputGrad8 without SIMD")
+func winoOutputGradRows(dm *float32, s int, dy *float32, ow, n, rows, mskip int) {
+	panic("tensor: winoOutputGradRows without SIMD")
 }
 
 func winoOutputPoolGrad8(dm *float32, s int, dy *float32, arg *uint8, y *float32, n int, sum *[4]float32) {
