@@ -99,6 +99,13 @@ func Check(f *pb.TensorFrame, want Expect) (off, n int, err error) {
 	if f == nil {
 		return 0, 0, &Mismatch{Msg: "missing frame"}
 	}
+	return CheckSized(f, len(f.Data), len(f.Scales), want)
+}
+
+// CheckSized is Check for a frame whose data (dataLen bytes) and scales
+// (scalesLen bytes) are held elsewhere (still in gRPC's receive
+// buffers): f's own Data and Scales are not looked at.
+func CheckSized(f *pb.TensorFrame, dataLen, scalesLen int, want Expect) (off, n int, err error) {
 	if f.JobId != want.JobID {
 		return 0, 0, &Mismatch{Msg: fmt.Sprintf("frame for job %q, want %q", f.JobId, want.JobID)}
 	}
@@ -121,15 +128,15 @@ func Check(f *pb.TensorFrame, want Expect) (off, n int, err error) {
 	if f.Total != want.Total {
 		return 0, 0, &Mismatch{Msg: fmt.Sprintf("frame says the tensor has %d elements, want %d", f.Total, want.Total)}
 	}
-	if len(f.Data) > MaxFrameBytes || len(f.Scales) > MaxFrameBytes {
-		return 0, 0, &Mismatch{Msg: fmt.Sprintf("frame carries %d data and %d scale bytes; at most %d each allowed", len(f.Data), len(f.Scales), MaxFrameBytes)}
+	if dataLen > MaxFrameBytes || scalesLen > MaxFrameBytes {
+		return 0, 0, &Mismatch{Msg: fmt.Sprintf("frame carries %d data and %d scale bytes; at most %d each allowed", dataLen, scalesLen, MaxFrameBytes)}
 	}
 	var elems uint64
 	if eb := elemBytes(dt); eb > 0 {
-		if len(f.Data)%eb != 0 {
-			return 0, 0, &Mismatch{Msg: fmt.Sprintf("frame carries %d bytes, not a multiple of %d (%v)", len(f.Data), eb, dt)}
+		if dataLen%eb != 0 {
+			return 0, 0, &Mismatch{Msg: fmt.Sprintf("frame carries %d bytes, not a multiple of %d (%v)", dataLen, eb, dt)}
 		}
-		elems = uint64(len(f.Data) / eb)
+		elems = uint64(dataLen / eb)
 	} else {
 		elems = f.Span // sparse: the data's pairs are checked as they are decoded
 	}
@@ -149,22 +156,30 @@ type Splitter struct {
 // (send must not keep the frame after it returns). The last frame has Last
 // set; an empty tensor is sent as one empty last frame.
 func (s *Splitter) Frames(tag *pb.TensorFrame, src []float32, send func(*pb.TensorFrame) error) error {
-	fe := s.FrameElems
-	if fe <= 0 || fe*4 > MaxFrameBytes {
-		fe = DefaultFrameElems
-	}
+	fe := s.frameElems()
 	if cap(s.buf) < 4*min(fe, len(src)) {
 		s.buf = make([]byte, 4*min(fe, len(src)))
 	}
+	return s.Pieces(tag, src, func(f *pb.TensorFrame, vals []float32) error {
+		f.Data = PutF32(s.buf, vals)
+		return send(f)
+	})
+}
+
+// Pieces cuts src as Frames does, but hands send each frame without its
+// data (Dtype D_TYPE_F32, every other tag set) and the values it covers,
+// a sub-slice of src, for senders that encode them without copying.
+func (s *Splitter) Pieces(tag *pb.TensorFrame, src []float32, send func(f *pb.TensorFrame, vals []float32) error) error {
+	fe := s.frameElems()
 	chunk := uint32(0)
 	for off := 0; ; off += fe {
 		end := min(off+fe, len(src))
 		f := &pb.TensorFrame{
 			JobId: tag.JobId, Generation: tag.Generation, Op: tag.Op, Step: tag.Step, Phase: tag.Phase,
 			Rank: tag.Rank, Chunk: chunk, Offset: uint64(off), Total: uint64(len(src)),
-			Dtype: pb.DType_D_TYPE_F32, Data: PutF32(s.buf, src[off:end]), Last: end >= len(src),
+			Dtype: pb.DType_D_TYPE_F32, Last: end >= len(src),
 		}
-		if err := send(f); err != nil {
+		if err := send(f, src[off:end]); err != nil {
 			return err
 		}
 		if f.Last {
@@ -172,6 +187,13 @@ func (s *Splitter) Frames(tag *pb.TensorFrame, src []float32, send func(*pb.Tens
 		}
 		chunk++
 	}
+}
+
+func (s *Splitter) frameElems() int {
+	if fe := s.FrameElems; fe > 0 && fe*4 <= MaxFrameBytes {
+		return fe
+	}
+	return DefaultFrameElems
 }
 
 // AllFinite reports whether every value is neither NaN nor ±Inf.

@@ -137,3 +137,49 @@ func FuzzCheck(f *testing.F) {
 		}
 	})
 }
+
+// TestPieces: Pieces cuts as Frames does, handing out sub-slices of the
+// source (no copies) and frames that CheckSized accepts for their size.
+func TestPieces(t *testing.T) {
+	for _, n := range []int{0, 1, 3, 4, 10} {
+		src := make([]float32, n)
+		var frames []*pb.TensorFrame
+		sp := Splitter{FrameElems: 3}
+		tag := &pb.TensorFrame{JobId: "j", Op: pb.Op_OP_PUSH_GRADIENT, Step: 4, Phase: 1}
+		err := sp.Frames(tag, src, func(f *pb.TensorFrame) error {
+			f.Data = nil
+			frames = append(frames, f)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		next := 0
+		err = sp.Pieces(tag, src, func(f *pb.TensorFrame, vals []float32) error {
+			i := int(f.Chunk)
+			if i >= len(frames) || f.String() != frames[i].String() {
+				t.Fatalf("n=%d: piece %v, Frames sent %v", n, f, frames)
+			}
+			if len(vals) > 0 && &vals[0] != &src[next] {
+				t.Fatalf("n=%d: piece %d is not a view of the source at %d", n, i, next)
+			}
+			off, m, err := CheckSized(f, 4*len(vals), 0, Expect{JobID: "j", Op: pb.Op_OP_PUSH_GRADIENT, Step: 4, Total: uint64(n)})
+			if err != nil || off != next || m != len(vals) {
+				t.Fatalf("n=%d: CheckSized: [%d,+%d) %v; want [%d,+%d)", n, off, m, err, next, len(vals))
+			}
+			next += len(vals)
+			return nil
+		})
+		if err != nil || next != n {
+			t.Fatalf("n=%d: pieces covered %d values (%v)", n, next, err)
+		}
+	}
+	// CheckSized goes by the sizes it is given, not by f.Data.
+	f := &pb.TensorFrame{JobId: "j", Total: 2, Dtype: pb.DType_D_TYPE_F32, Data: make([]byte, 8)}
+	if _, _, err := CheckSized(f, 6, 0, Expect{JobID: "j", Total: 2}); err == nil {
+		t.Error("CheckSized accepted 6 bytes of float32")
+	}
+	if _, _, err := CheckSized(f, 4, MaxFrameBytes+1, Expect{JobID: "j", Total: 2}); err == nil {
+		t.Error("CheckSized accepted oversized scales")
+	}
+}
