@@ -33,7 +33,7 @@ func FuzzDecode(f *testing.F) {
 	// As the ring encodes it: the data length padded for alignment.
 	o := newOutFrame()
 	o.encode("job", 1, aggregator.Frame{Generation: 2, Op: aggregator.OpAllReduce, Step: 9, Data: []float32{1, 2, 3}})
-	f.Add(append(bytes.Clone(o.hdr), o.data...), uint8(9))
+	f.Add(append(bytes.Clone(o.Header()), o.Data()...), uint8(9))
 	f.Fuzz(func(t *testing.T, b []byte, cut uint8) {
 		// Split b into up to three pieces, as gRPC may hand it over.
 		var s mem.BufferSlice
@@ -52,11 +52,11 @@ func FuzzDecode(f *testing.F) {
 			return // both refusing, or one stricter (size limits), is fine
 		}
 		w := want.GetFrame()
-		if string(in.job) != w.GetJobId() || in.gen != w.GetGeneration() || in.op != w.GetOp() || in.step != w.GetStep() ||
-			in.phase != w.GetPhase() || in.chunk != w.GetChunk() || in.offset != w.GetOffset() || in.dtype != w.GetDtype() ||
-			in.rank != w.GetRank() || in.nbytes != len(w.GetData()) {
+		if string(in.JobID) != w.GetJobId() || in.Generation != w.GetGeneration() || in.Op != w.GetOp() || in.Step != w.GetStep() ||
+			in.Phase != w.GetPhase() || in.Chunk != w.GetChunk() || in.Offset != w.GetOffset() || in.DType != w.GetDtype() ||
+			in.Rank != w.GetRank() || in.NBytes != len(w.GetData()) {
 			t.Fatalf("decoder disagrees with proto:\n got job=%q gen=%d op=%v step=%d phase=%d chunk=%d off=%d dtype=%v rank=%d nbytes=%d\nwant %v",
-				in.job, in.gen, in.op, in.step, in.phase, in.chunk, in.offset, in.dtype, in.rank, in.nbytes, w)
+				in.JobID, in.Generation, in.Op, in.Step, in.Phase, in.Chunk, in.Offset, in.DType, in.Rank, in.NBytes, w)
 		}
 		if len(w.GetData())%4 == 0 {
 			vals := make([]float32, len(w.GetData())/4)
@@ -101,10 +101,10 @@ func TestEncodeAligned(t *testing.T) {
 			f := aggregator.Frame{Generation: 3, Op: aggregator.OpAllReduce, Step: 1 << 40, Phase: 1, Chunk: 2, Offset: 77, Data: data}
 			o := newOutFrame()
 			o.encode(job, 5, f)
-			if n > 0 && (grpcPrefix+len(o.hdr))%4 != 0 {
-				t.Errorf("n=%d job %q: values start at %d after the gRPC prefix, not 4-aligned", n, job, len(o.hdr))
+			if n > 0 && (grpcPrefix+len(o.Header()))%4 != 0 {
+				t.Errorf("n=%d job %q: values start at %d after the gRPC prefix, not 4-aligned", n, job, len(o.Header()))
 			}
-			b := append(bytes.Clone(o.hdr), o.data...)
+			b := append(bytes.Clone(o.Header()), o.Data()...)
 			var req pb.SendFramesRequest
 			if err := proto.Unmarshal(b, &req); err != nil {
 				t.Fatalf("n=%d job %q: proto: %v", n, job, err)

@@ -39,18 +39,18 @@
 //
 // Frames are pb.SendFramesRequest messages (TensorFrame with dtype F32 and
 // raw little-endian bytes), so any gRPC client can speak to an Endpoint.
-// Between two rings the stream uses a codec registered under the content
-// subtype "gradsyncframes" that writes and parses exactly that protobuf
-// encoding without the generic proto machinery and without copying the
-// values: a frame goes out as a few bytes of tags followed by the caller's
+// Between two rings the stream uses internal/wire/framecodec's codec
+// (content subtype "gradsyncframes", shared with the parameter server's
+// streams) that writes and parses exactly that protobuf encoding without
+// the generic proto machinery and without copying the values: a frame goes out as a few bytes of tags followed by the caller's
 // []float32 itself (gRPC reference-counts it and says when it has written
 // it, and only then does SendRight return), and a received frame's values
 // stay in gRPC's receive buffers until RecvLeftInto adds or copies them
 // into the collective's buffer (RecvLeft decodes them into a recycled
 // []float32 instead). The data field's length is padded with redundant
 // varint bytes so that the values arrive 4-byte aligned. On little-endian
-// machines float32 slices are viewed as bytes without conversion (see
-// endian_le.go); elsewhere they are converted with internal/wire.
+// machines float32 slices are viewed as bytes without conversion;
+// elsewhere they are converted with internal/wire.
 //
 // # Failure
 //

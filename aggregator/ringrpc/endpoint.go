@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/internal/wire/framecodec"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -112,11 +112,7 @@ func (e *Endpoint) SendFrames(stream pb.Collective_SendFramesServer) error {
 		r.leftEnded(r.peerGone(r.left, err), false)
 		return err
 	}
-	fast := false
-	for _, ct := range md.Get("content-type") {
-		fast = fast || strings.HasSuffix(ct, "+"+codecName)
-	}
-	return r.serve(stream, fast)
+	return r.serve(stream, framecodec.InMetadata(md))
 }
 
 // streamTags reads the stream's metadata.
@@ -171,7 +167,6 @@ func (e *Endpoint) attach(job string, gen uint64, rank int) (*Ring, error) {
 // ring ends.
 func (r *Ring) serve(stream pb.Collective_SendFramesServer, fast bool) error {
 	var count uint64
-	var req pb.SendFramesRequest // reused by the proto path
 	for {
 		var in *inFrame
 		select {
@@ -182,8 +177,12 @@ func (r *Ring) serve(stream pb.Collective_SendFramesServer, fast bool) error {
 		var err error
 		if fast {
 			err = stream.RecvMsg(in)
-		} else if err = stream.RecvMsg(&req); err == nil {
-			in.fromProto(&req)
+		} else {
+			// A new message each time: in keeps a view of its data.
+			req := new(pb.SendFramesRequest)
+			if err = stream.RecvMsg(req); err == nil {
+				in.fromProto(req)
+			}
 		}
 		if err != nil {
 			r.inFree <- in // there is room: in came from there
@@ -224,22 +223,22 @@ func (r *Ring) closedStatus() error {
 // frame never reaches the inbox.
 func (r *Ring) checkFrame(in *inFrame) error {
 	switch {
-	case string(in.job) != r.job:
-		return status.Errorf(codes.InvalidArgument, "ringrpc: frame for job %q on a stream of job %q", in.job, r.job)
-	case in.gen < r.gen:
+	case string(in.JobID) != r.job:
+		return status.Errorf(codes.InvalidArgument, "ringrpc: frame for job %q on a stream of job %q", in.JobID, r.job)
+	case in.Generation < r.gen:
 		// A newer generation is left to the collective, which requires
 		// exactly its call's Options.Generation (ErrUnexpectedFrame).
-		return status.Errorf(codes.Aborted, "ringrpc: frame from stale generation %d; job %q is at generation %d", in.gen, r.job, r.gen)
-	case int(in.rank) != r.left:
-		return status.Errorf(codes.InvalidArgument, "ringrpc: frame says it is from rank %d; this stream is from rank %d", in.rank, r.left)
-	case opFromPB(in.op) == 0:
-		return status.Errorf(codes.InvalidArgument, "ringrpc: frame op %v is not a ring collective (allowed: OP_ALL_REDUCE, OP_ALL_GATHER, OP_BROADCAST, OP_BARRIER)", in.op)
-	case in.hasData && in.dtype != pb.DType_D_TYPE_F32:
-		return status.Errorf(codes.InvalidArgument, "ringrpc: frame dtype %v; ring collectives carry D_TYPE_F32 only", in.dtype)
-	case in.nbytes%4 != 0:
-		return status.Errorf(codes.InvalidArgument, "ringrpc: frame carries %d data bytes, not a whole number of float32", in.nbytes)
-	case in.offset > 1<<62:
-		return status.Errorf(codes.InvalidArgument, "ringrpc: frame offset %d out of range", in.offset)
+		return status.Errorf(codes.Aborted, "ringrpc: frame from stale generation %d; job %q is at generation %d", in.Generation, r.job, r.gen)
+	case int(in.Rank) != r.left:
+		return status.Errorf(codes.InvalidArgument, "ringrpc: frame says it is from rank %d; this stream is from rank %d", in.Rank, r.left)
+	case opFromPB(in.Op) == 0:
+		return status.Errorf(codes.InvalidArgument, "ringrpc: frame op %v is not a ring collective (allowed: OP_ALL_REDUCE, OP_ALL_GATHER, OP_BROADCAST, OP_BARRIER)", in.Op)
+	case in.HasData && in.DType != pb.DType_D_TYPE_F32:
+		return status.Errorf(codes.InvalidArgument, "ringrpc: frame dtype %v; ring collectives carry D_TYPE_F32 only", in.DType)
+	case in.NBytes%4 != 0:
+		return status.Errorf(codes.InvalidArgument, "ringrpc: frame carries %d data bytes, not a whole number of float32", in.NBytes)
+	case in.Offset > 1<<62:
+		return status.Errorf(codes.InvalidArgument, "ringrpc: frame offset %d out of range", in.Offset)
 	}
 	return nil
 }

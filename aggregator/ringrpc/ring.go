@@ -20,6 +20,7 @@ import (
 	"github.com/gradsync/gradsync/aggregator"
 	"github.com/gradsync/gradsync/internal/rpc"
 	"github.com/gradsync/gradsync/internal/wire"
+	"github.com/gradsync/gradsync/internal/wire/framecodec"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -117,12 +118,13 @@ func DialOptions() []grpc.DialOption {
 
 // ServerOptions are the options to add to internal/rpc.ServerOptions on a
 // server that hosts an Endpoint: socket buffers sized for 4 MiB frames, and
-// receive buffers that are not cleared before gRPC fills them (framePool).
+// receive buffers that are not cleared before gRPC fills them
+// (framecodec.FramePool).
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.WriteBufferSize(bulkWriteBuffer),
 		grpc.ReadBufferSize(bulkReadBuffer),
-		experimental.BufferPool(&framePool{}),
+		experimental.BufferPool(&framecodec.FramePool{}),
 	}
 }
 
@@ -521,7 +523,7 @@ func (r *Ring) sendRight(ctx context.Context, f aggregator.Frame) error {
 		r.sentBytes.Add(int64(4 * len(f.Data)))
 		r.framesOut.Add(1)
 		select {
-		case <-o.released:
+		case <-o.Released():
 			r.spare = o
 			return nil
 		case <-ctx.Done():
@@ -544,7 +546,7 @@ func (r *Ring) sendRight(ctx context.Context, f aggregator.Frame) error {
 	t := time.NewTimer(releaseGrace)
 	defer t.Stop()
 	select {
-	case <-o.released:
+	case <-o.Released():
 		r.spare = o
 	case <-t.C: // o stays with gRPC until the ring is closed
 	}
@@ -572,11 +574,11 @@ func (r *Ring) RecvLeftInto(ctx context.Context, dst []float32, add bool, accept
 		return err
 	}
 	r.last = in
-	if err := accept(in.tags(), in.nbytes/4); err != nil {
+	if err := accept(in.tags(), in.NBytes/4); err != nil {
 		return err
 	}
-	if len(dst) != in.nbytes/4 {
-		return fmt.Errorf("ringrpc: RecvLeftInto: accept let %d values into %d places", in.nbytes/4, len(dst))
+	if len(dst) != in.NBytes/4 {
+		return fmt.Errorf("ringrpc: RecvLeftInto: accept let %d values into %d places", in.NBytes/4, len(dst))
 	}
 	in.combineInto(dst, add)
 	return nil
@@ -621,10 +623,10 @@ func (r *Ring) recvLeft(ctx context.Context) (*inFrame, error) {
 
 // take accounts for in, which RecvLeft blocked for waited to get.
 func (r *Ring) take(in *inFrame, waited time.Duration) *inFrame {
-	r.recvBytes.Add(int64(in.nbytes))
-	op := opFromPB(in.op)
-	if op != r.curOp || in.step != r.curStep { // the first frame of a collective
-		r.curOp, r.curStep = op, in.step
+	r.recvBytes.Add(int64(in.NBytes))
+	op := opFromPB(in.Op)
+	if op != r.curOp || in.Step != r.curStep { // the first frame of a collective
+		r.curOp, r.curStep = op, in.Step
 		r.collectives.Add(1)
 		r.waitNanos.Add(int64(waited))
 	}

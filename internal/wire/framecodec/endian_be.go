@@ -1,6 +1,6 @@
 //go:build !(386 || amd64 || arm || arm64 || loong64 || mips64le || mipsle || ppc64le || riscv64 || wasm)
 
-package ringrpc
+package framecodec
 
 import (
 	"slices"
@@ -18,13 +18,13 @@ func f32Wire(buf []byte, src []float32) []byte {
 }
 
 // readF32 fills dst from 4*len(dst) little-endian bytes of c.
-func readF32(c *cursor, dst []float32) {
+func readF32(c *Cursor, dst []float32) {
 	var tmp [4 << 10]byte
 	for len(dst) > 0 {
 		k := min(len(dst), len(tmp)/4)
 		c.read(tmp[:4*k])
 		if err := wire.GetF32(dst[:k], tmp[:4*k]); err != nil {
-			panic("ringrpc: " + err.Error())
+			panic("framecodec: " + err.Error())
 		}
 		dst = dst[k:]
 	}
@@ -38,6 +38,6 @@ func combineLE(dst []float32, src []byte, add bool) {
 		return
 	}
 	if err := wire.GetF32(dst, src); err != nil {
-		panic("ringrpc: " + err.Error())
+		panic("framecodec: " + err.Error())
 	}
 }

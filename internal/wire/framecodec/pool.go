@@ -1,4 +1,4 @@
-package ringrpc
+package framecodec
 
 import (
 	"sync"
@@ -6,20 +6,22 @@ import (
 	"google.golang.org/grpc/mem"
 )
 
-// framePool is the mem.BufferPool of servers that host an Endpoint: gRPC
-// reads every HTTP/2 DATA frame (at most 16 KiB) into a buffer from it.
+// FramePool is a mem.BufferPool for the receive buffers of servers and
+// connections that carry frames (experimental.BufferPool,
+// experimental.WithBufferPool): gRPC reads every HTTP/2 DATA frame (at
+// most 16 KiB) into a buffer from it.
 // Unlike gRPC's default pool it does not clear buffers it hands out, which
 // cost about 5 % of a rank's CPU time in the all-reduce benchmark: gRPC
 // overwrites every byte of a frame buffer it asks for (io.ReadFull of the
 // frame's payload into exactly that length), so nothing stale is visible.
-type framePool struct {
+type FramePool struct {
 	frames sync.Pool // *[]byte of cap frameBufSize
 }
 
 // frameBufSize is gRPC's HTTP/2 frame payload limit (http2MaxFrameLen).
 const frameBufSize = 16 << 10
 
-func (p *framePool) Get(n int) *[]byte {
+func (p *FramePool) Get(n int) *[]byte {
 	if n <= frameBufSize {
 		if b, ok := p.frames.Get().(*[]byte); ok {
 			*b = (*b)[:n]
@@ -31,7 +33,7 @@ func (p *framePool) Get(n int) *[]byte {
 	return mem.DefaultBufferPool().Get(n)
 }
 
-func (p *framePool) Put(b *[]byte) {
+func (p *FramePool) Put(b *[]byte) {
 	if cap(*b) == frameBufSize {
 		p.frames.Put(b)
 		return

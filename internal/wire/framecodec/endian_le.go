@@ -1,6 +1,6 @@
 //go:build 386 || amd64 || arm || arm64 || loong64 || mips64le || mipsle || ppc64le || riscv64 || wasm
 
-package ringrpc
+package framecodec
 
 import (
 	"unsafe"
@@ -21,7 +21,7 @@ func f32Bytes(f []float32) []byte {
 func f32Wire(_ []byte, src []float32) []byte { return f32Bytes(src) }
 
 // readF32 fills dst from 4*len(dst) little-endian bytes of c.
-func readF32(c *cursor, dst []float32) { c.read(f32Bytes(dst)) }
+func readF32(c *Cursor, dst []float32) { c.read(f32Bytes(dst)) }
 
 // combineLE adds the little-endian float32 values in src to dst (add) or
 // copies them there; len(src) == 4*len(dst). Bytes that happen to be
