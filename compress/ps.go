@@ -326,16 +326,61 @@ func (p *PSPusher) Stats() Stats {
 	return p.stats
 }
 
-// timedSend wraps send so that the time spent in it is not counted as
-// compression time and the payload bytes are.
-func (p *PSPusher) timedSend(send func(*pb.TensorFrame) error, comm *time.Duration) func(*pb.TensorFrame) error {
-	return func(f *pb.TensorFrame) error {
-		p.sent += int64(len(f.Data) + len(f.Scales))
-		t0 := time.Now()
-		err := send(f)
-		*comm += time.Since(t0)
-		return err
+// PSSender is where a PSPusher's frames go.
+type PSSender interface {
+	// SendFrame sends an encoded frame; it must not keep f after it
+	// returns.
+	SendFrame(f *pb.TensorFrame) error
+	// SendF32 sends a D_TYPE_F32 frame: f holds every tag but no data,
+	// vals its values (a sub-slice of what the pusher was given). It
+	// returns once it no longer needs vals, so a sender may hand them to
+	// gRPC without copying them (internal/wire/framecodec) and wait until
+	// they are written. It must not keep f.
+	SendF32(f *pb.TensorFrame, vals []float32) error
+}
+
+// FrameSender is a PSSender for send, which takes encoded frames only:
+// SendF32 writes the values into the frame's data (a buffer it reuses),
+// as wire.Splitter.Frames does.
+func FrameSender(send func(*pb.TensorFrame) error) PSSender { return &frameSender{send: send} }
+
+type frameSender struct {
+	send func(*pb.TensorFrame) error
+	buf  []byte
+}
+
+func (s *frameSender) SendFrame(f *pb.TensorFrame) error { return s.send(f) }
+
+func (s *frameSender) SendF32(f *pb.TensorFrame, vals []float32) error {
+	if cap(s.buf) < 4*len(vals) {
+		s.buf = make([]byte, 4*len(vals))
 	}
+	f.Data = wire.PutF32(s.buf, vals)
+	return s.send(f)
+}
+
+// timedSender wraps a PSSender so that the time spent in it is not
+// counted as compression time and the payload bytes are.
+type timedSender struct {
+	p    *PSPusher
+	s    PSSender
+	comm *time.Duration
+}
+
+func (t timedSender) SendFrame(f *pb.TensorFrame) error {
+	t.p.sent += int64(len(f.Data) + len(f.Scales))
+	t0 := time.Now()
+	err := t.s.SendFrame(f)
+	*t.comm += time.Since(t0)
+	return err
+}
+
+func (t timedSender) SendF32(f *pb.TensorFrame, vals []float32) error {
+	t.p.sent += int64(4 * len(vals))
+	t0 := time.Now()
+	err := t.s.SendF32(f, vals)
+	*t.comm += time.Since(t0)
+	return err
 }
 
 func (p *PSPusher) addTime(start time.Time, comm time.Duration) {
@@ -346,16 +391,18 @@ func (p *PSPusher) addTime(start time.Time, comm time.Duration) {
 
 // Push sends the first (for all but PowerSGD the only) push of step:
 // grads, this rank's gradient, encoded as Phases(step)[0] says, as frames
-// tagged like tag (job, generation, op, step, rank) through send, which
-// must not keep a frame after it returns. grads is not changed.
-func (p *PSPusher) Push(step int64, grads []float32, tag *pb.TensorFrame, send func(*pb.TensorFrame) error) error {
+// tagged like tag (job, generation, op, step, rank) through send:
+// float32 frames (no compression, PowerSGD's P) through SendF32, whose
+// values are sub-slices of grads (or of the pusher's own buffers), the
+// others through SendFrame. grads is not changed.
+func (p *PSPusher) Push(step int64, grads []float32, tag *pb.TensorFrame, send PSSender) error {
 	if len(grads) != p.plan.total {
 		panic(fmt.Sprintf("compress: PSPusher.Push: len(grads) = %d, the segments cover %d", len(grads), p.plan.total))
 	}
 	start := time.Now()
 	var comm time.Duration
 	defer func() { p.addTime(start, comm) }()
-	send = p.timedSend(send, &comm)
+	send = timedSender{p: p, s: send, comm: &comm}
 	p.sent = 0
 	ph := p.plan.phases(step)[0]
 	p.pending = ph.DType != pb.DType_D_TYPE_F32 || ph.Phase != 0
@@ -364,7 +411,7 @@ func (p *PSPusher) Push(step int64, grads []float32, tag *pb.TensorFrame, send f
 		return p.pushP(step, grads, tag, send)
 	case ph.DType == pb.DType_D_TYPE_F32:
 		var sp wire.Splitter
-		return sp.Frames(tag, grads, send)
+		return sp.Pieces(tag, grads, send.SendF32)
 	case ph.DType == pb.DType_D_TYPE_SPARSE_F32:
 		return p.pushTopK(grads, tag, send)
 	}
@@ -391,7 +438,7 @@ func (p *PSPusher) Push(step int64, grads []float32, tag *pb.TensorFrame, send f
 			rounder.QuantizeInt8(buf[:len(x)], p.scales[:n], x, size)
 			f.Data, f.Scales, f.ScaleChunk = buf[:len(x)], wire.PutF32(buf[len(x):], p.scales[:n]), uint32(size)
 		}
-		if err := send(f); err != nil {
+		if err := send.SendFrame(f); err != nil {
 			return err
 		}
 		if f.Last {
@@ -423,7 +470,7 @@ func phaseTag(tag *pb.TensorFrame, phase uint32) *pb.TensorFrame {
 // pushTopK selects the k largest magnitudes of gradient + residual (the
 // residual is kept until Applied) and sends them as sparse frames, one per
 // psFrameElems elements of the gradient.
-func (p *PSPusher) pushTopK(grads []float32, tag *pb.TensorFrame, send func(*pb.TensorFrame) error) error {
+func (p *PSPusher) pushTopK(grads []float32, tag *pb.TensorFrame, send PSSender) error {
 	t := p.topk
 	w := t.work
 	copy(w, grads)
@@ -447,7 +494,7 @@ func (p *PSPusher) pushTopK(grads []float32, tag *pb.TensorFrame, send func(*pb.
 		idx = idx[n:]
 		f := frameTag(tag, ph, off, len(grads), end >= len(grads))
 		f.Data, f.Span = buf, uint64(end-off)
-		if err := send(f); err != nil {
+		if err := send.SendFrame(f); err != nil {
 			return err
 		}
 		if f.Last {
@@ -460,7 +507,7 @@ func (p *PSPusher) pushTopK(grads []float32, tag *pb.TensorFrame, send func(*pb.
 // is gradient + residual (built in work; the residual is kept until
 // Applied); P_i = M_i·Q with the warm-start Q (or a fresh random one,
 // drawn as in ring mode), then the uncompressed tensors.
-func (p *PSPusher) pushP(step int64, grads []float32, tag *pb.TensorFrame, send func(*pb.TensorFrame) error) error {
+func (p *PSPusher) pushP(step int64, grads []float32, tag *pb.TensorFrame, send PSSender) error {
 	s := p.psgd
 	if !s.cfg.NoErrorFeedback {
 		for i := range s.mats {
@@ -491,7 +538,7 @@ func (p *PSPusher) pushP(step int64, grads []float32, tag *pb.TensorFrame, send 
 		u = u[sg.Len:]
 	}
 	var sp wire.Splitter
-	return sp.Frames(phaseTag(tag, 1), s.pu, send)
+	return sp.Pieces(phaseTag(tag, 1), s.pu, send.SendF32)
 }
 
 // FactorLen is the length of the factors the server sends after phase
@@ -510,8 +557,9 @@ func (p *PSPusher) FactorLen(phase uint32) int {
 }
 
 // PushQ is PowerSGD's phase 2 of step: given the orthogonalised P the
-// server sent (FactorLen(1) values), it sends Q_i = M_iᵀ·P.
-func (p *PSPusher) PushQ(step int64, pm []float32, tag *pb.TensorFrame, send func(*pb.TensorFrame) error) error {
+// server sent (FactorLen(1) values), it sends Q_i = M_iᵀ·P (float32
+// frames, through send.SendF32).
+func (p *PSPusher) PushQ(step int64, pm []float32, tag *pb.TensorFrame, send PSSender) error {
 	s := p.psgd
 	if s == nil || len(pm) != s.nP {
 		return fmt.Errorf("compress: PushQ: %d values of P; this job's PowerSGD has %d", len(pm), p.FactorLen(1))
@@ -519,14 +567,14 @@ func (p *PSPusher) PushQ(step int64, pm []float32, tag *pb.TensorFrame, send fun
 	start := time.Now()
 	var comm time.Duration
 	defer func() { p.addTime(start, comm) }()
-	send = p.timedSend(send, &comm)
+	send = timedSender{p: p, s: send, comm: &comm}
 	copy(s.pu, pm)
 	for i := range s.mats {
 		m := &s.mats[i]
 		s.mulQ(s.qNext[m.qOff:m.qOff+m.cols*m.rank], s.work[m.eOff:m.eOff+m.rows*m.cols], s.pu[m.pOff:m.pOff+m.rows*m.rank], m)
 	}
 	var sp wire.Splitter
-	return sp.Frames(phaseTag(tag, 2), s.qNext, send)
+	return sp.Pieces(phaseTag(tag, 2), s.qNext, send.SendF32)
 }
 
 // Applied records that the server applied step: the compression state

@@ -66,9 +66,9 @@ func (w *psWorld) step(t testing.TB, grads [][]float32, step int64) []float32 {
 			tag := &pb.TensorFrame{JobId: "j", Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Rank: int32(r)}
 			var err error
 			if ph.Phase == 2 {
-				err = p.PushQ(step, pm, tag, send)
+				err = p.PushQ(step, pm, tag, compress.FrameSender(send))
 			} else {
-				err = p.Push(step, grads[r], tag, send)
+				err = p.Push(step, grads[r], tag, compress.FrameSender(send))
 			}
 			if err != nil {
 				t.Fatalf("step %d phase %d rank %d: %v", step, ph.Phase, r, err)

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/gradsync/gradsync/aggregator"
 	"github.com/gradsync/gradsync/checkpoint"
@@ -18,6 +19,7 @@ import (
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/wire"
+	"github.com/gradsync/gradsync/internal/wire/framecodec"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -396,17 +398,16 @@ func (p *psJob) serve(stream pb.ParameterServer_SyncServer, join *pb.SyncJoin) e
 		return status.Errorf(codes.InvalidArgument, "rank %d has %d training examples but another rank has %d (different data?)", rank, join.TrainExamples, p.trainN)
 	}
 	p.joined[rank] = true
+	h := &psStream{p: p, rank: rank, stream: stream, fast: framecodec.InUse(ctx), timer: time.NewTimer(p.stepTimeout)}
+	defer h.timer.Stop()
+	defer h.in.Release()
 	if p.async != nil {
 		p.mu.Unlock()
-		h := &psStream{p: p, rank: rank, stream: stream, timer: time.NewTimer(p.stepTimeout)}
-		defer h.timer.Stop()
 		return h.serveAsync(ctx)
 	}
 	step := p.shard.Step()
 	p.mu.Unlock()
 
-	h := &psStream{p: p, rank: rank, stream: stream, timer: time.NewTimer(p.stepTimeout)}
-	defer h.timer.Stop()
 	if err := h.sendParams(step, nil, false); err != nil {
 		return err
 	}
@@ -450,12 +451,104 @@ func (p *psJob) serve(stream pb.ParameterServer_SyncServer, join *pb.SyncJoin) e
 }
 
 // psStream is the server's side of one rank's Sync stream to one shard.
+//
+// A rank that opens its stream with internal/wire/framecodec's content
+// subtype (fast; gradsync's workers do) gets its parameters written
+// straight from the shard's buffer, and its gradient frames are summed
+// straight from gRPC's receive buffers; any other client (grpcurl,
+// workers in other languages) speaks ordinary protobuf, read and written
+// with the proto codec. The bytes on the wire are valid protobuf either
+// way.
 type psStream struct {
 	p      *psJob
 	rank   int
 	stream pb.ParameterServer_SyncServer
+	fast   bool
+	in     framecodec.SyncRequest // the message last received; reused
+	out    framecodec.Sender      // fast: sends float32 frames without copying them
 	sp     wire.Splitter
-	timer  *time.Timer // the step timeout
+	prefix []byte          // fast: a response's fields before its frame
+	data   []byte          // compressed frames' data, copied out for their decoders
+	tf     *pb.TensorFrame // compressed frames as their decoders take them; reused
+	timer  *time.Timer     // the step timeout
+}
+
+// recv reads the rank's next message into h.in (with the codec the rank
+// chose), after releasing the previous one's buffers.
+func (h *psStream) recv() error {
+	h.in.Release()
+	if h.fast {
+		return h.stream.RecvMsg(&h.in)
+	}
+	m, err := h.stream.Recv()
+	if err != nil {
+		return err
+	}
+	h.in.SetProto(m)
+	return nil
+}
+
+// decodeAdd adds the values of frame f, which covers dst, to dst, given
+// ph's dtype: float32 straight from gRPC's receive buffers, compressed
+// encodings through the job's compress.PSReceiver.
+func (h *psStream) decodeAdd(dst []float32, f *framecodec.Frame, ph compress.PSPhase) error {
+	if ph.DType == pb.DType_D_TYPE_F32 {
+		if f.NBytes != 4*len(dst) {
+			return fmt.Errorf("%d data bytes for %d float32 values", f.NBytes, len(dst))
+		}
+		f.CombineInto(dst, true)
+		return nil
+	}
+	if h.tf == nil {
+		h.tf = &pb.TensorFrame{}
+	}
+	h.data = f.AppendData(h.data[:0])
+	h.tf.Data, h.tf.Scales, h.tf.ScaleChunk = h.data, f.Scales, f.ScaleChunk
+	return h.p.recv.DecodeAdd(dst, h.tf, ph)
+}
+
+// sendFrames sends v as float32 frames tagged like tag, each in field
+// num of a SyncResponse (framecodec.FieldParameters or FieldFactors), the
+// first with sendState and rc. On a fast stream the values go from v
+// itself, and sendFrames returns once gRPC has written them (within the
+// step timeout), so v may change afterwards.
+func (h *psStream) sendFrames(tag *pb.TensorFrame, num protowire.Number, v []float32, sendState bool, rc *pb.PushReceipt) error {
+	first := true
+	if !h.fast {
+		return h.sp.Frames(tag, v, func(f *pb.TensorFrame) error {
+			m := &pb.SyncResponse{}
+			if num == framecodec.FieldFactors {
+				m.Factors = f
+			} else {
+				m.Parameters = f
+			}
+			if first {
+				m.SendState, m.Receipt, first = sendState, rc, false
+			}
+			return h.stream.Send(m)
+		})
+	}
+	ctx := h.stream.Context()
+	if h.p.stepTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, h.p.stepTimeout)
+		defer cancel()
+	}
+	err := h.sp.Pieces(tag, v, func(f *pb.TensorFrame, vals []float32) error {
+		h.prefix = h.prefix[:0]
+		if first {
+			var err error
+			if h.prefix, err = framecodec.AppendSyncResponse(h.prefix, sendState, false, rc); err != nil {
+				return status.Errorf(codes.Internal, "encoding a receipt: %v", err)
+			}
+			first = false
+		}
+		return h.out.Send(ctx, h.stream, h.prefix, num, f, vals)
+	})
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		err = status.FromContextError(err).Err()
+	}
+	return err
 }
 
 // sendParams sends the parameters after step-1 steps, tagged step, then
@@ -463,13 +556,8 @@ type psStream struct {
 // compression state.
 func (h *psStream) sendParams(step int64, q []float32, askState bool) error {
 	p := h.p
-	first := true
-	err := h.sp.Frames(&pb.TensorFrame{JobId: p.jobID, Generation: p.gen, Op: pb.Op_OP_PULL_PARAMETERS, Step: step},
-		p.shard.Params(), func(f *pb.TensorFrame) error {
-			m := &pb.SyncResponse{Parameters: f, SendState: askState && first}
-			first = false
-			return h.stream.Send(m)
-		})
+	err := h.sendFrames(&pb.TensorFrame{JobId: p.jobID, Generation: p.gen, Op: pb.Op_OP_PULL_PARAMETERS, Step: step},
+		framecodec.FieldParameters, p.shard.Params(), askState, nil)
 	if err != nil || q == nil {
 		return err
 	}
@@ -480,8 +568,8 @@ func (h *psStream) sendParams(step int64, q []float32, askState bool) error {
 // or Q (phase 2, tagged with the next step, as the parameters).
 func (h *psStream) sendFactors(step int64, phase uint32, v []float32) error {
 	p := h.p
-	return h.sp.Frames(&pb.TensorFrame{JobId: p.jobID, Generation: p.gen, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Phase: phase},
-		v, func(f *pb.TensorFrame) error { return h.stream.Send(&pb.SyncResponse{Factors: f}) })
+	return h.sendFrames(&pb.TensorFrame{JobId: p.jobID, Generation: p.gen, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Phase: phase},
+		framecodec.FieldFactors, v, false, nil)
 }
 
 // recvPhase receives the rank's push of phase ph of step and adds it to
@@ -492,18 +580,18 @@ func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, er
 	p, env, rank := h.p, h.p.env, h.rank
 	want := wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: ph.DType}
 	for {
-		m, err := h.stream.Recv()
+		err := h.recv()
 		if errors.Is(err, io.EOF) {
 			return nil, nil // the worker is done with this job
 		}
 		if err != nil {
 			return nil, err
 		}
-		f := m.GetGradient()
-		if f == nil {
+		if h.in.Msg != framecodec.FieldGradient {
 			return nil, status.Error(codes.InvalidArgument, "expected a gradient frame")
 		}
-		off, n, err := wire.Check(f, want)
+		f := &h.in.Frame
+		off, n, err := f.Check(want)
 		if err == nil && f.Phase != ph.Phase {
 			err = &wire.Mismatch{Msg: fmt.Sprintf("frame for phase %d, want %d (compression %s)", f.Phase, ph.Phase, p.recv.Type())}
 		}
@@ -526,7 +614,7 @@ func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, er
 		done := p.done
 		p.opt.SetLR(float32(jobspec.LearningRate(p.spec, step, p.totalSteps)))
 		skipped := p.shard.Skipped()
-		decode := func(dst []float32) error { return p.recv.DecodeAdd(dst, f, ph) }
+		decode := func(dst []float32) error { return h.decodeAdd(dst, f, ph) }
 		var applied, combined bool
 		switch ph.Phase {
 		case 0:
@@ -649,18 +737,18 @@ func (h *psStream) recvState(ctx context.Context, step int64, g *stateGather) er
 	n := p.recv.OwnLen()
 	want := wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_STATE, Step: step, Total: uint64(n)}
 	for {
-		m, err := h.stream.Recv()
+		err := h.recv()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				err = status.Errorf(codes.InvalidArgument, "rank %d closed its stream instead of sending its compression state for the checkpoint after step %d", rank, step-1)
 			}
 			return err
 		}
-		f := m.GetState()
-		if f == nil {
+		if h.in.Msg != framecodec.FieldState {
 			return status.Errorf(codes.InvalidArgument, "rank %d: expected a state frame (the checkpoint after step %d needs the rank's compression state)", rank, step-1)
 		}
-		off, k, err := wire.Check(f, want)
+		f := &h.in.Frame
+		off, k, err := f.Check(want)
 		if err != nil {
 			return status.Errorf(codes.InvalidArgument, "rank %d: state: %v", rank, err)
 		}
@@ -675,7 +763,11 @@ func (h *psStream) recvState(ctx context.Context, step int64, g *stateGather) er
 			p.mu.Unlock()
 			return status.Errorf(codes.InvalidArgument, "rank %d: state frame at offset %d, want %d", rank, off, g.got[rank])
 		}
-		err = wire.GetF32(g.own[rank][off:off+k], f.Data)
+		if f.NBytes != 4*k {
+			err = fmt.Errorf("%d data bytes for %d float32 values", f.NBytes, k)
+		} else {
+			f.CombineInto(g.own[rank][off:off+k], false)
+		}
 		g.got[rank] += k
 		complete := false
 		if err == nil && f.Last {

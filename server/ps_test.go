@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/gradsync/gradsync/internal/wire/framecodec"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 	"github.com/gradsync/gradsync/server"
 )
@@ -21,7 +24,17 @@ import (
 type psHarness struct {
 	c *cluster
 	f *fakeWorker
+	// opts open the Sync streams: none speaks plain protobuf (as grpcurl
+	// and workers in other languages do), fastCodec the codec gradsync's
+	// workers use.
+	opts []grpc.CallOption
 }
+
+// codecs are the ways a client may open a Sync stream.
+var codecs = []struct {
+	name string
+	opts []grpc.CallOption
+}{{"proto", nil}, {"framecodec", []grpc.CallOption{framecodec.CallOption()}}}
 
 func newPSHarness(ctx context.Context, t *testing.T) *psHarness {
 	c := newCluster(t, server.Config{HeartbeatTimeout: time.Minute}, 0)
@@ -61,7 +74,7 @@ func goodJoin(a *pb.Assignment) *pb.SyncJoin {
 // server refused the join).
 func (h *psHarness) join(ctx context.Context, t *testing.T, j *pb.SyncJoin) (pb.ParameterServer_SyncClient, []float32, error) {
 	t.Helper()
-	stream, err := h.c.ps.Sync(ctx)
+	stream, err := h.c.ps.Sync(ctx, h.opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,21 +263,46 @@ func TestParameterServerFrameRefusals(t *testing.T) {
 		}, false, codes.InvalidArgument, "last frame"},
 		{"NaN gradient", func(a *pb.Assignment) *pb.TensorFrame { return gradFrame(a, 0, float32(math.NaN())) }, false, codes.InvalidArgument, "nonfinite"},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, codec := range codecs {
+		h.opts = codec.opts
+		for _, tc := range cases {
+			t.Run(codec.name+"/"+tc.name, func(t *testing.T) {
+				a := h.start(ctx, t)
+				defer h.cancel(ctx, t, a)
+				stream, _, err := h.join(ctx, t, goodJoin(a))
+				if err != nil {
+					t.Fatalf("join: %v", err)
+				}
+				if tc.goodStep {
+					if err := sendGrad(stream, gradFrame(a, 0, 0.01), a.NumParams, 1); err != nil {
+						t.Fatalf("good step 0: %v", err)
+					}
+				}
+				err = sendGrad(stream, tc.frame(a), a.NumParams, 1)
+				wantCode(t, tc.name, err, tc.code, tc.msg)
+			})
+		}
+		// Bytes that are not a SyncRequest fail the stream as the proto
+		// codec fails it (Internal: the message cannot be parsed).
+		t.Run(codec.name+"/malformed", func(t *testing.T) {
 			a := h.start(ctx, t)
 			defer h.cancel(ctx, t, a)
 			stream, _, err := h.join(ctx, t, goodJoin(a))
 			if err != nil {
 				t.Fatalf("join: %v", err)
 			}
-			if tc.goodStep {
-				if err := sendGrad(stream, gradFrame(a, 0, 0.01), a.NumParams, 1); err != nil {
-					t.Fatalf("good step 0: %v", err)
-				}
+			f, err := proto.Marshal(&pb.SyncRequest{Msg: &pb.SyncRequest_Gradient{Gradient: gradFrame(a, 0, 0.5)}})
+			if err != nil {
+				t.Fatal(err)
 			}
-			err = sendGrad(stream, tc.frame(a), a.NumParams, 1)
-			wantCode(t, tc.name, err, tc.code, tc.msg)
+			// Unknown fields are sent as they are: a truncated request.
+			raw := &emptypb.Empty{}
+			raw.ProtoReflect().SetUnknown(f[:len(f)-3])
+			if err := stream.SendMsg(raw); err != nil && !errors.Is(err, io.EOF) {
+				t.Fatal(err)
+			}
+			_, err = stream.Recv()
+			wantCode(t, "truncated message", err, codes.Internal, "unmarshal")
 		})
 	}
 }
@@ -275,6 +313,13 @@ func TestParameterServerFrameRefusals(t *testing.T) {
 func TestParameterServerStep(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	h := newPSHarness(ctx, t)
+	for _, codec := range codecs {
+		h.opts = codec.opts
+		t.Run(codec.name, func(t *testing.T) { testParameterServerStep(ctx, t, h) })
+	}
+}
+
+func testParameterServerStep(ctx context.Context, t *testing.T, h *psHarness) {
 	spec := longSpec(1)
 	spec.Optimizer = &pb.OptimizerSpec{Lr: proto.Float64(1), Momentum: proto.Float64(0)}
 	spec.LrSchedule = &pb.ScheduleSpec{Name: "constant"}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gradsync/gradsync/internal/wire"
+	"github.com/gradsync/gradsync/internal/wire/framecodec"
 	"github.com/gradsync/gradsync/jobspec"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -44,15 +45,8 @@ func (h *psStream) serveAsync(ctx context.Context) error {
 		if rc != nil {
 			rc.WaitSeconds = waited.Seconds()
 		}
-		first := true
-		err = h.sp.Frames(&pb.TensorFrame{JobId: p.jobID, Generation: p.gen, Op: pb.Op_OP_PULL_PARAMETERS, Step: step},
-			buf, func(f *pb.TensorFrame) error {
-				m := &pb.SyncResponse{Parameters: f}
-				if first {
-					m.Receipt, first = rc, false
-				}
-				return h.stream.Send(m)
-			})
+		err = h.sendFrames(&pb.TensorFrame{JobId: p.jobID, Generation: p.gen, Op: pb.Op_OP_PULL_PARAMETERS, Step: step},
+			framecodec.FieldParameters, buf, false, rc)
 		if err != nil {
 			return err
 		}
@@ -78,7 +72,7 @@ func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 	ph := p.recv.Phases(step)[0] // no compression with async (jobspec): plain float32
 	want := wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: ph.DType}
 	for {
-		m, err := h.stream.Recv()
+		err := h.recv()
 		if errors.Is(err, io.EOF) {
 			p.mu.Lock()
 			p.async.Finish(rank)
@@ -89,11 +83,11 @@ func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 		if err != nil {
 			return nil, err
 		}
-		f := m.GetGradient()
-		if f == nil {
+		if h.in.Msg != framecodec.FieldGradient {
 			return nil, status.Error(codes.InvalidArgument, "expected a gradient frame")
 		}
-		off, n, err := wire.Check(f, want)
+		f := &h.in.Frame
+		off, n, err := f.Check(want)
 		if err != nil {
 			return nil, frameErr(rank, err)
 		}
@@ -108,7 +102,7 @@ func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 		// Each rank's gradient is applied at the learning rate of the
 		// step it was computed for.
 		p.opt.SetLR(float32(jobspec.LearningRate(p.spec, step, p.totalSteps)))
-		rc, complete, err := p.async.Add(rank, step, off, n, func(dst []float32) error { return p.recv.DecodeAdd(dst, f, ph) })
+		rc, complete, err := p.async.Add(rank, step, off, n, func(dst []float32) error { return h.decodeAdd(dst, f, ph) })
 		if complete {
 			p.signalLocked()
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/wire"
+	"github.com/gradsync/gradsync/internal/wire/framecodec"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -42,7 +43,9 @@ type psLink struct {
 	index   int
 	addr    string // the aggregator's address; "" for the coordinator's own shards
 	rng     aggregator.Range
-	stream  pb.ParameterServer_SyncClient
+	stream  pb.ParameterServer_SyncClient // uses framecodec's codec
+	in      framecodec.SyncResponse       // the message last received; reused
+	out     framecodec.Sender             // sends float32 frames without copying them
 	sp      wire.Splitter
 	push    *compress.PSPusher // encodes the pushes (pscompress.go)
 	factors []float32          // PowerSGD: the P or Q the server sent
@@ -102,7 +105,9 @@ func joinPS(ctx context.Context, env *taskEnv, a *pb.Assignment, net *models.Net
 			c.conns = append(c.conns, conn)
 			join.Spec = a.Spec // the aggregator learns the job from it
 		}
-		if l.stream, err = pb.NewParameterServerClient(conn).Sync(sctx); err != nil {
+		// framecodec's codec: gradients go out without copies, and
+		// parameters are read straight from gRPC's receive buffers.
+		if l.stream, err = pb.NewParameterServerClient(conn).Sync(sctx, framecodec.CallOption()); err != nil {
 			c.close()
 			return nil, l.explain(err)
 		}
@@ -243,6 +248,7 @@ func (c *psClient) close() {
 		if l.stream != nil {
 			_ = l.stream.CloseSend()
 		}
+		l.in.Release()
 	}
 	c.cancel()
 	for _, conn := range c.conns {
@@ -277,35 +283,65 @@ func (l *psLink) recvErr(err error) error {
 	return err
 }
 
-// recvParams reads the shard's whole parameter range tagged with step;
-// sendState reports that the server asks for this rank's compression
-// state (for a checkpoint).
+// recv reads the shard's next message into l.in, after releasing the
+// previous one's buffers.
+func (l *psLink) recv() (*framecodec.SyncResponse, error) {
+	l.in.Release()
+	if err := l.stream.RecvMsg(&l.in); err != nil {
+		return nil, err
+	}
+	return &l.in, nil
+}
+
+// SendFrame implements compress.PSSender: an encoded gradient frame.
+func (l *psLink) SendFrame(f *pb.TensorFrame) error {
+	c := l.c
+	c.metrics.AddBytesSent(c.a.JobId, "ps", len(f.Data)+len(f.Scales))
+	return l.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Gradient{Gradient: f}})
+}
+
+// SendF32 implements compress.PSSender: a float32 gradient frame whose
+// values gRPC writes straight from vals; it returns once they are
+// written (or the stream ended: the step timeout cancels its context).
+func (l *psLink) SendF32(f *pb.TensorFrame, vals []float32) error {
+	c := l.c
+	c.metrics.AddBytesSent(c.a.JobId, "ps", 4*len(vals))
+	return l.out.Send(l.stream.Context(), l.stream, nil, framecodec.FieldGradient, f, vals)
+}
+
+// recvParams reads the shard's whole parameter range tagged with step,
+// straight from gRPC's receive buffers into params; sendState reports
+// that the server asks for this rank's compression state (for a
+// checkpoint).
 func (l *psLink) recvParams(params []float32, step int64) (sendState bool, err error) {
 	c := l.c
 	want := wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Total: uint64(len(params))}
 	next := 0
 	for {
-		m, err := l.stream.Recv()
+		m, err := l.recv()
 		if err != nil {
 			return false, l.explain(err)
 		}
-		off, n, err := wire.Check(m.GetParameters(), want)
+		if !m.HasParameters {
+			_, _, err := wire.Check(nil, want)
+			return false, l.explain(err)
+		}
+		f := &m.Parameters
+		off, n, err := f.Check(want)
 		if err != nil {
 			return false, l.explain(err)
 		}
 		if off != next {
 			return false, l.explain(fmt.Errorf("parameter frame at offset %d, want %d", off, next))
 		}
-		if err := wire.GetF32(params[off:off+n], m.GetParameters().Data); err != nil {
-			return false, l.explain(err)
-		}
+		f.CombineInto(params[off:off+n], false) // Check: f.NBytes = 4n
 		if m.Receipt != nil {
 			l.receipt = m.Receipt
 		}
-		c.metrics.AddBytesReceived(c.a.JobId, "ps", len(m.GetParameters().Data))
+		c.metrics.AddBytesReceived(c.a.JobId, "ps", f.NBytes)
 		sendState = sendState || m.SendState
 		next += n
-		if m.GetParameters().Last {
+		if f.Last {
 			if next != len(params) {
 				return false, l.explain(fmt.Errorf("parameters ended at %d of %d", next, len(params)))
 			}

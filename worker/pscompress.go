@@ -18,12 +18,8 @@ import (
 func (l *psLink) step(step int64, grads, params []float32) error {
 	c := l.c
 	tag := &pb.TensorFrame{JobId: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Rank: c.a.Rank}
-	send := func(f *pb.TensorFrame) error {
-		c.metrics.AddBytesSent(c.a.JobId, "ps", len(f.Data)+len(f.Scales))
-		return l.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Gradient{Gradient: f}})
-	}
 	phases := l.push.Phases(step)
-	if err := l.push.Push(step, grads, tag, send); err != nil {
+	if err := l.push.Push(step, grads, tag, l); err != nil {
 		return l.explain(l.recvErr(err))
 	}
 	powerSGD := phases[len(phases)-1].Phase == 2
@@ -32,7 +28,7 @@ func (l *psLink) step(step int64, grads, params []float32) error {
 		if err != nil {
 			return err
 		}
-		if err := l.push.PushQ(step, pm, tag, send); err != nil {
+		if err := l.push.PushQ(step, pm, tag, l); err != nil {
 			return l.explain(l.recvErr(err))
 		}
 	}
@@ -68,25 +64,23 @@ func (l *psLink) recvFactors(step int64, phase uint32) ([]float32, error) {
 	want := wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Total: uint64(n)}
 	next := 0
 	for {
-		m, err := l.stream.Recv()
+		m, err := l.recv()
 		if err != nil {
 			return nil, l.explain(err)
 		}
-		f := m.GetFactors()
-		if f == nil {
+		if !m.HasFactors {
 			return nil, fmt.Errorf("parameter server: expected PowerSGD's factors after phase %d of step %d", phase, step)
 		}
-		off, k, err := wire.Check(f, want)
+		f := &m.Factors
+		off, k, err := f.Check(want)
 		if err != nil {
 			return nil, err
 		}
 		if f.Phase != phase || off != next {
 			return nil, fmt.Errorf("factor frame of phase %d at offset %d, want phase %d at %d", f.Phase, off, phase, next)
 		}
-		if err := wire.GetF32(dst[off:off+k], f.Data); err != nil {
-			return nil, err
-		}
-		c.metrics.AddBytesReceived(c.a.JobId, "ps", len(f.Data))
+		f.CombineInto(dst[off:off+k], false) // Check: f.NBytes = 4k
+		c.metrics.AddBytesReceived(c.a.JobId, "ps", f.NBytes)
 		next += k
 		if f.Last {
 			if next != n {
@@ -112,7 +106,7 @@ func (l *psLink) sendState(step int64) error {
 	if err != nil {
 		return l.explain(l.recvErr(err))
 	}
-	m, err := l.stream.Recv()
+	m, err := l.recv()
 	if err != nil {
 		return l.explain(err)
 	}
