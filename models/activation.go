@@ -134,13 +134,16 @@ func (l *Dropout) Forward(x []float32, batch int, train bool) []float32 {
 func dropWord(y, x *[64]float32, s *uint64, thresh uint64, t *dropTable) uint64 {
 	var m uint64
 	st := *s
-	for j := 0; j < 64; j += 2 {
+	tm := thresh - 1 // (tm − h)>>63 is 1 when h ≥ thresh, for h < 2³² (tm wraps when thresh is 0)
+	for range 16 {
 		st += wyP0
 		hi, lo := bits.Mul64(st, st^wyP1)
 		u := hi ^ lo
-		k0 := (thresh - 1 - u&0xffffffff) >> 63 // 1 when kept: u ≥ thresh (wraps when thresh is 0)
-		k1 := (thresh - 1 - u>>32) >> 63
-		m |= (k0 | k1<<1) << j
+		st += wyP0
+		hi, lo = bits.Mul64(st, st^wyP1)
+		v := hi ^ lo
+		k := (tm-u&0xffffffff)>>63 | (tm-u>>32)>>63<<1 | (tm-v&0xffffffff)>>63<<2 | (tm-v>>32)>>63<<3
+		m = m>>4 | k<<60 // after 16 rounds, the first draw's bits are bits 0 and 1
 	}
 	*s = st
 	undropWord(y, x, m, t)
