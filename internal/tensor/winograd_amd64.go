@@ -68,3 +68,9 @@ func winoOutputGradRows(dm *float32, s int, dy *float32, ow, n, rows, mskip int)
 //
 //go:noescape
 func winoOutputPoolGrad8(dm *float32, s int, dy *float32, arg *uint8, y *float32, n int, sum *[4]float32)
+
+// winoTranspose sets dst[j·ldd + i] = src[i·lds + j] for i < 8·rb and
+// j < 8·cb (rb, cb ≥ 1), in 8×8 blocks.
+//
+//go:noescape
+func winoTranspose(dst *float32, ldd int, src *float32, lds, rb, cb int)

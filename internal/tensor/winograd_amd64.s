@@ -579,3 +579,76 @@ pgdone:
 	VMOVUPS X15, (R13)
 	VZEROUPPER
 	RET
+
+// func winoTranspose(dst *float32, ldd int, src *float32, lds, rb, cb int)
+// dst[j·ldd + i] = src[i·lds + j] for i < 8·rb, j < 8·cb, in 8×8 blocks.
+TEXT ·winoTranspose(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DX
+	MOVQ ldd+8(FP), R9
+	SHLQ $2, R9
+	MOVQ src+16(FP), CX
+	MOVQ lds+24(FP), R8
+	SHLQ $2, R8
+	LEAQ (R8)(R8*2), R10
+	LEAQ (R9)(R9*2), R12
+	MOVQ rb+32(FP), AX
+
+trow:
+	MOVQ CX, SI
+	MOVQ DX, DI
+	MOVQ cb+40(FP), BX
+
+tblock:
+	LEAQ      (SI)(R8*4), R11
+	VMOVUPS   (SI), Y0
+	VMOVUPS   (SI)(R8*1), Y1
+	VMOVUPS   (SI)(R8*2), Y2
+	VMOVUPS   (SI)(R10*1), Y3
+	VMOVUPS   (R11), Y4
+	VMOVUPS   (R11)(R8*1), Y5
+	VMOVUPS   (R11)(R8*2), Y6
+	VMOVUPS   (R11)(R10*1), Y7
+	VUNPCKLPS Y1, Y0, Y8
+	VUNPCKHPS Y1, Y0, Y9
+	VUNPCKLPS Y3, Y2, Y10
+	VUNPCKHPS Y3, Y2, Y11
+	VUNPCKLPS Y5, Y4, Y12
+	VUNPCKHPS Y5, Y4, Y13
+	VUNPCKLPS Y7, Y6, Y14
+	VUNPCKHPS Y7, Y6, Y15
+	VSHUFPS   $0x44, Y10, Y8, Y0
+	VSHUFPS   $0xEE, Y10, Y8, Y1
+	VSHUFPS   $0x44, Y11, Y9, Y2
+	VSHUFPS   $0xEE, Y11, Y9, Y3
+	VSHUFPS   $0x44, Y14, Y12, Y4
+	VSHUFPS   $0xEE, Y14, Y12, Y5
+	VSHUFPS   $0x44, Y15, Y13, Y6
+	VSHUFPS   $0xEE, Y15, Y13, Y7
+	LEAQ      (DI)(R9*4), R13
+	VPERM2F128 $0x20, Y4, Y0, Y8
+	VMOVUPS   Y8, (DI)
+	VPERM2F128 $0x20, Y5, Y1, Y8
+	VMOVUPS   Y8, (DI)(R9*1)
+	VPERM2F128 $0x20, Y6, Y2, Y8
+	VMOVUPS   Y8, (DI)(R9*2)
+	VPERM2F128 $0x20, Y7, Y3, Y8
+	VMOVUPS   Y8, (DI)(R12*1)
+	VPERM2F128 $0x31, Y4, Y0, Y8
+	VMOVUPS   Y8, (R13)
+	VPERM2F128 $0x31, Y5, Y1, Y8
+	VMOVUPS   Y8, (R13)(R9*1)
+	VPERM2F128 $0x31, Y6, Y2, Y8
+	VMOVUPS   Y8, (R13)(R9*2)
+	VPERM2F128 $0x31, Y7, Y3, Y8
+	VMOVUPS   Y8, (R13)(R12*1)
+	ADDQ      $32, SI
+	LEAQ      (R13)(R9*4), DI
+	DECQ      BX
+	JNZ       tblock
+
+	LEAQ (CX)(R8*8), CX
+	ADDQ $32, DX
+	DECQ AX
+	JNZ  trow
+	VZEROUPPER
+	RET

@@ -32,3 +32,7 @@ func winoOutputGradRows(dm *float32, s int, dy *float32, ow, n, rows, mskip int)
 func winoOutputPoolGrad8(dm *float32, s int, dy *float32, arg *uint8, y *float32, n int, sum *[4]float32) {
 	panic("tensor: winoOutputPoolGrad8 without SIMD")
 }
+
+func winoTranspose(dst *float32, ldd int, src *float32, lds, rb, cb int) {
+	panic("tensor: winoTranspose without SIMD")
+}

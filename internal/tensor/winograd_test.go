@@ -668,3 +668,30 @@ func sum32(s []float32) float32 {
 	}
 	return (a0 + a1) + (a2 + a3)
 }
+
+// TestWinogradTransposeV: the transposes of the 16 point matrices, with
+// and without the vector kernel (8×8 blocks plus the rows and columns past
+// them), leaving the padding between point matrices alone.
+func TestWinogradTransposeV(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 8))
+	for _, cp := range [][2]int{{1, 1}, {3, 5}, {8, 8}, {32, 288}, {9, 17}, {16, 7}, {7, 16}, {24, 100}, {32, 1024}} {
+		c, p := cp[0], cp[1]
+		s, st := WinogradStride(c*p), WinogradStride(c*p)+3
+		v := randSlice(r, 16*s)
+		for _, simd := range []bool{true, false} {
+			vt := randSlice(r, 16*st)
+			want := slices.Clone(vt)
+			for xi := range 16 {
+				for i := range c {
+					for j := range p {
+						want[xi*st+j*c+i] = v[xi*s+i*p+j]
+					}
+				}
+			}
+			withSIMD(simd, func() { WinogradTransposeV(vt, st, v, s, c, p) })
+			if i := sameBits(vt, want); i >= 0 {
+				t.Fatalf("c %d p %d simd %v: vt[%d] = %v, want %v", c, p, simd, i, vt[i], want[i])
+			}
+		}
+	}
+}
