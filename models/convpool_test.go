@@ -93,3 +93,67 @@ func TestConvMaxPool(t *testing.T) {
 		}
 	})
 }
+
+// TestConvWinograd4 compares Conv2D and the fused ConvMaxPool on
+// Winograd F(4×4, 3×3) (winograd4, off by default) with the same layers
+// on F(2×2, 3×3): output, dx, dW and db within float32 rounding of each
+// other, over output sizes that are multiples of 4, padding, one and
+// several samples per block, kept and recomputed V, with and without the
+// ReLU.
+func TestConvWinograd4(t *testing.T) {
+	defer func(w bool, b4, k int) { winograd4, winograd4BlockTiles, winogradKeepMax = w, b4, k }(winograd4, winograd4BlockTiles, winogradKeepMax)
+	forEachBackend(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(12, 1))
+		for _, og := range []tensor.ConvGeom{geom(4, 6, 6, 3, 1, 0), geom(5, 8, 12, 3, 1, 1), geom(32, 26, 26, 3, 1, 0), geom(4, 10, 6, 3, 1, 0)} {
+			const out = 5
+			for _, blockTiles := range []int{1, 144} {
+				for _, keep := range []int{0, keepColsMax} {
+					for variant := range 3 { // 0: plain, 1: ReLU, 2: fused 2×2 pool with ReLU
+						winograd4BlockTiles, winogradKeepMax = blockTiles, keep
+						winograd4 = false
+						c2 := newBoundConv(og, out, true, r)
+						winograd4 = true
+						c4 := newBoundConv(og, out, true, r)
+						if !c4.wino4 || c2.wino4 {
+							t.Fatalf("%+v: wino4 %v and %v", og, c4.wino4, c2.wino4)
+						}
+						copy(c4.W, c2.W)
+						copy(c4.B, c2.B)
+						c2.ReLU, c4.ReLU = variant == 1, variant == 1
+						var l2, l4 Layer = c2, c4
+						if variant == 2 {
+							pg := PoolGeom{C: out, H: og.OutH(), W: og.OutW(), K: 2, Stride: 2}
+							p2, p4 := NewMaxPool2D(pg), NewMaxPool2D(pg)
+							p2.ReLU, p4.ReLU = true, true
+							cp2, cp4 := NewConvMaxPool(c2, p2), NewConvMaxPool(c4, p4)
+							if !cp2.fused || !cp4.fused {
+								t.Fatalf("%+v: not fused", og)
+							}
+							l2, l4 = cp2, cp4
+						}
+						const batch = 3
+						x := randn(r, batch*og.C*og.H*og.W)
+						y2 := slices.Clone(l2.Forward(x, batch, true))
+						y4 := slices.Clone(l4.Forward(x, batch, true))
+						dy := randn(r, len(y2))
+						dx2, dx4 := l2.Backward(dy), l4.Backward(dy)
+						for _, p := range []struct {
+							name string
+							a, b []float32
+							tol  float64
+						}{{"y", y4, y2, 1e-4}, {"dx", dx4, dx2, 1e-3}, {"dW", c4.DW, c2.DW, 1e-3}, {"db", c4.DB, c2.DB, 1e-4}} {
+							if len(p.a) != len(p.b) {
+								t.Fatalf("%+v: len(%s) %d, F(2×2) %d", og, p.name, len(p.a), len(p.b))
+							}
+							for i := range p.b {
+								if math.Abs(float64(p.a[i]-p.b[i])) > p.tol*(1+math.Abs(float64(p.b[i]))) {
+									t.Fatalf("%+v blocks %d keep %d variant %d: %s[%d] = %v, F(2×2) %v", og, blockTiles, keep, variant, p.name, i, p.a[i], p.b[i])
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	})
+}

@@ -934,26 +934,5 @@ func poolGradTerm(dy, y []float32, k int, a *[4]float32) float32 {
 // transposed operand (OpenBLAS: ~1.8× faster at the cnn's conv2 sizes,
 // which pays for the copy).
 func WinogradTransposeV(vt []float32, st int, v []float32, s, c, p int) {
-	checkPoints("WinogradTransposeV", "v", v, s, c*p)
-	checkPoints("WinogradTransposeV", "vt", vt, st, c*p)
-	vec := winoSIMD && c >= 8 && p >= 8
-	for xi := range 16 {
-		src := v[xi*s : xi*s+c*p]
-		dst := vt[xi*st : xi*st+c*p]
-		i0, j0 := 0, 0
-		if vec {
-			i0, j0 = c&^7, p&^7
-			winoTranspose(&dst[0], c, &src[0], p, c/8, p/8)
-		}
-		// the rows and columns past the 8×8 blocks
-		for i := range c {
-			jl := 0
-			if i < i0 {
-				jl = j0
-			}
-			for j := jl; j < p; j++ {
-				dst[j*c+i] = src[i*p+j]
-			}
-		}
-	}
+	WinogradTransposeVN(vt, st, v, s, c, p, 16)
 }
