@@ -151,20 +151,7 @@ func TestWinograd4OutputPool(t *testing.T) {
 								k := q*ph*pw + py*pw + px
 								a0, a1 := img[2*py*ow+2*px], img[2*py*ow+2*px+1]
 								b0, b1 := img[(2*py+1)*ow+2*px], img[(2*py+1)*ow+2*px+1]
-								mx := max(max(a0, a1), max(b0, b1))
-								w := uint8(3)
-								if b0 == mx {
-									w = 2
-								}
-								if a1 == mx {
-									w = 1
-								}
-								if a0 == mx {
-									w = 0
-								}
-								if relu {
-									mx = max(mx, 0)
-								}
+								mx, w := refPoolWindow(a0, a1, b0, b1, relu)
 								if math.Float32bits(y[k]) != math.Float32bits(mx) || arg[k] != w {
 									t.Fatalf("%+v out %d batch %d relu %v: y[%d]=%v arg %d, want %v arg %d", g, out, batch, relu, k, y[k], arg[k], mx, w)
 								}

@@ -259,20 +259,7 @@ func TestWinogradOutputPool(t *testing.T) {
 										k := q*pn + ty*tw + tx
 										a0, a1 := img[2*ty*ow+2*tx], img[2*ty*ow+2*tx+1]
 										b0, b1 := img[(2*ty+1)*ow+2*tx], img[(2*ty+1)*ow+2*tx+1]
-										mx := max(max(a0, a1), max(b0, b1))
-										w := uint8(3)
-										if b0 == mx {
-											w = 2
-										}
-										if a1 == mx {
-											w = 1
-										}
-										if a0 == mx {
-											w = 0
-										}
-										if relu {
-											mx = max(mx, 0)
-										}
+										mx, w := refPoolWindow(a0, a1, b0, b1, relu)
 										if math.Float32bits(y[k]) != math.Float32bits(mx) || arg[k] != w {
 											t.Fatalf("%s %+v out %d batch %d relu %v: y[%d]=%v arg %d, want %v arg %d", be, g, out, batch, relu, k, y[k], arg[k], mx, w)
 										}
@@ -427,20 +414,7 @@ func refPool(y []float32, g ConvGeom, out, batch int, relu bool) ([]float32, []u
 			for tx := range tw {
 				a0, a1 := img[2*ty*ow+2*tx], img[2*ty*ow+2*tx+1]
 				b0, b1 := img[(2*ty+1)*ow+2*tx], img[(2*ty+1)*ow+2*tx+1]
-				mx := max(max(a0, a1), max(b0, b1))
-				w := uint8(3)
-				if b0 == mx {
-					w = 2
-				}
-				if a1 == mx {
-					w = 1
-				}
-				if a0 == mx {
-					w = 0
-				}
-				if relu {
-					mx = max(mx, 0)
-				}
+				mx, w := refPoolWindow(a0, a1, b0, b1, relu)
 				p, arg = append(p, mx), append(arg, w)
 			}
 		}
@@ -694,4 +668,26 @@ func TestWinogradTransposeV(t *testing.T) {
 			}
 		}
 	}
+}
+
+// refPoolWindow is the reference 2×2 max-pool of one window (a0 a1 in the
+// top row, b0 b1 below): the NaN-propagating maximum, the position of the
+// first element equal to it in row-major order (the pooled transforms'
+// arg), and the ReLU applied after the choice when relu is set.
+func refPoolWindow(a0, a1, b0, b1 float32, relu bool) (float32, uint8) {
+	mx := max(max(a0, a1), max(b0, b1))
+	w := uint8(3)
+	if b0 == mx {
+		w = 2
+	}
+	if a1 == mx {
+		w = 1
+	}
+	if a0 == mx {
+		w = 0
+	}
+	if relu {
+		mx = max(mx, 0)
+	}
+	return mx, w
 }
