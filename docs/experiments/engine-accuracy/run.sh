@@ -22,6 +22,7 @@ runs() {
     lenet5-adam)  echo "lenet5 mnist 2 --batch-size 64 -f $HERE/adam.yaml" ;;
     lenet5-adam-b32) echo "lenet5 mnist 2 -f $HERE/adam.yaml" ;;
     cnn-adam)     echo "cnn mnist 3 --batch-size 64 -f $HERE/adam.yaml" ;;
+    cnn-crop)     echo "cnn mnist 3 --batch-size 64 -f $HERE/crop-adam.yaml" ;;
     cnn-fashion)  echo "cnn fashion-mnist 5 -f $HERE/fashion-adam.yaml" ;;
     resnet8-fashion) echo "resnet8 fashion-mnist 5 --batch-size 64 --lr 0.1 -f $HERE/augment-flip.yaml" ;;
     vit-adamw)    echo "vit-tiny mnist 10 --batch-size 64 -f $HERE/adamw.yaml" ;;
