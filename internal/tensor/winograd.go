@@ -650,17 +650,7 @@ func WinogradOutputGrad(dm, tmp []float32, s int, dy []float32, g ConvGeom, out,
 						t00[i], t01[i], t10[i], t11[i] = r0[0], r0[1], r1[0], r1[1]
 						continue
 					}
-					var g00, g01, g10, g11 float32
-					g00 = img[yy*ow+xx]
-					if xx+1 < ow {
-						g01 = img[yy*ow+xx+1]
-					}
-					if yy+1 < oh {
-						g10 = img[(yy+1)*ow+xx]
-						if xx+1 < ow {
-							g11 = img[(yy+1)*ow+xx+1]
-						}
-					}
+					g00, g01, g10, g11 := edgeWindow(img, yy, xx, oh, ow)
 					t00[i], t01[i], t10[i], t11[i] = g00, g01, g10, g11
 				}
 			}
@@ -699,17 +689,7 @@ func winogradOutputGradVec(dm []float32, s int, dy []float32, g ConvGeom, out, b
 				}
 				for tx := tx0; tx < tw; tx++ {
 					xx := 2 * tx
-					var g00, g01, g10, g11 float32
-					g00 = img[yy*ow+xx]
-					if xx+1 < ow {
-						g01 = img[yy*ow+xx+1]
-					}
-					if yy+1 < oh {
-						g10 = img[(yy+1)*ow+xx]
-						if xx+1 < ow {
-							g11 = img[(yy+1)*ow+xx+1]
-						}
-					}
+					g00, g01, g10, g11 := edgeWindow(img, yy, xx, oh, ow)
 					outputGradTile(dm[i0+ty*tw+tx:], s, g00, g01, g10, g11)
 				}
 			}
@@ -935,4 +915,20 @@ func poolGradTerm(dy, y []float32, k int, a *[4]float32) float32 {
 // which pays for the copy).
 func WinogradTransposeV(vt []float32, st int, v []float32, s, c, p int) {
 	WinogradTransposeVN(vt, st, v, s, c, p, 16)
+}
+
+// edgeWindow returns the 2×2 window of the oh×ow image img at (yy, xx),
+// with zeros for the positions past its right or bottom edge.
+func edgeWindow(img []float32, yy, xx, oh, ow int) (g00, g01, g10, g11 float32) {
+	g00 = img[yy*ow+xx]
+	if xx+1 < ow {
+		g01 = img[yy*ow+xx+1]
+	}
+	if yy+1 < oh {
+		g10 = img[(yy+1)*ow+xx]
+		if xx+1 < ow {
+			g11 = img[(yy+1)*ow+xx+1]
+		}
+	}
+	return g00, g01, g10, g11
 }
