@@ -340,6 +340,9 @@ func (s *Sim) Snapshot() Snapshot {
 	return NewSnapshot(s.lastRound, s.completed, s.net, s.srv.Global(), s.closeBufs, s.srv.strategy)
 }
 
+// Global is the global model's parameters now (read only).
+func (s *Sim) Global() []float32 { return s.srv.Global() }
+
 // Run runs the simulation's rounds; see Simulate.
 func (s *Sim) Run(ctx context.Context) (History, error) {
 	queue, err := s.srv.Start(s.now)

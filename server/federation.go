@@ -539,7 +539,7 @@ func (fj *fedJob) succeedLocked() {
 	fj.logLocked(map[string]any{"kind": "federation", "rounds": fj.rounds, "stale_updates": cnt.Stale, "late_updates": cnt.Late,
 		"rejected_updates": cnt.Rejected, "failed_rounds": cnt.FailedRounds, "lost_workers": len(fj.lost)})
 	fj.e.job.Result = &pb.JobResult{TestAccuracy: fj.last.TestAccuracy, TestLoss: fj.last.TestLoss, TrainLoss: fj.lastTrain,
-		Epochs: int32(fj.rounds), Steps: int64(fj.closed)}
+		Epochs: int32(fj.rounds), Steps: int64(fj.closed), ParameterChecksum: models.Checksum(fj.srv.Global())}
 	for _, c := range fj.sessions {
 		if c != nil {
 			c.sendLocked(fedMsg{resp: &pb.ParticipateResponse{Msg: &pb.ParticipateResponse_Done{Done: &pb.FederationDone{Message: msg}}}})

@@ -9,6 +9,7 @@ import (
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/federated"
 	"github.com/gradsync/gradsync/internal/tensor"
+	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -144,6 +145,7 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 		return nil, err
 	}
 	res.TestAccuracy, res.TestLoss = h.FinalAcc, h.FinalLoss
+	res.ParameterChecksum = models.Checksum(sim.Global())
 	res.ImagesPerSecond = float64(examples) / max(time.Since(start).Seconds(), 1e-9)
 	if n := len(h.Records); n > 0 {
 		res.TrainLoss = h.Records[n-1].TrainLoss

@@ -2,10 +2,7 @@ package worker
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"hash/fnv"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -348,16 +345,4 @@ func (l *psLink) recvParams(params []float32, step int64) (sendState bool, err e
 			return sendState, nil
 		}
 	}
-}
-
-// paramChecksum is FNV-1a (64-bit) over the little-endian bytes of
-// params (JobResult.parameter_checksum).
-func paramChecksum(params []float32) uint64 {
-	h := fnv.New64a()
-	var b [4]byte
-	for _, v := range params {
-		binary.LittleEndian.PutUint32(b[:], math.Float32bits(v))
-		h.Write(b[:])
-	}
-	return h.Sum64()
 }

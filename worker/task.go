@@ -408,7 +408,7 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	if ps, ok := sync.(psStatser); ok {
 		ps.psStaleness().fill(nil, res)
 	}
-	res.ParameterChecksum = paramChecksum(net.Params())
+	res.ParameterChecksum = models.Checksum(net.Params())
 	wall := time.Since(start).Seconds()
 	res.ImagesPerSecond = float64(step-firstStep) * float64(bs) / wall
 	if snaps != nil && step > firstStep {

@@ -37,6 +37,10 @@ type Summary struct {
 	ImagesPerSecond float64 `json:"images_per_second"`
 	GemmBackend     string  `json:"gemm_backend,omitempty"`
 	RunDir          string  `json:"run_dir"`
+	// ParameterChecksum fingerprints the final parameters (FNV-1a over
+	// their float32 bits, as JobResult.parameter_checksum), as 16 hex
+	// digits: two runs that computed the same thing print the same value.
+	ParameterChecksum string `json:"parameter_checksum,omitempty"`
 	// ClassAccuracy and ConfusionMatrix ([true][predicted]) of the final
 	// evaluation; in summary.json only (omitted from the CLI's last line
 	// when empty).
@@ -70,6 +74,9 @@ func SummaryOf(j *pb.Job) Summary {
 		s.TestAccuracy, s.TestLoss, s.TrainLoss = r.TestAccuracy, r.TestLoss, r.TrainLoss
 		s.WallSeconds, s.ImagesPerSecond, s.GemmBackend = r.WallSeconds, r.ImagesPerSecond, r.GemmBackend
 		s.ClassAccuracy = r.ClassAccuracy
+		if r.ParameterChecksum != 0 {
+			s.ParameterChecksum = fmt.Sprintf("%016x", r.ParameterChecksum)
+		}
 		s.MicroF1, s.MacroF1, s.MeanAveragePrecision = r.MicroF1, r.MacroF1, r.MeanAveragePrecision
 		s.RawBytesPerStep, s.SentBytesPerStep = r.RawBytesPerStep, r.SentBytesPerStep
 		s.CompressionRatio, s.CompressSeconds = r.CompressionRatio, r.CompressSeconds
