@@ -7,7 +7,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/gradsync/gradsync/aggregator"
-	"github.com/gradsync/gradsync/internal/tensor"
+	"github.com/gradsync/gradsync/internal/kernels"
 	"github.com/gradsync/gradsync/models"
 )
 
@@ -316,17 +316,17 @@ func (p *PowerSGD) randomQ(m *matrix, step int64) {
 // torch.matmul; every rank computes them with the same backend on the same
 // (all-reduced) P and Q, so the approximation stays bit-identical.
 func (p *PowerSGD) mulPQ(dst, d, q []float32, m *matrix) {
-	tensor.Gemm(false, false, m.rows, m.rank, m.cols, 1, d, m.cols, q, m.rank, 0, dst, m.rank)
+	kernels.Gemm(false, false, m.rows, m.rank, m.cols, 1, d, m.cols, q, m.rank, 0, dst, m.rank)
 }
 
 // mulQ sets dst (cols×r) = dᵀ (cols×rows) · pm (rows×r).
 func (p *PowerSGD) mulQ(dst, d, pm []float32, m *matrix) {
-	tensor.Gemm(true, false, m.cols, m.rank, m.rows, 1, d, m.cols, pm, m.rank, 0, dst, m.rank)
+	kernels.Gemm(true, false, m.cols, m.rank, m.rows, 1, d, m.cols, pm, m.rank, 0, dst, m.rank)
 }
 
 // mulApprox sets g (rows×cols) = pm (rows×r) · qᵀ (r×cols).
 func (p *PowerSGD) mulApprox(g, pm, q []float32, m *matrix) {
-	tensor.Gemm(false, true, m.rows, m.cols, m.rank, 1, pm, m.rank, q, m.rank, 0, g, m.cols)
+	kernels.Gemm(false, true, m.rows, m.cols, m.rank, 1, pm, m.rank, q, m.rank, 0, g, m.cols)
 }
 
 // orthogonalize makes the r columns of a (rows×r, row-major) orthonormal

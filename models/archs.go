@@ -4,7 +4,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 
-	"github.com/gradsync/gradsync/internal/tensor"
+	"github.com/gradsync/gradsync/internal/kernels"
 )
 
 func init() {
@@ -17,7 +17,7 @@ func init() {
 
 // conv declares a Conv2D's prefix.weight (Out, C, KH, KW) and, with bias,
 // prefix.bias (Out), and queues its default initialisation.
-func (b *builder) conv(prefix string, g tensor.ConvGeom, out int, bias bool) *Conv2D {
+func (b *builder) conv(prefix string, g kernels.ConvGeom, out int, bias bool) *Conv2D {
 	l := NewConv2D(g, out, bias)
 	b.param(prefix+".weight", &l.W, &l.DW, out, g.C, g.KH, g.KW)
 	if bias {
@@ -66,8 +66,8 @@ func (b *builder) dropout(p float32) *Dropout {
 
 // geom is the geometry of a k×k convolution over (c, h, w) with equal
 // strides and paddings on both axes.
-func geom(c, h, w, k, stride, pad int) tensor.ConvGeom {
-	return tensor.ConvGeom{C: c, H: h, W: w, KH: k, KW: k, StrideH: stride, StrideW: stride, PadH: pad, PadW: pad}
+func geom(c, h, w, k, stride, pad int) kernels.ConvGeom {
+	return kernels.ConvGeom{C: c, H: h, W: w, KH: k, KW: k, StrideH: stride, StrideW: stride, PadH: pad, PadW: pad}
 }
 
 // lenet5 is common.py's "lenet" exactly, with its nn.Sequential indices as

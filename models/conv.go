@@ -5,23 +5,23 @@ import (
 	"math"
 	"math/rand/v2"
 
-	"github.com/gradsync/gradsync/internal/tensor"
+	"github.com/gradsync/gradsync/internal/kernels"
 )
 
 // Conv2D is a 2-D convolution (cross-correlation, as torch.nn.Conv2d with
 // groups 1 and dilation 1). 3×3 stride-1 kernels over at least
 // winogradMinC channels run as Winograd F(2×2, 3×3) over blocks of
-// samples (tensor.WinogradInput and friends: 2.25× fewer multiplications;
+// samples (kernels.WinogradInput and friends: 2.25× fewer multiplications;
 // F(4×4, 3×3) instead when winograd4 is set and the output sizes are
 // multiples of 4);
 // stride-1 kernels over few input channels (C·KH·KW ≤ 75, output rows of
-// 8 or more, AVX2) as a direct convolution (tensor.ConvSmall); every other
+// 8 or more, AVX2) as a direct convolution (kernels.ConvSmall); every other
 // geometry runs per sample as im2col + GEMM.
 // x is (batch, C, H, W) and y is (batch, Out, OutH, OutW), both row-major,
 // with the geometry fixed at construction. W has PyTorch's layout
 // (Out, C, KH, KW) and B is (Out), or nil for a convolution without bias.
 type Conv2D struct {
-	Geom tensor.ConvGeom
+	Geom kernels.ConvGeom
 	Out  int
 	// W, B are views into the network's flat parameter buffer; DW, DB are
 	// the matching views into its gradient buffer. B and DB are nil when
@@ -44,8 +44,8 @@ type Conv2D struct {
 	dwt    []float32 // owned scratch: Σ_n col·dyᵀ, the weight gradient transposed (C·KH·KW, Out)
 	direct bool      // 1×1 kernel, stride 1, no padding: the column matrix is the input itself
 
-	small bool             // computed by tensor.ConvSmall (few input channels)
-	cs    tensor.ConvSmall // its scratch
+	small bool              // computed by kernels.ConvSmall (few input channels)
+	cs    kernels.ConvSmall // its scratch
 
 	wino  bool      // computed as Winograd F(2×2, 3×3), or F(4×4, 3×3) when wino4
 	wino4 bool      // Winograd F(4×4, 3×3): 36 points instead of 16
@@ -106,7 +106,7 @@ func (l *Conv2D) winoBlock() (nb, tiles, sv, sm int) {
 	}
 	tiles = th * tw
 	nb = max(1, bt/tiles)
-	return nb, tiles, tensor.WinogradStride(l.Geom.C * nb * tiles), tensor.WinogradStride(l.Out * nb * tiles)
+	return nb, tiles, kernels.WinogradStride(l.Geom.C * nb * tiles), kernels.WinogradStride(l.Out * nb * tiles)
 }
 
 // keepColsMax is the largest batch of column matrices (in values) that
@@ -117,7 +117,7 @@ const keepColsMax = 8 << 20
 // NewConv2D returns a convolution over inputs of geometry g with out
 // output channels, with or without a bias, and no parameter storage; bind
 // its views (a Network does this) before use.
-func NewConv2D(g tensor.ConvGeom, out int, bias bool) *Conv2D {
+func NewConv2D(g kernels.ConvGeom, out int, bias bool) *Conv2D {
 	if out < 1 || g.C < 1 || g.H < 1 || g.W < 1 || g.KH < 1 || g.KW < 1 || g.StrideH < 1 || g.StrideW < 1 ||
 		g.PadH < 0 || g.PadW < 0 || g.H+2*g.PadH < g.KH || g.W+2*g.PadW < g.KW {
 		panic(fmt.Sprintf("models: NewConv2D(%+v, %d): invalid geometry", g, out))
@@ -126,7 +126,7 @@ func NewConv2D(g tensor.ConvGeom, out int, bias bool) *Conv2D {
 	l.direct = g.KH == 1 && g.KW == 1 && g.StrideH == 1 && g.StrideW == 1 && g.PadH == 0 && g.PadW == 0
 	l.wino = g.WinogradOK() && g.C >= winogradMinC
 	l.wino4 = l.wino && winograd4 && g.OutH()%4 == 0 && g.OutW()%4 == 0
-	l.small = !l.wino && !l.direct && tensor.SmallConvOK(g)
+	l.small = !l.wino && !l.direct && kernels.SmallConvOK(g)
 	if bias {
 		l.B, l.DB = []float32{}, []float32{} // non-nil: bound later
 	}
@@ -193,12 +193,12 @@ func (l *Conv2D) Forward(x []float32, batch int, train bool) []float32 {
 		if col == nil {
 			col = xn
 		} else {
-			tensor.Im2col(col, xn, g)
+			kernels.Im2col(col, xn, g)
 		}
 		switch {
 		case l.ReLU:
 			// bias and ReLU in one pass over the output, while it is in cache
-			tensor.Gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 0, yn, p)
+			kernels.Gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 0, yn, p)
 			for f := range l.Out {
 				var b float32
 				if l.B != nil {
@@ -213,9 +213,9 @@ func (l *Conv2D) Forward(x []float32, batch int, train bool) []float32 {
 			for f, b := range l.B {
 				fill(yn[f*p:(f+1)*p], b)
 			}
-			tensor.Gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 1, yn, p)
+			kernels.Gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 1, yn, p)
 		default:
-			tensor.Gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 0, yn, p)
+			kernels.Gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 0, yn, p)
 		}
 	}
 	return l.y
@@ -297,20 +297,20 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 		case col == nil:
 			col = xn
 		case !l.kept:
-			tensor.Im2col(col, xn, g)
+			kernels.Im2col(col, xn, g)
 		}
-		tensor.Gemm(false, true, k, l.Out, p, 1, col, p, dyn, p, 1, l.dwt, l.Out)
+		kernels.Gemm(false, true, k, l.Out, p, 1, col, p, dyn, p, 1, l.dwt, l.Out)
 		if l.SkipInputGrad {
 			continue
 		}
 		dxn := l.dx[n*in : (n+1)*in]
 		if l.direct {
-			tensor.Gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, dxn, p)
+			kernels.Gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, dxn, p)
 			continue
 		}
-		tensor.Gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, l.dcol, p)
+		kernels.Gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, l.dcol, p)
 		clear(dxn)
-		tensor.Col2im(dxn, l.dcol, g)
+		kernels.Col2im(dxn, l.dcol, g)
 	}
 	for f := range l.Out {
 		dw := l.DW[f*k : (f+1)*k]
@@ -324,7 +324,7 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 	return l.dx
 }
 
-// smallBackward is Backward on the tensor.ConvSmall path: dW and db in
+// smallBackward is Backward on the kernels.ConvSmall path: dW and db in
 // one pass over dy, then, unless SkipInputGrad, dx = col2im(Wᵀ·dy[n]) per
 // sample as on the im2col path.
 func (l *Conv2D) smallBackward(dy []float32) []float32 {
@@ -346,9 +346,9 @@ func (l *Conv2D) smallBackward(dy []float32) []float32 {
 			dyn = l.dmask
 		}
 		dxn := l.dx[n*in : (n+1)*in]
-		tensor.Gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, l.dcol, p)
+		kernels.Gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, l.dcol, p)
 		clear(dxn)
-		tensor.Col2im(dxn, l.dcol, g)
+		kernels.Col2im(dxn, l.dcol, g)
 	}
 	return l.dx
 }
@@ -374,9 +374,9 @@ func sum32(s []float32) float32 {
 // for F(2×2, 3×3), 36 for F(4×4, 3×3).
 func (l *Conv2D) winoPoints() int {
 	if l.wino4 {
-		return tensor.Winograd4Points
+		return kernels.Winograd4Points
 	}
-	return tensor.WinogradPoints
+	return kernels.WinogradPoints
 }
 
 // winoForward is Forward on the Winograd path: per block of samples, the
@@ -392,9 +392,9 @@ func (l *Conv2D) winoForward(x []float32, batch int) {
 	l.kept = blocks*pts*sv <= winogradKeepMax
 	l.wu = grow(l.wu, pts*l.Out*g.C)
 	if l.wino4 {
-		tensor.Winograd4Filter(l.wu, l.W, l.Out, g.C)
+		kernels.Winograd4Filter(l.wu, l.W, l.Out, g.C)
 	} else {
-		tensor.WinogradFilter(l.wu, l.W, l.Out, g.C)
+		kernels.WinogradFilter(l.wu, l.W, l.Out, g.C)
 	}
 	if l.kept {
 		l.wv = grow(l.wv, blocks*pts*sv)
@@ -412,27 +412,27 @@ func (l *Conv2D) winoForward(x []float32, batch int) {
 			v = l.wv[blk*pts*sv : (blk+1)*pts*sv]
 		}
 		if l.wino4 {
-			tensor.Winograd4Input(v, sv, x[n0*in:(n0+b)*in], g, b)
+			kernels.Winograd4Input(v, sv, x[n0*in:(n0+b)*in], g, b)
 		} else {
-			tensor.WinogradInput(v, sv, x[n0*in:(n0+b)*in], g, b)
+			kernels.WinogradInput(v, sv, x[n0*in:(n0+b)*in], g, b)
 		}
 		for xi := range pts {
-			tensor.Gemm(false, false, l.Out, P, g.C, 1, l.wu[xi*l.Out*g.C:], g.C, v[xi*sv:], P, 0, l.wm[xi*sm:], P)
+			kernels.Gemm(false, false, l.Out, P, g.C, 1, l.wu[xi*l.Out*g.C:], g.C, v[xi*sv:], P, 0, l.wm[xi*sm:], P)
 		}
 		switch {
 		case l.wino4 && l.pooled:
 			po := out / 4
-			tensor.Winograd4OutputPool(l.y[n0*po:(n0+b)*po], l.parg[n0*po:(n0+b)*po], l.wm, sm, l.B, g, l.Out, b, l.pooledReLU)
+			kernels.Winograd4OutputPool(l.y[n0*po:(n0+b)*po], l.parg[n0*po:(n0+b)*po], l.wm, sm, l.B, g, l.Out, b, l.pooledReLU)
 			continue
 		case l.wino4:
-			tensor.Winograd4Output(l.y[n0*out:(n0+b)*out], l.wm, sm, l.B, g, l.Out, b, l.ReLU)
+			kernels.Winograd4Output(l.y[n0*out:(n0+b)*out], l.wm, sm, l.B, g, l.Out, b, l.ReLU)
 			continue
 		case l.pooled:
 			po := out / 4
-			tensor.WinogradOutputPool(l.y[n0*po:(n0+b)*po], l.parg[n0*po:(n0+b)*po], l.wt, l.wm, sm, l.B, g, l.Out, b, l.pooledReLU)
+			kernels.WinogradOutputPool(l.y[n0*po:(n0+b)*po], l.parg[n0*po:(n0+b)*po], l.wt, l.wm, sm, l.B, g, l.Out, b, l.pooledReLU)
 			continue
 		}
-		tensor.WinogradOutput(l.y[n0*out:(n0+b)*out], l.wt, l.wm, sm, l.B, g, l.Out, b, l.ReLU)
+		kernels.WinogradOutput(l.y[n0*out:(n0+b)*out], l.wt, l.wm, sm, l.B, g, l.Out, b, l.ReLU)
 	}
 }
 
@@ -499,9 +499,9 @@ func (l *Conv2D) winoBackward(dy []float32) []float32 {
 				yb = l.y[n0*out : (n0+b)*out]
 			}
 			if l.wino4 {
-				tensor.Winograd4OutputPoolGrad(l.wm, sm, dyb, l.parg[n0*out:(n0+b)*out], yb, l.DB, g, l.Out, b)
+				kernels.Winograd4OutputPoolGrad(l.wm, sm, dyb, l.parg[n0*out:(n0+b)*out], yb, l.DB, g, l.Out, b)
 			} else {
-				tensor.WinogradOutputPoolGrad(l.wm, l.wt, sm, dyb, l.parg[n0*out:(n0+b)*out], yb, l.DB, g, l.Out, b)
+				kernels.WinogradOutputPoolGrad(l.wm, l.wt, sm, dyb, l.parg[n0*out:(n0+b)*out], yb, l.DB, g, l.Out, b)
 			}
 		} else {
 			if relu {
@@ -514,9 +514,9 @@ func (l *Conv2D) winoBackward(dy []float32) []float32 {
 				}
 			}
 			if l.wino4 {
-				tensor.Winograd4OutputGrad(l.wm, sm, dyb, g, l.Out, b)
+				kernels.Winograd4OutputGrad(l.wm, sm, dyb, g, l.Out, b)
 			} else {
-				tensor.WinogradOutputGrad(l.wm, l.wt, sm, dyb, g, l.Out, b)
+				kernels.WinogradOutputGrad(l.wm, l.wt, sm, dyb, g, l.Out, b)
 			}
 		}
 		var v []float32
@@ -525,33 +525,33 @@ func (l *Conv2D) winoBackward(dy []float32) []float32 {
 			v = l.wv[blk*pts*sv : (blk+1)*pts*sv]
 		case l.wino4:
 			v = l.wv[:pts*sv]
-			tensor.Winograd4Input(v, sv, l.x[n0*in:(n0+b)*in], g, b)
+			kernels.Winograd4Input(v, sv, l.x[n0*in:(n0+b)*in], g, b)
 		default:
 			v = l.wv[:pts*sv]
-			tensor.WinogradInput(v, sv, l.x[n0*in:(n0+b)*in], g, b)
+			kernels.WinogradInput(v, sv, l.x[n0*in:(n0+b)*in], g, b)
 		}
 		// dU[ξ] += dM[ξ]·V[ξ]ᵀ with Vᵀ copied out: a GEMM without a
 		// transposed operand runs ~1.8× faster here, more than the copy costs
-		tensor.WinogradTransposeVN(l.wvt, g.C*P, v, sv, g.C, P, pts)
+		kernels.WinogradTransposeVN(l.wvt, g.C*P, v, sv, g.C, P, pts)
 		for xi := range pts {
-			tensor.Gemm(false, false, l.Out, g.C, P, 1, l.wm[xi*sm:], P, l.wvt[xi*g.C*P:], g.C, 1, l.wdu[xi*l.Out*g.C:], g.C)
+			kernels.Gemm(false, false, l.Out, g.C, P, 1, l.wm[xi*sm:], P, l.wvt[xi*g.C*P:], g.C, 1, l.wdu[xi*l.Out*g.C:], g.C)
 		}
 		if l.SkipInputGrad {
 			continue
 		}
 		for xi := range pts {
-			tensor.Gemm(true, false, g.C, P, l.Out, 1, l.wu[xi*l.Out*g.C:], g.C, l.wm[xi*sm:], P, 0, l.wdv[xi*sv:], P)
+			kernels.Gemm(true, false, g.C, P, l.Out, 1, l.wu[xi*l.Out*g.C:], g.C, l.wm[xi*sm:], P, 0, l.wdv[xi*sv:], P)
 		}
 		if l.wino4 {
-			tensor.Winograd4InputGrad(l.dx[n0*in:(n0+b)*in], l.wdv, sv, g, b)
+			kernels.Winograd4InputGrad(l.dx[n0*in:(n0+b)*in], l.wdv, sv, g, b)
 		} else {
-			tensor.WinogradInputGrad(l.dx[n0*in:(n0+b)*in], l.wdv, sv, g, b)
+			kernels.WinogradInputGrad(l.dx[n0*in:(n0+b)*in], l.wdv, sv, g, b)
 		}
 	}
 	if l.wino4 {
-		tensor.Winograd4FilterGrad(l.DW, l.wdu, l.Out, g.C)
+		kernels.Winograd4FilterGrad(l.DW, l.wdu, l.Out, g.C)
 	} else {
-		tensor.WinogradFilterGrad(l.DW, l.wdu, l.Out, g.C)
+		kernels.WinogradFilterGrad(l.DW, l.wdu, l.Out, g.C)
 	}
 	if l.SkipInputGrad {
 		return nil

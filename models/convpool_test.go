@@ -6,14 +6,14 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/gradsync/gradsync/internal/tensor"
+	"github.com/gradsync/gradsync/internal/kernels"
 	"github.com/gradsync/gradsync/models/modeltest"
 )
 
 // convPoolCases: even outputs on the Winograd path (fused), and an odd
 // output and an im2col kernel (run one after the other).
 var convPoolCases = []struct {
-	g     tensor.ConvGeom
+	g     kernels.ConvGeom
 	out   int
 	fused bool
 }{
@@ -104,7 +104,7 @@ func TestConvWinograd4(t *testing.T) {
 	defer func(w bool, b4, k int) { winograd4, winograd4BlockTiles, winogradKeepMax = w, b4, k }(winograd4, winograd4BlockTiles, winogradKeepMax)
 	forEachBackend(t, func(t *testing.T) {
 		r := rand.New(rand.NewPCG(12, 1))
-		for _, og := range []tensor.ConvGeom{geom(4, 6, 6, 3, 1, 0), geom(5, 8, 12, 3, 1, 1), geom(32, 26, 26, 3, 1, 0), geom(4, 10, 6, 3, 1, 0)} {
+		for _, og := range []kernels.ConvGeom{geom(4, 6, 6, 3, 1, 0), geom(5, 8, 12, 3, 1, 1), geom(32, 26, 26, 3, 1, 0), geom(4, 10, 6, 3, 1, 0)} {
 			const out = 5
 			for _, blockTiles := range []int{1, 144} {
 				for _, keep := range []int{0, keepColsMax} {

@@ -4,18 +4,18 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/gradsync/gradsync/internal/tensor"
+	"github.com/gradsync/gradsync/internal/kernels"
 	"github.com/gradsync/gradsync/models/modeltest"
 )
 
 // backends lists the GEMM backends that load here.
 func backends() []string {
 	names := []string{"gonum"}
-	prev := tensor.Backend()
-	if tensor.SetBackend("openblas") == nil {
+	prev := kernels.Backend()
+	if kernels.SetBackend("openblas") == nil {
 		names = append(names, "openblas")
 	}
-	if err := tensor.SetBackend(prev); err != nil {
+	if err := kernels.SetBackend(prev); err != nil {
 		panic(err)
 	}
 	return names
@@ -25,11 +25,11 @@ func backends() []string {
 func forEachBackend(t *testing.T, f func(t *testing.T)) {
 	for _, be := range backends() {
 		t.Run(be, func(t *testing.T) {
-			prev := tensor.Backend()
-			if err := tensor.SetBackend(be); err != nil {
+			prev := kernels.Backend()
+			if err := kernels.SetBackend(be); err != nil {
 				t.Fatal(err)
 			}
-			defer tensor.SetBackend(prev)
+			defer kernels.SetBackend(prev)
 			f(t)
 		})
 	}

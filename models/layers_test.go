@@ -6,12 +6,12 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/gradsync/gradsync/internal/tensor"
+	"github.com/gradsync/gradsync/internal/kernels"
 	"github.com/gradsync/gradsync/models/modeltest"
 )
 
 // newBoundConv returns a Conv2D with its own initialised buffers.
-func newBoundConv(g tensor.ConvGeom, out int, bias bool, r *rand.Rand) *Conv2D {
+func newBoundConv(g kernels.ConvGeom, out int, bias bool, r *rand.Rand) *Conv2D {
 	l := NewConv2D(g, out, bias)
 	l.W, l.DW = make([]float32, out*g.ColRows()), make([]float32, out*g.ColRows())
 	if bias {
@@ -33,7 +33,7 @@ func convParams(l *Conv2D) []modeltest.Param {
 // than the kernel reach, strides that skip the last rows, a kernel as
 // large as the padded input.
 var convCases = []struct {
-	g    tensor.ConvGeom
+	g    kernels.ConvGeom
 	out  int
 	bias bool
 }{
@@ -44,12 +44,12 @@ var convCases = []struct {
 	{geom(1, 5, 4, 5, 1, 2), 2, true},
 	{geom(2, 3, 3, 5, 1, 1), 1, true},
 	{geom(3, 7, 7, 1, 2, 0), 4, false},
-	{tensor.ConvGeom{C: 2, H: 6, W: 5, KH: 3, KW: 2, StrideH: 2, StrideW: 3, PadH: 1, PadW: 2}, 3, true},
+	{kernels.ConvGeom{C: 2, H: 6, W: 5, KH: 3, KW: 2, StrideH: 2, StrideW: 3, PadH: 1, PadW: 2}, 3, true},
 	// Winograd F(2×2,3×3) (C ≥ winogradMinC): odd and even outputs, padding 0 to 2
 	{geom(4, 5, 5, 3, 1, 1), 3, true},
 	{geom(5, 6, 7, 3, 1, 0), 2, false},
 	{geom(4, 3, 4, 3, 1, 2), 2, true},
-	// tensor.ConvSmall (stride 1, few channels, output rows ≥ 8): a row of
+	// kernels.ConvSmall (stride 1, few channels, output rows ≥ 8): a row of
 	// exactly 8, overlapping last vectors with padding, 8 filters plus one,
 	// a 25-tap kernel (three gradient passes of ≤ 12 taps)
 	{geom(1, 6, 10, 3, 1, 0), 2, true},
@@ -103,27 +103,27 @@ func TestConv2DWinogradMatchesIm2col(t *testing.T) {
 	})
 }
 
-// TestConv2DSmallMatchesIm2col runs the tensor.ConvSmall path against
+// TestConv2DSmallMatchesIm2col runs the kernels.ConvSmall path against
 // the im2col path on the same weights: outputs, dx, dW and db, with and
 // without the fused ReLU and the input gradient, at batch 1 and 3.
 func TestConv2DSmallMatchesIm2col(t *testing.T) {
-	if !tensor.SmallConvOK(geom(1, 28, 28, 3, 1, 0)) {
+	if !kernels.SmallConvOK(geom(1, 28, 28, 3, 1, 0)) {
 		t.Skip("no direct small-channel convolution on this machine")
 	}
 	forEachBackend(t, func(t *testing.T) {
 		r := rand.New(rand.NewPCG(2, 4))
 		cases := append(slices.Clone(convCases), struct {
-			g    tensor.ConvGeom
+			g    kernels.ConvGeom
 			out  int
 			bias bool
 		}{geom(1, 28, 28, 3, 1, 0), 32, true}, struct {
-			g    tensor.ConvGeom
+			g    kernels.ConvGeom
 			out  int
 			bias bool
 		}{geom(3, 12, 17, 5, 1, 2), 5, false})
 		n := 0
 		for _, c := range cases {
-			if !tensor.SmallConvOK(c.g) || c.g.C >= winogradMinC && c.g.WinogradOK() {
+			if !kernels.SmallConvOK(c.g) || c.g.C >= winogradMinC && c.g.WinogradOK() {
 				continue
 			}
 			n++
@@ -180,7 +180,7 @@ func TestConv2DGradient(t *testing.T) {
 }
 
 // naiveConv2D is the definition: y[n,f,i,j] = b[f] + Σ w[f,c,ki,kj]·x[n,c,i·s−p+ki,j·s−p+kj].
-func naiveConv2D(w, b, x []float32, batch, out int, g tensor.ConvGeom) []float64 {
+func naiveConv2D(w, b, x []float32, batch, out int, g kernels.ConvGeom) []float64 {
 	oh, ow := g.OutH(), g.OutW()
 	y := make([]float64, batch*out*oh*ow)
 	for n := range batch {
@@ -213,7 +213,7 @@ func TestConv2DMatchesNaive(t *testing.T) {
 	forEachBackend(t, func(t *testing.T) {
 		r := rand.New(rand.NewPCG(2, 2))
 		cases := append(slices.Clone(convCases), struct {
-			g    tensor.ConvGeom
+			g    kernels.ConvGeom
 			out  int
 			bias bool
 		}{geom(1, 28, 28, 5, 1, 2), 6, true})
@@ -588,7 +588,7 @@ func BenchmarkLayers(b *testing.B) {
 	// small-channel path where it applies and on im2col
 	for _, c := range []struct {
 		name       string
-		g          tensor.ConvGeom
+		g          kernels.ConvGeom
 		out        int
 		bias, relu bool
 	}{

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gradsync/gradsync/internal/tensor"
+	"github.com/gradsync/gradsync/internal/kernels"
 )
 
 // TestLayerTimes prints the mean Forward and Backward time of each layer
@@ -60,5 +60,5 @@ func TestLayerTimes(t *testing.T) {
 		t.Logf("%2d %-22T fwd %6.2f ms  bwd %6.2f ms", i, l, float64(fw[i])/steps/1e6, float64(bw[i])/steps/1e6)
 		tot += fw[i] + bw[i]
 	}
-	t.Logf("total %.2f ms per step (%s, %s, batch %d)", float64(tot)/steps/1e6, name, tensor.Backend(), batch)
+	t.Logf("total %.2f ms per step (%s, %s, batch %d)", float64(tot)/steps/1e6, name, kernels.Backend(), batch)
 }

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gradsync/gradsync/internal/tensor"
+	"github.com/gradsync/gradsync/internal/kernels"
 	"github.com/gradsync/gradsync/models/modeltest"
 )
 
@@ -311,7 +311,7 @@ func TestStepDoesNotAllocate(t *testing.T) {
 			}
 			step()
 			n.Forward(x[:batch/2*784], batch/2, true) // a smaller batch reuses the buffers
-			if tensor.Backend() == "openblas" {
+			if kernels.Backend() == "openblas" {
 				if a := testing.AllocsPerRun(20, step); a != 0 {
 					t.Errorf("%s: %v allocations per step, want 0", name, a)
 				}
@@ -336,11 +336,11 @@ func BenchmarkStep(b *testing.B) {
 	for _, be := range backends() {
 		for _, name := range Names() {
 			b.Run(be+"/"+name+"/batch64", func(b *testing.B) {
-				prev := tensor.Backend()
-				if err := tensor.SetBackend(be); err != nil {
+				prev := kernels.Backend()
+				if err := kernels.SetBackend(be); err != nil {
 					b.Fatal(err)
 				}
-				defer tensor.SetBackend(prev)
+				defer kernels.SetBackend(prev)
 				n, _ := New(name, Options{})
 				const batch = 64
 				r := rand.New(rand.NewPCG(8, 8))

@@ -12,7 +12,7 @@ import (
 
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/federated"
-	"github.com/gradsync/gradsync/internal/tensor"
+	"github.com/gradsync/gradsync/internal/kernels"
 	"github.com/gradsync/gradsync/internal/wire"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -73,7 +73,7 @@ func runFedClient(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 		a: a, env: env, train: train, idx: idx, hist: data.Histogram(train.Labels, idx, train.Classes),
 		trainer: trainer, obj: newClassification(train, test, spec),
 		idle:   2*time.Duration(f.GetRoundDeadlineSeconds()*float64(time.Second)) + 30*time.Second,
-		global: make([]float32, p), delta: make([]float32, p), res: &pb.JobResult{GemmBackend: tensor.Backend()},
+		global: make([]float32, p), delta: make([]float32, p), res: &pb.JobResult{GemmBackend: kernels.Backend()},
 	}
 	env.log.Info("federated client", "job", a.JobId, "client", k, "of", a.WorldSize, "examples", len(idx), "labels", c.hist)
 	for {

@@ -8,7 +8,7 @@ import (
 	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/federated"
-	"github.com/gradsync/gradsync/internal/tensor"
+	"github.com/gradsync/gradsync/internal/kernels"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -67,7 +67,7 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 	}
 	start := time.Now()
 	lastRound, examples := start, 0 // for images/s: examples trained by the clients
-	res := &pb.JobResult{GemmBackend: tensor.Backend()}
+	res := &pb.JobResult{GemmBackend: kernels.Backend()}
 	cfg := federated.SimConfig{
 		Train: train, Test: test, Partition: parts, Model: spec.GetModel(), Rounds: int(rounds),
 		Fraction: f.GetFraction(), LocalEpochs: int(f.GetLocalEpochs()), LocalBatch: int(f.GetLocalBatchSize()),

@@ -13,8 +13,8 @@ import (
 	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/data"
+	"github.com/gradsync/gradsync/internal/kernels"
 	"github.com/gradsync/gradsync/internal/metrics"
-	"github.com/gradsync/gradsync/internal/tensor"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -249,7 +249,7 @@ func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult
 	dl := make([]float32, micro*classes)
 	epochIdx := make([]int, sampler.Len())
 	var idx []int
-	res := &pb.JobResult{GemmBackend: tensor.Backend()}
+	res := &pb.JobResult{GemmBackend: kernels.Backend()}
 	evalAndReport := func(step int64) error {
 		if err := obj.evaluate(ctx, net, res); err != nil {
 			return err

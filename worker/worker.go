@@ -26,11 +26,11 @@ import (
 
 	"github.com/gradsync/gradsync/aggregator/ringrpc"
 	"github.com/gradsync/gradsync/internal/gpu"
+	"github.com/gradsync/gradsync/internal/kernels"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/netem"
 	"github.com/gradsync/gradsync/internal/rpc"
 	"github.com/gradsync/gradsync/internal/security"
-	"github.com/gradsync/gradsync/internal/tensor"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -132,7 +132,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Logger.Warn("GPU discovery incomplete", "err", err)
 	}
 	return &Worker{cfg: cfg, log: cfg.Logger, res: &pb.Resources{
-		CpuCores: int32(runtime.NumCPU()), Gpus: gpus, GemmBackend: tensor.Backend(),
+		CpuCores: int32(runtime.NumCPU()), Gpus: gpus, GemmBackend: kernels.Backend(),
 	}}, nil
 }
 

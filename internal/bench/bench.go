@@ -13,8 +13,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/gradsync/gradsync/internal/kernels"
 	"github.com/gradsync/gradsync/internal/optim"
-	"github.com/gradsync/gradsync/internal/tensor"
 	"github.com/gradsync/gradsync/models"
 )
 
@@ -25,7 +25,7 @@ type TrainOptions struct {
 	// BatchSize is the images per step; default 64.
 	BatchSize int
 	// Threads is the number of OpenBLAS threads per GEMM
-	// (tensor.SetThreads); default 1. The batch is not split: the layers
+	// (kernels.SetThreads); default 1. The batch is not split: the layers
 	// between GEMMs run on one goroutine. The gonum backend ignores it and
 	// uses GOMAXPROCS.
 	Threads int
@@ -99,15 +99,15 @@ func Train(ctx context.Context, opt TrainOptions) (TrainResult, error) {
 		return TrainResult{}, err
 	}
 	if opt.Backend != "" {
-		prev := tensor.Backend()
-		if err := tensor.SetBackend(opt.Backend); err != nil {
+		prev := kernels.Backend()
+		if err := kernels.SetBackend(opt.Backend); err != nil {
 			return TrainResult{}, err
 		}
-		defer tensor.SetBackend(prev)
+		defer kernels.SetBackend(prev)
 	}
-	prevThreads := tensor.Threads()
-	tensor.SetThreads(opt.Threads)
-	defer tensor.SetThreads(prevThreads)
+	prevThreads := kernels.Threads()
+	kernels.SetThreads(opt.Threads)
+	defer kernels.SetThreads(prevThreads)
 
 	o := net.Options()
 	r := rand.New(rand.NewPCG(1, 2))
@@ -148,7 +148,7 @@ func Train(ctx context.Context, opt TrainOptions) (TrainResult, error) {
 	sec := elapsed.Seconds()
 	return TrainResult{
 		Model:           opt.Model,
-		Backend:         tensor.Backend(),
+		Backend:         kernels.Backend(),
 		BatchSize:       opt.BatchSize,
 		Threads:         opt.Threads,
 		ImagesPerSecond: float64(steps*opt.BatchSize) / sec,

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gradsync/gradsync/internal/tensor"
+	"github.com/gradsync/gradsync/internal/kernels"
 )
 
 func TestTrain(t *testing.T) {
@@ -22,8 +22,8 @@ func TestTrain(t *testing.T) {
 			t.Fatalf("backend %q, want gonum", res.Backend)
 		}
 	}
-	if tensor.Threads() != 1 {
-		t.Fatalf("Train left %d BLAS threads set", tensor.Threads())
+	if kernels.Threads() != 1 {
+		t.Fatalf("Train left %d BLAS threads set", kernels.Threads())
 	}
 }
 

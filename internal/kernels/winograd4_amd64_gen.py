@@ -1,6 +1,6 @@
 # Generates winograd4_amd64.s (next to this file), the F(4×4, 3×3) AVX2
 # kernels, from the Go reference in winograd4.go; run it after editing and
-# commit both:  /usr/bin/python3 internal/tensor/winograd4_amd64_gen.py
+# commit both:  /usr/bin/python3 internal/kernels/winograd4_amd64_gen.py
 import os
 out = []
 def e(s): out.append("\t" + s)

@@ -1,4 +1,4 @@
-package tensor
+package kernels
 
 import (
 	"fmt"
@@ -200,8 +200,8 @@ func TestGemmPanicsOnBadShapes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			defer func() {
 				r := recover()
-				if s, ok := r.(string); !ok || !strings.HasPrefix(s, "tensor: ") {
-					t.Fatalf("recovered %v, want a panic starting with \"tensor: \"", r)
+				if s, ok := r.(string); !ok || !strings.HasPrefix(s, "kernels: ") {
+					t.Fatalf("recovered %v, want a panic starting with \"kernels: \"", r)
 				}
 			}()
 			tc.f()

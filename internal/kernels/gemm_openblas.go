@@ -1,6 +1,6 @@
 //go:build (linux || darwin || freebsd) && (amd64 || arm64)
 
-package tensor
+package kernels
 
 import (
 	"errors"
@@ -65,7 +65,7 @@ func loadOpenBLAS() (*openBLAS, error) {
 			errs = append(errs, err)
 		}
 		if lib == 0 {
-			openBLASErr = fmt.Errorf("tensor: cannot load OpenBLAS: %w", errors.Join(errs...))
+			openBLASErr = fmt.Errorf("kernels: cannot load OpenBLAS: %w", errors.Join(errs...))
 			return
 		}
 		sgemm, err := purego.Dlsym(lib, "sgemm_")
@@ -73,7 +73,7 @@ func loadOpenBLAS() (*openBLAS, error) {
 			_, err = purego.Dlsym(lib, "openblas_set_num_threads")
 		}
 		if err != nil {
-			openBLASErr = fmt.Errorf("tensor: loaded library is not OpenBLAS: %w", err)
+			openBLASErr = fmt.Errorf("kernels: loaded library is not OpenBLAS: %w", err)
 			return
 		}
 		ob := &openBLAS{sgemm: sgemm}
@@ -121,7 +121,7 @@ func (o *openBLAS) threads(n int) { o.setThreads(int32(n)) }
 func (o *openBLAS) gemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	for _, v := range [...]int{m, n, k, lda, ldb, ldc} {
 		if v > math.MaxInt32 {
-			panic(fmt.Sprintf("tensor: Gemm: size %d overflows OpenBLAS's 32-bit blasint", v))
+			panic(fmt.Sprintf("kernels: Gemm: size %d overflows OpenBLAS's 32-bit blasint", v))
 		}
 	}
 	p := sgemmArgsPool.Get().(*sgemmArgs)

@@ -1,8 +1,9 @@
-package tensor
+package kernels
 
 import (
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -150,8 +151,8 @@ func TestIm2colPanics(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			defer func() {
-				if r, _ := recover().(string); len(r) < 8 || r[:8] != "tensor: " {
-					t.Fatalf("recovered %q, want a \"tensor: \" panic", r)
+				if r, _ := recover().(string); !strings.HasPrefix(r, "kernels: ") {
+					t.Fatalf("recovered %q, want a \"kernels: \" panic", r)
 				}
 			}()
 			f()

@@ -1,4 +1,4 @@
-package tensor
+package kernels
 
 import (
 	"fmt"
@@ -44,7 +44,7 @@ func (g ConvGeom) WinogradTiles() (th, tw int) {
 func (g ConvGeom) checkWinograd(op string) {
 	g.check(op)
 	if !g.WinogradOK() {
-		panic(fmt.Sprintf("tensor: %s: Winograd F(2×2,3×3) needs a 3×3 kernel with stride 1, got %+v", op, g))
+		panic(fmt.Sprintf("kernels: %s: Winograd F(2×2,3×3) needs a 3×3 kernel with stride 1, got %+v", op, g))
 	}
 }
 
@@ -64,13 +64,13 @@ func WinogradStride(n int) int {
 // checkPoints panics unless x holds 16 matrices of n values at stride s.
 func checkPoints(op, what string, x []float32, s, n int) {
 	if s < n || len(x) < 15*s+n {
-		panic(fmt.Sprintf("tensor: %s: len(%s)=%d with point stride %d cannot hold 16 matrices of %d values", op, what, len(x), s, n))
+		panic(fmt.Sprintf("kernels: %s: len(%s)=%d with point stride %d cannot hold 16 matrices of %d values", op, what, len(x), s, n))
 	}
 }
 
 func checkLen(op, what string, x []float32, want int) {
 	if len(x) != want {
-		panic(fmt.Sprintf("tensor: %s: len(%s)=%d, want %d", op, what, len(x), want))
+		panic(fmt.Sprintf("kernels: %s: len(%s)=%d, want %d", op, what, len(x), want))
 	}
 }
 
@@ -511,7 +511,7 @@ func WinogradOutput(y, tmp, m []float32, s int, bias []float32, g ConvGeom, out,
 		checkLen("WinogradOutput", "bias", bias, out)
 	}
 	if len(tmp) < 4*op {
-		panic(fmt.Sprintf("tensor: WinogradOutput: len(tmp)=%d < %d", len(tmp), 4*op))
+		panic(fmt.Sprintf("kernels: WinogradOutput: len(tmp)=%d < %d", len(tmp), 4*op))
 	}
 	if winoOutputVec(g) {
 		winogradOutputVec(y, m, s, bias, g, out, batch, relu)
@@ -628,7 +628,7 @@ func WinogradOutputGrad(dm, tmp []float32, s int, dy []float32, g ConvGeom, out,
 	op := out * P
 	checkPoints("WinogradOutputGrad", "dm", dm, s, op)
 	if len(tmp) < 4*op {
-		panic(fmt.Sprintf("tensor: WinogradOutputGrad: len(tmp)=%d < %d", len(tmp), 4*op))
+		panic(fmt.Sprintf("kernels: WinogradOutputGrad: len(tmp)=%d < %d", len(tmp), 4*op))
 	}
 	if winoOutputVec(g) {
 		winogradOutputGradVec(dm, s, dy, g, out, batch)
@@ -707,7 +707,7 @@ func (g ConvGeom) WinogradPoolOK() bool {
 func (g ConvGeom) checkWinogradPool(op string) {
 	g.checkWinograd(op)
 	if !g.WinogradPoolOK() {
-		panic(fmt.Sprintf("tensor: %s: a fused 2×2 pool needs even output sizes, got %d×%d", op, g.OutH(), g.OutW()))
+		panic(fmt.Sprintf("kernels: %s: a fused 2×2 pool needs even output sizes, got %d×%d", op, g.OutH(), g.OutW()))
 	}
 }
 
@@ -727,14 +727,14 @@ func WinogradOutputPool(y []float32, arg []uint8, tmp, m []float32, s int, bias 
 	op := out * P
 	checkLen("WinogradOutputPool", "y", y, op)
 	if len(arg) != op {
-		panic(fmt.Sprintf("tensor: WinogradOutputPool: len(arg)=%d, want %d", len(arg), op))
+		panic(fmt.Sprintf("kernels: WinogradOutputPool: len(arg)=%d, want %d", len(arg), op))
 	}
 	checkPoints("WinogradOutputPool", "m", m, s, op)
 	if bias != nil {
 		checkLen("WinogradOutputPool", "bias", bias, out)
 	}
 	if len(tmp) < 4*op {
-		panic(fmt.Sprintf("tensor: WinogradOutputPool: len(tmp)=%d < %d", len(tmp), 4*op))
+		panic(fmt.Sprintf("kernels: WinogradOutputPool: len(tmp)=%d < %d", len(tmp), 4*op))
 	}
 	if winoPoolVec(pn) {
 		for n := range batch {
@@ -815,7 +815,7 @@ func WinogradOutputPoolGrad(dm, tmp []float32, s int, dy []float32, arg []uint8,
 	op := out * P
 	checkLen("WinogradOutputPoolGrad", "dy", dy, op)
 	if len(arg) != op {
-		panic(fmt.Sprintf("tensor: WinogradOutputPoolGrad: len(arg)=%d, want %d", len(arg), op))
+		panic(fmt.Sprintf("kernels: WinogradOutputPoolGrad: len(arg)=%d, want %d", len(arg), op))
 	}
 	if y != nil {
 		checkLen("WinogradOutputPoolGrad", "y", y, op)
@@ -825,7 +825,7 @@ func WinogradOutputPoolGrad(dm, tmp []float32, s int, dy []float32, arg []uint8,
 	}
 	checkPoints("WinogradOutputPoolGrad", "dm", dm, s, op)
 	if len(tmp) < 4*op {
-		panic(fmt.Sprintf("tensor: WinogradOutputPoolGrad: len(tmp)=%d < %d", len(tmp), 4*op))
+		panic(fmt.Sprintf("kernels: WinogradOutputPoolGrad: len(tmp)=%d < %d", len(tmp), 4*op))
 	}
 	pn := th * tw
 	if winoPoolVec(pn) {

@@ -1,4 +1,4 @@
-package tensor
+package kernels
 
 import (
 	"fmt"
@@ -42,7 +42,7 @@ func (g ConvGeom) Winograd4Tiles() (th, tw int) {
 // checkPointsN panics unless x holds n matrices of k values at stride s.
 func checkPointsN(op, what string, x []float32, s, k, n int) {
 	if s < k || len(x) < (n-1)*s+k {
-		panic(fmt.Sprintf("tensor: %s: len(%s)=%d with point stride %d cannot hold %d matrices of %d values", op, what, len(x), s, n, k))
+		panic(fmt.Sprintf("kernels: %s: len(%s)=%d with point stride %d cannot hold %d matrices of %d values", op, what, len(x), s, n, k))
 	}
 }
 
@@ -521,7 +521,7 @@ func Winograd4OutputPool(y []float32, arg []uint8, m []float32, s int, bias []fl
 	P := batch * pn
 	checkLen("Winograd4OutputPool", "y", y, batch*out*pplane)
 	if len(arg) != len(y) {
-		panic(fmt.Sprintf("tensor: Winograd4OutputPool: len(arg)=%d, want %d", len(arg), len(y)))
+		panic(fmt.Sprintf("kernels: Winograd4OutputPool: len(arg)=%d, want %d", len(arg), len(y)))
 	}
 	checkPointsN("Winograd4OutputPool", "m", m, s, out*P, 36)
 	if bias != nil {
@@ -591,7 +591,7 @@ func Winograd4OutputPoolGrad(dm []float32, s int, dy []float32, arg []uint8, y, 
 	P := batch * pn
 	checkLen("Winograd4OutputPoolGrad", "dy", dy, batch*out*pplane)
 	if len(arg) != len(dy) {
-		panic(fmt.Sprintf("tensor: Winograd4OutputPoolGrad: len(arg)=%d, want %d", len(arg), len(dy)))
+		panic(fmt.Sprintf("kernels: Winograd4OutputPoolGrad: len(arg)=%d, want %d", len(arg), len(dy)))
 	}
 	if y != nil {
 		checkLen("Winograd4OutputPoolGrad", "y", y, len(dy))

@@ -1,6 +1,6 @@
 //go:build !amd64
 
-package tensor
+package kernels
 
 // convSmallSIMD is false: without the assembly kernels, im2col is faster.
 const convSmallSIMD = false

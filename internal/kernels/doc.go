@@ -1,4 +1,4 @@
-// Package tensor holds the numeric kernels the models are built on: a
+// Package kernels holds the numeric kernels the models are built on: a
 // row-major float32 GEMM with interchangeable backends (OpenBLAS loaded at
 // run time through purego, or pure-Go gonum), im2col/col2im for NCHW
 // convolutions, and the Winograd F(2×2,3×3) transforms (winograd.go) for
@@ -6,7 +6,7 @@
 //
 // All slices are plain row-major []float32 owned by the caller; kernels
 // write only into their dst (first) argument and never keep references.
-// Shape bugs panic with a "tensor: " prefixed message.
+// Shape bugs panic with a "kernels: " prefixed message.
 //
 // The GEMM backend is chosen once at init from the GRADSYNC_BLAS
 // environment variable ("auto", "openblas" or "gonum"; default "auto",
@@ -14,4 +14,4 @@
 // can be changed with SetBackend. OpenBLAS runs one thread per call unless
 // SetThreads says otherwise: each worker process (or goroutine) is
 // expected to own one core.
-package tensor
+package kernels

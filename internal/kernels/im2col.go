@@ -1,4 +1,4 @@
-package tensor
+package kernels
 
 import "fmt"
 
@@ -26,10 +26,10 @@ func (g ConvGeom) ColCols() int { return g.OutH() * g.OutW() }
 
 func (g ConvGeom) check(op string) {
 	if g.C < 1 || g.H < 1 || g.W < 1 || g.KH < 1 || g.KW < 1 || g.StrideH < 1 || g.StrideW < 1 || g.PadH < 0 || g.PadW < 0 {
-		panic(fmt.Sprintf("tensor: %s: invalid geometry %+v", op, g))
+		panic(fmt.Sprintf("kernels: %s: invalid geometry %+v", op, g))
 	}
 	if g.H+2*g.PadH < g.KH || g.W+2*g.PadW < g.KW {
-		panic(fmt.Sprintf("tensor: %s: kernel %d×%d larger than padded input in %+v", op, g.KH, g.KW, g))
+		panic(fmt.Sprintf("kernels: %s: kernel %d×%d larger than padded input in %+v", op, g.KH, g.KW, g))
 	}
 }
 
@@ -42,10 +42,10 @@ func Im2col(dst, src []float32, g ConvGeom) {
 	g.check("Im2col")
 	outH, outW := g.OutH(), g.OutW()
 	if len(src) != g.C*g.H*g.W {
-		panic(fmt.Sprintf("tensor: Im2col: len(src)=%d, want C·H·W=%d", len(src), g.C*g.H*g.W))
+		panic(fmt.Sprintf("kernels: Im2col: len(src)=%d, want C·H·W=%d", len(src), g.C*g.H*g.W))
 	}
 	if len(dst) != g.ColRows()*outH*outW {
-		panic(fmt.Sprintf("tensor: Im2col: len(dst)=%d, want %d×%d", len(dst), g.ColRows(), outH*outW))
+		panic(fmt.Sprintf("kernels: Im2col: len(dst)=%d, want %d×%d", len(dst), g.ColRows(), outH*outW))
 	}
 	cols := g.colRanges()
 	block := outH * outW // one (c,ki,kj) row of the column matrix
@@ -150,10 +150,10 @@ func Col2im(dst, src []float32, g ConvGeom) {
 	g.check("Col2im")
 	outH, outW := g.OutH(), g.OutW()
 	if len(dst) != g.C*g.H*g.W {
-		panic(fmt.Sprintf("tensor: Col2im: len(dst)=%d, want C·H·W=%d", len(dst), g.C*g.H*g.W))
+		panic(fmt.Sprintf("kernels: Col2im: len(dst)=%d, want C·H·W=%d", len(dst), g.C*g.H*g.W))
 	}
 	if len(src) != g.ColRows()*outH*outW {
-		panic(fmt.Sprintf("tensor: Col2im: len(src)=%d, want %d×%d", len(src), g.ColRows(), outH*outW))
+		panic(fmt.Sprintf("kernels: Col2im: len(src)=%d, want %d×%d", len(src), g.ColRows(), outH*outW))
 	}
 	cols := g.colRanges()
 	block := outH * outW

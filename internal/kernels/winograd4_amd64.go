@@ -1,6 +1,6 @@
 //go:build amd64
 
-package tensor
+package kernels
 
 // The AVX2 kernels of F(4×4, 3×3), 8 tiles at a time (one per vector
 // lane), with the same operations in the same order as the Go code

@@ -1,6 +1,6 @@
 //go:build amd64
 
-package tensor
+package kernels
 
 import "golang.org/x/sys/cpu"
 

@@ -1,4 +1,4 @@
-package tensor
+package kernels
 
 import (
 	"gonum.org/v1/gonum/blas"

@@ -1,4 +1,4 @@
-package tensor
+package kernels
 
 import (
 	"fmt"
@@ -96,11 +96,11 @@ func (s *ConvSmall) padded(x []float32, g ConvGeom) []float32 {
 
 func (s *ConvSmall) check(op string, g ConvGeom, f, batch int, x []float32) {
 	if !(g.StrideH == 1 && g.StrideW == 1 && g.ColRows() <= smallConvMaxK && g.OutW() >= 8) {
-		panic(fmt.Sprintf("tensor: %s: geometry %+v not handled", op, g))
+		panic(fmt.Sprintf("kernels: %s: geometry %+v not handled", op, g))
 	}
 	g.check(op)
 	if f < 1 || batch < 1 || len(x) != batch*g.C*g.H*g.W {
-		panic(fmt.Sprintf("tensor: %s: len(x)=%d, want batch %d × %d×%d×%d", op, len(x), batch, g.C, g.H, g.W))
+		panic(fmt.Sprintf("kernels: %s: len(x)=%d, want batch %d × %d×%d×%d", op, len(x), batch, g.C, g.H, g.W))
 	}
 }
 
@@ -112,7 +112,7 @@ func (s *ConvSmall) Forward(y, x, w, b []float32, g ConvGeom, f, batch int, relu
 	s.check("ConvSmall.Forward", g, f, batch, x)
 	k, p := g.ColRows(), g.ColCols()
 	if len(w) != f*k || (b != nil && len(b) != f) || len(y) != batch*f*p {
-		panic(fmt.Sprintf("tensor: ConvSmall.Forward: len(w)=%d len(b)=%d len(y)=%d for %d filters of %+v, batch %d",
+		panic(fmt.Sprintf("kernels: ConvSmall.Forward: len(w)=%d len(b)=%d len(y)=%d for %d filters of %+v, batch %d",
 			len(w), len(b), len(y), f, g, batch))
 	}
 	s.setup(g, f)
@@ -190,7 +190,7 @@ func (s *ConvSmall) Grad(dw, db, dy, x []float32, g ConvGeom, f, batch int, relu
 	outH, outW := g.OutH(), g.OutW()
 	v := (outW + 7) / 8
 	if len(dw) != f*k || (db != nil && len(db) != f) || len(dy) != batch*f*p || (relu && len(s.mask) != batch*f*outH*v) {
-		panic(fmt.Sprintf("tensor: ConvSmall.Grad: len(dw)=%d len(db)=%d len(dy)=%d (ReLU gate %v, %d bytes) for %d filters of %+v, batch %d",
+		panic(fmt.Sprintf("kernels: ConvSmall.Grad: len(dw)=%d len(db)=%d len(dy)=%d (ReLU gate %v, %d bytes) for %d filters of %+v, batch %d",
 			len(dw), len(db), len(dy), relu, len(s.mask), f, g, batch))
 	}
 	s.setup(g, f)

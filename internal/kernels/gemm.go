@@ -1,4 +1,4 @@
-package tensor
+package kernels
 
 import (
 	"fmt"
@@ -31,7 +31,7 @@ func init() {
 		// and say why once, rather than crash every binary that imports us.
 		fmt.Fprintf(os.Stderr, "%v (from %s); using auto selection\n", err, envBLAS)
 		if err := SetBackend("auto"); err != nil {
-			panic("tensor: " + err.Error())
+			panic("kernels: " + err.Error())
 		}
 	}
 }
@@ -60,7 +60,7 @@ func SetBackend(name string) error {
 			g = gonumGemm{}
 		}
 	default:
-		return fmt.Errorf("tensor: unknown BLAS backend %q (want auto, openblas or gonum)", name)
+		return fmt.Errorf("kernels: unknown BLAS backend %q (want auto, openblas or gonum)", name)
 	}
 	current.Store(&g)
 	return nil
@@ -94,7 +94,7 @@ func Threads() int { return int(max(threadsSet.Load(), 1)) }
 // propagate). Gemm reads a and b and writes only c; it keeps no references.
 func Gemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	if m < 0 || n < 0 || k < 0 {
-		panic(fmt.Sprintf("tensor: Gemm: negative size m=%d n=%d k=%d", m, n, k))
+		panic(fmt.Sprintf("kernels: Gemm: negative size m=%d n=%d k=%d", m, n, k))
 	}
 	ar, ac := m, k
 	if transA {
@@ -121,13 +121,13 @@ func Gemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int,
 // row stride ld.
 func checkMatrix(what string, x []float32, rows, cols, ld int) {
 	if ld < max(1, cols) {
-		panic(fmt.Sprintf("tensor: Gemm: ld%s=%d < max(1, %d columns)", what, ld, cols))
+		panic(fmt.Sprintf("kernels: Gemm: ld%s=%d < max(1, %d columns)", what, ld, cols))
 	}
 	if rows == 0 || cols == 0 {
 		return
 	}
 	if need := (rows-1)*ld + cols; len(x) < need {
-		panic(fmt.Sprintf("tensor: Gemm: len(%s)=%d < %d for a %d×%d matrix with stride %d", what, len(x), need, rows, cols, ld))
+		panic(fmt.Sprintf("kernels: Gemm: len(%s)=%d < %d for a %d×%d matrix with stride %d", what, len(x), need, rows, cols, ld))
 	}
 }
 

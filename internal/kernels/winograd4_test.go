@@ -1,4 +1,4 @@
-package tensor
+package kernels
 
 import (
 	"fmt"
