@@ -126,6 +126,12 @@ func testSpec(minClients int32) *pb.JobSpec {
 
 func newHarness(t *testing.T, spec *pb.JobSpec, ckptDir string) *harness {
 	t.Helper()
+	return resumeHarness(t, spec, ckptDir, "")
+}
+
+// resumeHarness is newHarness for a job that resumes from a checkpoint.
+func resumeHarness(t *testing.T, spec *pb.JobSpec, ckptDir, resumeFrom string) *harness {
+	t.Helper()
 	net, err := models.New("logreg", models.Options{Channels: 1, Height: 28, Width: 28, Classes: 10, Seed: 5})
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +139,7 @@ func newHarness(t *testing.T, spec *pb.JobSpec, ckptDir string) *harness {
 	h := &harness{t: t, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC), ids: []string{"w0", "w1", "w2"}}
 	h.coord = &fakeCoord{now: h.clock, ended: make(chan struct{})}
 	h.d, err = New(Config{JobID: "job-1", Generation: 1, Spec: spec, WorkerIDs: h.ids, Net: net,
-		CheckpointDir: ckptDir, Started: h.now, Now: h.clock, Logger: slog.New(slog.DiscardHandler)}, h.coord)
+		CheckpointDir: ckptDir, ResumeFrom: resumeFrom, Started: h.now, Now: h.clock, Logger: slog.New(slog.DiscardHandler)}, h.coord)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -495,5 +501,114 @@ func TestCoordinatorCallsBackUnderItsLock(t *testing.T) {
 	}
 	if h.coord.state != pb.JobState_JOB_STATE_FAILED || !strings.HasSuffix(h.coord.saved, "ckpt-1") {
 		t.Errorf("job %s: %q, checkpoint at stop %q; want FAILED with ckpt-1", h.coord.state, h.coord.msg, h.coord.saved)
+	}
+}
+
+// TestResumeFromCheckpoint: a job resumed from the checkpoint of round 2
+// opens round 3 with that checkpoint's global model and ends after it,
+// with the global model of the run that was not interrupted; one resumed
+// from the checkpoint of its last round only asks for the final
+// evaluation, and ends with the same result.
+func TestResumeFromCheckpoint(t *testing.T) {
+	spec := testSpec(2)
+	spec.Federated.Strategy, spec.Federated.ServerMomentum = "fedavgm", 0.9 // server state to restore
+	spec.Checkpoint = &pb.CheckpointSpec{EverySteps: 1}
+	// The deltas differ by client and round, so that the rounds change
+	// the model.
+	run := func(h *harness, from, to int) {
+		t.Helper()
+		for round := from; round <= to; round++ {
+			for k := range 3 {
+				h.d.mu.Lock()
+				delta := make([]float32, h.d.params)
+				for i := range delta {
+					delta[i] = float32(k+round) * 1e-3
+				}
+				err := h.d.updateLocked(h.d.sessions[k], federated.Update{Client: k, Round: round, Delta: delta, NumExamples: 10 * (k + 1)})
+				h.d.mu.Unlock()
+				h.d.flush()
+				if err != nil {
+					t.Fatalf("round %d, client %d: %v", round, k, err)
+				}
+			}
+			if err := h.eval(0, round); err != nil {
+				t.Fatalf("evaluation of round %d: %v", round, err)
+			}
+		}
+	}
+	wholeDir := t.TempDir()
+	whole := newHarness(t, spec, wholeDir)
+	for k := range 3 {
+		whole.join(k)
+	}
+	run(whole, 1, 3)
+	if whole.coord.state != pb.JobState_JOB_STATE_SUCCEEDED {
+		t.Fatalf("undisturbed job: %s %q", whole.coord.state, whole.coord.msg)
+	}
+
+	dir := t.TempDir()
+	part := newHarness(t, spec, dir)
+	for k := range 3 {
+		part.join(k)
+	}
+	run(part, 1, 2)
+	part.d.Abort(errors.New("cancelled"))
+	resumed := resumeHarness(t, spec, t.TempDir(), filepath.Join(dir, "ckpt-2"))
+	c0 := resumed.join(0)
+	resumed.join(1)
+	resumed.join(2)
+	if r, _ := rounds(c0); !slices.Equal(r, []int32{3}) {
+		t.Fatalf("resumed job opened rounds %v, want round 3", r)
+	}
+	run(resumed, 3, 3)
+	if resumed.coord.state != pb.JobState_JOB_STATE_SUCCEEDED || resumed.coord.result.GetSteps() != 3 ||
+		resumed.coord.result.GetParameterChecksum() != whole.coord.result.GetParameterChecksum() {
+		t.Fatalf("resumed job: %s %q, result %v; want SUCCEEDED with the undisturbed result %v",
+			resumed.coord.state, resumed.coord.msg, resumed.coord.result, whole.coord.result)
+	}
+
+	final := resumeHarness(t, spec, t.TempDir(), filepath.Join(wholeDir, "ckpt-3"))
+	c0 = final.join(0)
+	final.join(1)
+	final.join(2)
+	var asked []int32
+	for len(c0.out) > 0 {
+		m := <-c0.out
+		if ev := m.resp.GetEval(); ev != nil {
+			asked = append(asked, ev.Round)
+		}
+		if m.resp.GetRound() != nil {
+			t.Errorf("resumed from its last round: round %v opened", m.resp.GetRound())
+		}
+	}
+	if !slices.Equal(asked, []int32{3}) {
+		t.Fatalf("resumed from its last round: evaluations asked %v, want round 3 only", asked)
+	}
+	if err := final.eval(0, 3); err != nil {
+		t.Fatal(err)
+	}
+	if final.coord.state != pb.JobState_JOB_STATE_SUCCEEDED || final.coord.result.GetSteps() != 3 ||
+		final.coord.result.GetParameterChecksum() != whole.coord.result.GetParameterChecksum() {
+		t.Errorf("resumed from its last round: %s %q, result %v; want SUCCEEDED with the undisturbed result %v",
+			final.coord.state, final.coord.msg, final.coord.result, whole.coord.result)
+	}
+}
+
+// TestUpdateRefusals: updates the round state machine refuses map to
+// gRPC codes and leave the job running.
+func TestUpdateRefusals(t *testing.T) {
+	h := newHarness(t, testSpec(2), "")
+	h.join(0)
+	h.join(1)
+	err := h.update(0, 1)
+	wantCode(t, "update before the first round opened", err, codes.FailedPrecondition, "before the first round opened")
+	h.join(2)
+	if err := h.update(0, 1); err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, "second update for round 1", h.update(0, 1), codes.AlreadyExists, "")
+	wantCode(t, "update for round 2 during round 1", h.update(1, 2), codes.InvalidArgument, "round 2")
+	if h.coord.ends != 0 {
+		t.Errorf("the job ended (%s: %s) on refused updates", h.coord.state, h.coord.msg)
 	}
 }
