@@ -102,7 +102,7 @@ func TestChannelStatsRGB(t *testing.T) {
 		t.Fatal(err)
 	}
 	if ds.C != 3 || ds.N != 9 || ds.Labels[8] != 1 || len(ds.Images) != 9*18 {
-		t.Errorf("materialised %+v", ds.Info())
+		t.Errorf("materialised N=%d C=%d labels %v", ds.N, ds.C, ds.Labels)
 	}
 	_, err = Materialize(context.Background(), src, st.Mean, st.Std, 0)
 	wantErr(t, err, "per-channel statistics", "single Mean and Std")
@@ -114,11 +114,6 @@ func TestChannelStatsRGB(t *testing.T) {
 	big.info.Classes = 1000
 	_, err = Materialize(context.Background(), big, []float64{0}, []float64{1}, 0)
 	wantErr(t, err, "1000 classes", "uint8")
-}
-
-// Info of a Dataset, to print it.
-func (d *Dataset) Info() Info {
-	return Info{Name: d.Name, N: d.N, C: d.C, H: d.H, W: d.W, Classes: d.Classes}
 }
 
 func TestCachedChannelStats(t *testing.T) {
