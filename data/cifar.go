@@ -248,7 +248,8 @@ func baseNames(paths []string) []string {
 	return out
 }
 
-// Close closes the split's files. Read must not be called after it.
+// Close closes the split's files; a later Read is an error. It must not
+// run concurrently with Read.
 func (c *CIFAR) Close() error {
 	var errs []error
 	for _, f := range c.files {
@@ -270,6 +271,9 @@ func (c *CIFAR) Label(i int) int32 { return int32(c.labels[i]) }
 // pixel bytes as stored, which are already planar R, G, B.
 func (c *CIFAR) Read(i int, dst []uint8) error {
 	checkRead("CIFAR", c.Info(), i, dst)
+	if c.files == nil {
+		return fmt.Errorf("data: %s: Read after Close: %w", c.name, fs.ErrClosed)
+	}
 	k := 0
 	for i >= c.starts[k+1] {
 		k++

@@ -76,6 +76,13 @@ func TestCIFAR10(t *testing.T) {
 	if test.Info().N != 6 || !bytes.Equal(readAll(t, test, 5), testPix[5*cifarPixels:]) || test.Label(5) != 5 {
 		t.Fatalf("test split: %+v", test.Info())
 	}
+	closed, other, err := OpenCIFAR10(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+	other.Close()
+	wantErr(t, closed.Read(0, make([]uint8, cifarPixels)), "cifar10 train", "after Close")
 	// The encoder writes the same bytes as the hand-written file.
 	labels := []uint8{0, 1, 2, 3, 4, 5}
 	want, _ := os.ReadFile(filepath.Join(dir, "test_batch.bin"))

@@ -38,6 +38,12 @@ func decoderFor(br *bufio.Reader) (decode func(io.Reader) (image.Image, error), 
 	return nil, nil, fmt.Errorf("not a PNG or JPEG file (starts with % x)", head)
 }
 
+// MaxImagePixels bounds the width × height of an image file, so that a
+// small file claiming a huge image (a decompression bomb) is an error
+// rather than an allocation that kills the process: Pillow's limit for
+// raising DecompressionBombError, 2 × its MAX_IMAGE_PIXELS.
+const MaxImagePixels = 2 * 89478485
+
 // probeImage reads just enough of path to learn its size and colour model.
 func probeImage(path string) (image.Config, error) {
 	f, err := os.Open(path)
@@ -45,6 +51,10 @@ func probeImage(path string) (image.Config, error) {
 		return image.Config{}, fmt.Errorf("data: %w", err)
 	}
 	defer f.Close()
+	return probeFile(path, f)
+}
+
+func probeFile(path string, f *os.File) (image.Config, error) {
 	br := bufio.NewReader(f)
 	_, config, err := decoderFor(br)
 	if err != nil {
@@ -54,19 +64,26 @@ func probeImage(path string) (image.Config, error) {
 	if err != nil {
 		return image.Config{}, fmt.Errorf("data: %s: decoding header: %v", path, err)
 	}
-	if cfg.Width < 1 || cfg.Height < 1 {
-		return image.Config{}, fmt.Errorf("data: %s: image is %d×%d", path, cfg.Width, cfg.Height)
+	if cfg.Width < 1 || cfg.Height < 1 || int64(cfg.Width)*int64(cfg.Height) > MaxImagePixels {
+		return image.Config{}, fmt.Errorf("data: %s: image is %d×%d (W×H): want at least 1×1 and at most %d pixels", path, cfg.Width, cfg.Height, MaxImagePixels)
 	}
 	return cfg, nil
 }
 
-// decodeImage decodes the whole of path.
+// decodeImage decodes the whole of path, after checking its header's size
+// against MaxImagePixels.
 func decodeImage(path string) (image.Image, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("data: %w", err)
 	}
 	defer f.Close()
+	if _, err := probeFile(path, f); err != nil {
+		return nil, err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, fmt.Errorf("data: %w", err)
+	}
 	br := bufio.NewReaderSize(f, 1<<16)
 	decode, _, err := decoderFor(br)
 	if err != nil {
@@ -92,7 +109,9 @@ func isGray(m color.Model) bool {
 // With c = 3 it is PIL's convert('RGB'): alpha is dropped (the colour
 // channels of non-premultiplied RGBA are kept as stored), palettes are
 // looked up, grayscale is copied to all three planes, and 16-bit samples
-// keep their high byte. With c = 1 grayscale is copied and colour images
+// keep their high byte (as PIL does for 16-bit colour; for 16-bit
+// grayscale PIL's 'I' mode would clip values above 255 instead, which
+// torchvision users know as a bug). With c = 1 grayscale is copied and colour images
 // get PIL's convert('L') luma, (19595 R + 38470 G + 7471 B + 2^15) >> 16.
 func planar(img image.Image, c int) (pix []uint8, h, w int) {
 	b := img.Bounds()

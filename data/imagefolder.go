@@ -292,15 +292,15 @@ func OpenImageFolder(ctx context.Context, dir string, opt ImageFolderOptions) (t
 		var labels []int32
 		for _, n := range classes {
 			cd := filepath.Join(split, n)
-			fs, err := classFiles(ctx, cd)
+			found, err := classFiles(ctx, cd)
 			if err != nil {
 				return nil, nil, err
 			}
-			if len(fs) == 0 {
+			if len(found) == 0 {
 				return nil, nil, fmt.Errorf("data: class folder %s has no PNG or JPEG image (torchvision raises for an empty class too)", cd)
 			}
-			files = append(files, fs...)
-			for range fs {
+			files = append(files, found...)
+			for range found {
 				labels = append(labels, index[n])
 			}
 		}

@@ -3,6 +3,8 @@ package data
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"hash/crc32"
 	"image"
 	"image/color"
 	"image/jpeg"
@@ -265,6 +267,23 @@ func TestImageFolderBadInput(t *testing.T) {
 			t.Fatal(err) // nothing is probed with channels and size set
 		}
 		wantErr(t, train.Read(1, make([]uint8, 48)), p, "not a PNG or JPEG")
+	})
+	t.Run("decompression bomb", func(t *testing.T) {
+		dir := base(t)
+		// The IHDR chunk (after the 8-byte signature and 8 bytes of length
+		// and type) claims 20000×20000; its CRC is recomputed so that
+		// only the size is wrong.
+		b := append([]byte(nil), good...)
+		binary.BigEndian.PutUint32(b[16:], 20000)
+		binary.BigEndian.PutUint32(b[20:], 20000)
+		binary.BigEndian.PutUint32(b[29:], crc32.ChecksumIEEE(b[12:29]))
+		p := writeFile(t, dir, "train/a/2.png", b)
+		wantErr(t, imageFolderErr(t, dir, ImageFolderOptions{}), p, "20000×20000", "at most")
+		train, _, err := OpenImageFolder(context.Background(), dir, ImageFolderOptions{Channels: 3, Transform: Transform{H: 4, W: 4}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantErr(t, train.Read(1, make([]uint8, 48)), p, "at most")
 	})
 	t.Run("unsupported image type", func(t *testing.T) {
 		dir := base(t)
