@@ -7,11 +7,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"image"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 )
 
 // ImageFolderOptions says how the images of an ImageFolder (or a
@@ -84,33 +88,50 @@ func (s *imageSet) read(i int, dst []uint8) error {
 
 // shapeOf decides the decoded shape of the images of sets (both splits of
 // one data set, so that they agree), reading each file's header unless
-// both the channels and the size are given.
+// both the channels and the size are given. Headers are read by a pool of
+// GOMAXPROCS goroutines, joined before it returns; errors are reported for
+// the first bad file in order, so the message does not depend on timing.
 func shapeOf(ctx context.Context, opt ImageFolderOptions, sets ...[]imageFile) (c, h, w int, err error) {
 	c, h, w = opt.Channels, opt.Transform.H, opt.Transform.W
 	if c != 0 && opt.Transform.enabled() {
 		return c, h, w, nil
 	}
+	var files []imageFile
+	for _, s := range sets {
+		files = append(files, s...)
+	}
+	cfgs := make([]image.Config, len(files))
+	errs := make([]error, len(files))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(files)) {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < len(files); i = int(next.Add(1) - 1) {
+				if err := ctx.Err(); err != nil {
+					errs[i] = err
+					return
+				}
+				cfgs[i], errs[i] = probeImage(files[i].path)
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return 0, 0, 0, err
+		}
+	}
 	gray := true
-	var first string
-	for _, set := range sets {
-		for _, f := range set {
-			if err := ctx.Err(); err != nil {
-				return 0, 0, 0, err
-			}
-			cfg, err := probeImage(f.path)
-			if err != nil {
-				return 0, 0, 0, err
-			}
-			gray = gray && isGray(cfg.ColorModel)
-			if opt.Transform.enabled() {
-				continue
-			}
-			if first == "" {
-				first, h, w = f.path, cfg.Height, cfg.Width
-			} else if cfg.Height != h || cfg.Width != w {
-				return 0, 0, 0, fmt.Errorf("data: images differ in size and no image size is set: %s is %d×%d (H×W) but %s is %d×%d; set image_size [H, W] to resize and centre-crop them",
-					first, h, w, f.path, cfg.Height, cfg.Width)
-			}
+	for i, cfg := range cfgs {
+		gray = gray && isGray(cfg.ColorModel)
+		if opt.Transform.enabled() {
+			continue
+		}
+		if i == 0 {
+			h, w = cfg.Height, cfg.Width
+		} else if cfg.Height != h || cfg.Width != w {
+			return 0, 0, 0, fmt.Errorf("data: images differ in size and no image size is set: %s is %d×%d (H×W) but %s is %d×%d; set image_size [H, W] to resize and centre-crop them",
+				files[0].path, h, w, files[i].path, cfg.Height, cfg.Width)
 		}
 	}
 	if c == 0 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"hash/crc32"
 	"image"
 	"image/color"
@@ -321,4 +322,18 @@ func TestImageFolderBadInput(t *testing.T) {
 		wantErr(t, imageFolderErr(t, dir, ImageFolderOptions{Channels: 2}), "channels = 2")
 		wantErr(t, imageFolderErr(t, dir, ImageFolderOptions{Transform: Transform{H: 3}}), "3×0")
 	})
+}
+
+func TestImageFolderCancelled(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "train/a/1.png", encodePNG(t, grayImage(2, 2, 0)))
+	writeFile(t, dir, "test/a/1.png", encodePNG(t, grayImage(2, 2, 0)))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, _, err := OpenImageFolder(ctx, dir, ImageFolderOptions{}); !errors.Is(err, context.Canceled) {
+		t.Errorf("OpenImageFolder with a cancelled context: %v", err)
+	}
+	if _, _, err := OpenLabelsCSV(ctx, dir, ImageFolderOptions{}); err == nil {
+		t.Error("OpenLabelsCSV without labels.csv succeeded")
+	}
 }
