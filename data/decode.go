@@ -153,6 +153,20 @@ func planar(img image.Image, c int) (pix []uint8, h, w int) {
 				put(y*w+x, row[4*x], row[4*x+1], row[4*x+2])
 			}
 		}
+	case *image.RGBA:
+		// Go's PNG decoder gives opaque truecolour (the commonest PNG) as
+		// RGBA; premultiplied and non-premultiplied agree when alpha is 255.
+		for y := range h {
+			row := m.Pix[m.PixOffset(b.Min.X, b.Min.Y+y):]
+			for x := range w {
+				if a := row[4*x+3]; a == 255 {
+					put(y*w+x, row[4*x], row[4*x+1], row[4*x+2])
+				} else {
+					p := nrgba(color.RGBA{row[4*x], row[4*x+1], row[4*x+2], a})
+					put(y*w+x, p.R, p.G, p.B)
+				}
+			}
+		}
 	case *image.YCbCr:
 		for y := range h {
 			for x := range w {

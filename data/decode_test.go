@@ -149,6 +149,12 @@ func TestPlanarColourConversions(t *testing.T) {
 	if h != 1 || w != 2 || fmt.Sprint(pix) != "[10 200 20 100 30 50]" {
 		t.Errorf("NRGBA → RGB planes = %v (%d×%d)", pix, h, w)
 	}
+	rgba := image.NewRGBA(image.Rect(0, 0, 2, 1))
+	rgba.SetRGBA(0, 0, color.RGBA{10, 20, 30, 255})
+	rgba.SetRGBA(1, 0, color.RGBA{50, 25, 0, 128}) // premultiplied: NRGBA (99, 49, 0)
+	if pix, _, _ := planar(rgba, 3); fmt.Sprint(pix) != "[10 99 20 49 30 0]" {
+		t.Errorf("RGBA → RGB planes = %v", pix)
+	}
 	pal := image.NewPaletted(image.Rect(0, 0, 2, 1), color.Palette{color.RGBA{1, 2, 3, 255}, color.NRGBA{9, 8, 7, 0}})
 	pal.SetColorIndex(1, 0, 1)
 	if pix, _, _ := planar(pal, 3); fmt.Sprint(pix) != "[1 9 2 8 3 7]" {
