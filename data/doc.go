@@ -22,6 +22,30 @@
 // The IDX reader ([ReadIDX], [ReadImages], [ReadLabels]) accepts gzipped or
 // raw files, detected by their magic bytes, and validates them strictly.
 //
+// # Streamed sources
+//
+// Data that need not fit in memory is a [Source] (one label per example)
+// or a [MultiSource] (a label set per example): its shape and labels are
+// known up front and each example's raw pixels, planar bytes in R, G, B
+// order, are decoded on demand by Read, which is safe from several
+// goroutines. The readers:
+//
+//   - [OpenImageFolder]: torchvision's ImageFolder layout,
+//     DIR/{train,test|val}/<class>/*.{png,jpg,jpeg}, with its class and
+//     file order; images resized and centre-cropped by a [Transform].
+//   - [OpenLabelsCSV]: a multi-label image set indexed by DIR/labels.csv.
+//   - [OpenCIFAR10], [OpenCIFAR100]: the official binary files, CIFAR-100
+//     with fine or coarse labels; pixels read record by record.
+//
+// A [Loader] streams a source in a sampler's index order through a bounded
+// pool of decoders with prefetch and an optional [ImageCache];
+// [ChannelStats] (cached beside the data by [CachedChannelStats]) gives the
+// per-channel statistics a [Normalizer] applies; [Materialize] turns a
+// source into an in-memory [Dataset]. [WriteColorSet] writes a learnable
+// synthetic colour set in CIFAR-100's layout, and [IDXToImageFolder]
+// writes an IDX set as an ImageFolder of PNGs (scripts/colorset and
+// scripts/idx2imagefolder run them).
+//
 // # Sampling and partitioning
 //
 // [Sampler] has the semantics of PyTorch's DistributedSampler: every rank
