@@ -20,14 +20,15 @@ import (
 // parameters, so that a silent desync becomes a clear error.
 const checksumEvery = 50
 
-// ringSync is data-parallel training over a ring: each step every rank
-// all-reduces its gradient bucket by bucket, divides by the world size, and
-// applies the same optimiser step locally, so all ranks keep bit-identical
-// parameters (checked every checksumEvery steps).
 // trafficker is a ring that counts its bytes (ringrpc's does).
 type trafficker interface {
 	Traffic() (sent, received int64, right, left string)
 }
+
+// ringSync is data-parallel training over a ring: each step every rank
+// all-reduces its gradient bucket by bucket, divides by the world size, and
+// applies the same optimiser step locally, so all ranks keep bit-identical
+// parameters (checked every checksumEvery steps).
 
 type ringSync struct {
 	ring    aggregator.Ring

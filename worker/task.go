@@ -20,10 +20,6 @@ import (
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
-// runTask trains rank a.Rank of a job in ps mode: each step it computes the
-// gradient of its batch, pushes it to the parameter server and receives the
-// averaged update's parameters. Rank 0 evaluates on the test split after
-// every epoch and at the end.
 // taskEnv is what a task uses of its worker.
 type taskEnv struct {
 	conn    *grpc.ClientConn // to the coordinator (and parameter server)
@@ -46,6 +42,10 @@ type taskEnv struct {
 	snaps *snapshotStore
 }
 
+// runTask trains rank a.Rank of a ps or ring job (or hands a fedavg job to
+// its federated runner): each step it computes the gradient of its batch
+// and the synchroniser turns it into the job's next parameters. Rank 0
+// evaluates on the test split after every epoch and at the end.
 func runTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult, error) {
 	log, rep := env.log, env.rep
 	spec := a.Spec
