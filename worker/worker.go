@@ -1,7 +1,3 @@
-// Package worker is a gradsync worker process: it connects to the
-// coordinator (reconnecting with backoff), reports its resources, serves its
-// peer Collective endpoint, and runs the training task it is assigned for
-// its rank, reporting progress, evaluations and the result.
 package worker
 
 import (
