@@ -37,7 +37,6 @@ type overlapStarter interface {
 // all-reduces its gradient bucket by bucket, divides by the world size, and
 // applies the same optimiser step locally, so all ranks keep bit-identical
 // parameters (checked every checksumEvery steps).
-
 type ringSync struct {
 	ring    aggregator.Ring
 	metrics *metrics.Registry // may be nil

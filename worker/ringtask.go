@@ -31,6 +31,9 @@ type ringTask struct {
 	gather bool
 }
 
+// newRingTask wraps rs for one task; the snapshots are the worker's for
+// the job (they outlive the task for the job's next generation), or the
+// task's own without a store.
 func newRingTask(rs *ringSync, a *pb.Assignment, env *taskEnv, net *models.Network) *ringTask {
 	r := &ringTask{ringSync: rs, a: a, net: net, rep: env.rep, log: env.log, snaps: &jobSnapshots{}}
 	if env.snaps != nil {

@@ -60,7 +60,8 @@ type synchronizer interface {
 	// snapshot, and a checkpoint when one is due.
 	completed(ctx context.Context, epoch int, at position) error
 	// stopped keeps the state at at when the task stops early (ring: rank
-	// 0's checkpoint), so that a resume loses nothing.
+	// 0's checkpoint), so that a resume loses nothing. ctx may be done
+	// already: stopped waits on nobody.
 	stopped(ctx context.Context, at position)
 	// stats returns the synchronizer's cumulative figures.
 	stats() syncStats
