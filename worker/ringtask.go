@@ -78,7 +78,7 @@ func (r *ringTask) start(ctx context.Context, from resumeFrom) (origin, error) {
 		r.rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Started{Started: st}})
 	}
 	if sp.source == fromCheckpoint {
-		if _, err := resume(a.ResumeFrom, a.Spec, r.net, r.optim); err != nil {
+		if err := restoreCheckpoint(from.ckpt, a.ResumeFrom, a.Spec, r.net, r.optim); err != nil {
 			return origin{}, err
 		}
 		r.steps = at.step
