@@ -50,21 +50,17 @@ func (c *checkpointer) save(net *models.Network, opt jobspec.Stepper, step int64
 	return path, nil
 }
 
-// resume loads a checkpoint into net and opt and returns where training
-// stopped.
-func resume(path string, spec *pb.JobSpec, net *models.Network, opt jobspec.Stepper) (checkpoint.Meta, error) {
-	st, err := checkpoint.Load(path)
-	if err != nil {
-		return checkpoint.Meta{}, err
-	}
+// restoreCheckpoint loads st, the checkpoint read from path, into net and
+// opt, once it has checked that st was written for spec.
+func restoreCheckpoint(st *checkpoint.State, path string, spec *pb.JobSpec, net *models.Network, opt jobspec.Stepper) error {
 	if st.Meta.SpecHash != specHash(spec) {
-		return checkpoint.Meta{}, fmt.Errorf("checkpoint %s was written for another spec", path)
+		return fmt.Errorf("checkpoint %s was written for another spec", path)
 	}
 	if err := net.LoadState(st.Tensors); err != nil {
-		return checkpoint.Meta{}, fmt.Errorf("checkpoint %s: %w", path, err)
+		return fmt.Errorf("checkpoint %s: %w", path, err)
 	}
 	if err := st.RestoreOptimizer(opt, net.Segments()); err != nil {
-		return checkpoint.Meta{}, fmt.Errorf("checkpoint %s: optimiser state: %w", path, err)
+		return fmt.Errorf("checkpoint %s: optimiser state: %w", path, err)
 	}
-	return st.Meta, nil
+	return nil
 }

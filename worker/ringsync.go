@@ -20,15 +20,23 @@ import (
 // parameters, so that a silent desync becomes a clear error.
 const checksumEvery = 50
 
-// ringSync is data-parallel training over a ring: each step every rank
-// all-reduces its gradient bucket by bucket, divides by the world size, and
-// applies the same optimiser step locally, so all ranks keep bit-identical
-// parameters (checked every checksumEvery steps).
 // trafficker is a ring that counts its bytes (ringrpc's does).
 type trafficker interface {
 	Traffic() (sent, received int64, right, left string)
 }
 
+// overlapStarter is a reducer that can start reducing a gradient before
+// backward has finished it, bucket by bucket as Overlapped.Ready reports
+// them final (compress.Plain can; compressors need the whole gradient
+// first).
+type overlapStarter interface {
+	Start(ctx context.Context, grads []float32, step int64) (*compress.Overlapped, error)
+}
+
+// ringSync is data-parallel training over a ring: each step every rank
+// all-reduces its gradient bucket by bucket, divides by the world size, and
+// applies the same optimiser step locally, so all ranks keep bit-identical
+// parameters (checked every checksumEvery steps).
 type ringSync struct {
 	ring    aggregator.Ring
 	metrics *metrics.Registry // may be nil
@@ -43,6 +51,7 @@ type ringSync struct {
 	opt     aggregator.Options
 	reducer compress.Reducer
 	state   compress.Stateful // the reducer's state
+	overlap overlapStarter    // the reducer, if it can reduce while backward runs; else nil
 	timeout time.Duration
 	skipBad bool
 	// noOverlap reduces after backward even without compression (tests).
@@ -86,6 +95,7 @@ func newRingSync(ctx context.Context, ring aggregator.Ring, closeFn func(), a *p
 		return nil, fmt.Errorf("compression %q keeps no snapshotable state", spec.GetCompression().GetType())
 	}
 	r.state = st
+	r.overlap, _ = red.(overlapStarter)
 	return r, nil
 }
 
@@ -109,14 +119,13 @@ func (r *ringSync) broadcastParams(ctx context.Context, params []float32) error 
 // (compressors need the whole gradient) — then step reduces after
 // backward. grads must be zeroed before, and step must follow.
 func (r *ringSync) beginStep(ctx context.Context, grads []float32) (func(from int), error) {
-	p, ok := r.reducer.(*compress.Plain)
-	if !ok || r.noOverlap {
+	if r.overlap == nil || r.noOverlap {
 		return nil, nil
 	}
 	// The step timeout bounds the all-reduce, not backward: it starts in
 	// step, once backward is done (as without overlap).
 	sctx, cancel := context.WithCancelCause(ctx)
-	o, err := p.Start(sctx, grads, r.steps)
+	o, err := r.overlap.Start(sctx, grads, r.steps)
 	if err != nil {
 		cancel(nil)
 		return nil, err
@@ -215,10 +224,6 @@ func (r *ringSync) explain(ctx context.Context, err error) error {
 	}
 	return err
 }
-
-// compressStats reports the reducer's counters (the progress and result
-// carry them).
-func (r *ringSync) compressStats() compress.Stats { return r.reducer.Stats() }
 
 func (r *ringSync) close() {
 	if r.closeFn != nil {

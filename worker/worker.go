@@ -1,7 +1,3 @@
-// Package worker is a gradsync worker process: it connects to the
-// coordinator (reconnecting with backoff), reports its resources, serves its
-// peer Collective endpoint, and runs the training task it is assigned for
-// its rank, reporting progress, evaluations and the result.
 package worker
 
 import (
@@ -336,7 +332,7 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 				defer wg.Done()
 				defer close(t.done)
 				w.log.Info("task assigned", "job", a.JobId, "rank", a.Rank, "world", a.WorldSize, "model", a.Spec.GetModel())
-				res, err := safeRunTask(tctx, a, &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics,
+				res, err := safeRun(tctx, a, &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics,
 					ring: w.ring, peerDial: w.peerDialOptions(), psDial: w.aggregatorDialOptions(), stepDelay: w.cfg.DebugStepDelay, snaps: &w.snaps,
 					dataDir: w.cfg.DataDir})
 				done := &pb.TaskDone{JobId: a.JobId, Rank: a.Rank, Result: res, Generation: a.Generation}
@@ -370,16 +366,16 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 	}
 }
 
-// safeRunTask runs a task and turns a panic (a bug) into the task's error,
+// safeRun runs a task and turns a panic (a bug) into the task's error,
 // so one bad job cannot take the worker down.
-func safeRunTask(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb.JobResult, err error) {
+func safeRun(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb.JobResult, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			env.log.Error("task panicked", "job", a.GetJobId(), "panic", p, "stack", string(debug.Stack()))
 			res, err = nil, fmt.Errorf("internal error in the worker: %v", p)
 		}
 	}()
-	return runTask(ctx, a, env)
+	return runAssignment(ctx, a, env)
 }
 
 // reporter sends a task's reports up the session's stream.

@@ -115,7 +115,7 @@ type trainer struct {
 	bs    int
 }
 
-func newTrainer(t *testing.T) *trainer {
+func newTestTrainer(t *testing.T) *trainer {
 	train, _, err := data.Synthetic(512, 10, 7)
 	if err != nil {
 		t.Fatal(err)
@@ -170,7 +170,7 @@ func flatState(rs *ringSync) compress.Flat {
 // survivor keeps its own error feedback and the joiner starts with none.
 func TestAgreeRanksOneStepApart(t *testing.T) {
 	spec := recoverySpec(t, "powersgd")
-	tr := newTrainer(t)
+	tr := newTestTrainer(t)
 	old := testRing(t, spec, 3, 1, 100, 3)
 	onAll(t, old, func(ctx context.Context, r int, rk *ringRank) error {
 		return rk.rs.broadcastParams(ctx, rk.net.Params())
@@ -313,7 +313,7 @@ func TestCompressionCheckpointRoundTrip(t *testing.T) {
 	for _, kind := range []string{"powersgd", "topk"} {
 		t.Run(kind, func(t *testing.T) {
 			spec := recoverySpec(t, kind)
-			tr := newTrainer(t)
+			tr := newTestTrainer(t)
 			dir := t.TempDir()
 			log := slog.New(slog.NewTextHandler(io.Discard, nil))
 			ranks := testRing(t, spec, world, 1, at+more, 3)
@@ -446,4 +446,17 @@ func BenchmarkSnapshotTake(b *testing.B) {
 			}
 		})
 	}
+}
+
+// resume loads a checkpoint into net and opt and returns where training
+// stopped.
+func resume(path string, spec *pb.JobSpec, net *models.Network, opt jobspec.Stepper) (checkpoint.Meta, error) {
+	st, err := checkpoint.Load(path)
+	if err != nil {
+		return checkpoint.Meta{}, err
+	}
+	if err := restoreCheckpoint(st, path, spec, net, opt); err != nil {
+		return checkpoint.Meta{}, err
+	}
+	return st.Meta, nil
 }

@@ -11,13 +11,6 @@ import (
 	"github.com/gradsync/gradsync/models"
 )
 
-// Where a ring generation's starting state comes from.
-const (
-	fromMemory     = "memory"
-	fromCheckpoint = "checkpoint"
-	fromScratch    = "scratch"
-)
-
 // snapInfo is what a rank tells the others about its snapshots when a
 // generation starts: the generation they belong to and the steps of the
 // newest and the older one (-1: none).

@@ -1,0 +1,33 @@
+// Package worker is a gradsync worker process: it connects to the
+// coordinator (reconnecting with backoff), reports its resources, serves its
+// peer Collective endpoint, and runs the training task it is assigned for
+// its rank, reporting progress, evaluations and the result.
+//
+// A ps or ring task is a Trainer stepping through a synchronizer (the
+// contract is in sync.go); a fedavg task is the federated simulation or a
+// real federated client. The files, by what they serve:
+//
+//	worker.go           the process: config, coordinator session, reports
+//	task.go             an assignment: data, objective, which mode runs it
+//	objective.go        what a step computes: loss, batches, evaluation
+//	accum.go            forward and backward, with gradient accumulation
+//	checkpoint.go       writing and reading checkpoints (ring, fedavg)
+//
+//	trainer.go          Trainer: resume, epochs, steps, reports, result
+//	trainerplan.go      the steps and positions from where training starts (pure)
+//	trainerstats.go     per-step timing for progress reports
+//	sync.go             the synchronizer contract; joining one
+//
+//	ring*.go            ring mode: ringsync.go the all-reduce and the
+//	                    optimiser, ringtask.go the synchronizer (start,
+//	                    snapshots, checkpoints, statistics), and elastic
+//	                    recovery: ringagree.go (which state a generation
+//	                    starts from), ringsnapshot.go (in-memory
+//	                    snapshots), ringckpt.go (compression state in
+//	                    checkpoints)
+//	ps*.go              ps mode: psclient.go the streams to the shards,
+//	                    pscompress.go one step's pushes and pulls,
+//	                    pssync.go the synchronizer
+//	fed*.go             fedavg: fedsim.go all clients simulated here,
+//	                    fedclient.go this worker as one real client
+package worker

@@ -1,0 +1,147 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gradsync/gradsync/aggregator/ringrpc"
+	"github.com/gradsync/gradsync/checkpoint"
+	"github.com/gradsync/gradsync/compress"
+	"github.com/gradsync/gradsync/models"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// synchronizer is how a Trainer's rank turns each step's gradient into
+// the job's next parameters together with the other ranks — through the
+// parameter server (psTask) or by all-reducing over a ring and stepping a
+// local optimiser (ringTask) — and keeps what a restart of the job needs.
+// The Trainer knows no mode: whatever differs between modes is behind
+// these methods, and a mode that has nothing to do for one implements it
+// as a no-op.
+//
+// Contract, relied on by the Trainer:
+//   - start is called once, first, on every rank of the generation; it
+//     may run collectives with the other ranks, so every rank calls it.
+//     It brings the model (and the synchronizer's own state: optimiser,
+//     compression) to where the generation starts and says where that
+//     is.
+//   - Then every step is beginStep, forward and backward (backward's
+//     progress goes to the function beginStep returned, unless it is
+//     nil), step; then, after the step's bookkeeping, completed with the
+//     position the step reached. Every rank runs the same steps in the
+//     same order. After step returns nil, params hold the job's
+//     parameters after that step.
+//   - After an error from start, beginStep, step or completed the
+//     synchronizer is unusable: only stopped, stats and close follow.
+//   - stopped is called at most once, when the task ends early (its
+//     context is done, or a step failed) after at least one step; it
+//     keeps what it can without the other ranks and never fails (it
+//     logs).
+//   - stats may be called at any time between start and close.
+//   - close releases everything; it is called exactly once, last.
+type synchronizer interface {
+	// start brings this rank to the state its generation starts from —
+	// the checkpoint from names, a newer state the ranks hold in memory,
+	// or the job's initial parameters — and returns where that is.
+	start(ctx context.Context, from resumeFrom) (origin, error)
+	// beginStep starts reducing the step's gradient grads (zeroed) while
+	// backward still writes it, and returns the function backward reports
+	// its progress to; nil, when the reduction waits for the whole
+	// gradient (step does it all).
+	beginStep(ctx context.Context, grads []float32) (ready func(from int), err error)
+	// step reduces grads (this rank's gradient of the current step) and
+	// leaves the next parameters in params. Its error carries what the
+	// coordinator needs to find a cause elsewhere (ring: the frame counts
+	// of this rank's links, *ringFailure).
+	step(ctx context.Context, grads, params []float32) error
+	// completed records that a step of epoch brought training to at
+	// (at.epoch > epoch: the step ended the epoch) — ring: an in-memory
+	// snapshot, and a checkpoint when one is due.
+	completed(ctx context.Context, epoch int, at position) error
+	// stopped keeps the state at at when the task stops early (ring: rank
+	// 0's checkpoint), so that a resume loses nothing. ctx may be done
+	// already: stopped waits on nobody.
+	stopped(ctx context.Context, at position)
+	// stats returns the synchronizer's cumulative figures.
+	stats() syncStats
+	close()
+}
+
+// resumeFrom is what a task is told to start from.
+type resumeFrom struct {
+	ckpt *checkpoint.State // the checkpoint the assignment names; nil: none
+	at   position          // where it stopped (zero without one)
+	plan stepPlan          // counts the steps from wherever training starts
+}
+
+// Where a generation's starting state comes from (origin.source).
+const (
+	fromMemory     = "memory"
+	fromCheckpoint = "checkpoint"
+	fromScratch    = "scratch"
+)
+
+// origin is where a task's training starts, and from what state.
+type origin struct {
+	at     position
+	source string // fromMemory, fromCheckpoint or fromScratch
+}
+
+// syncStats are a synchronizer's cumulative figures, for progress
+// reports and the result; those a mode does not have are zero.
+type syncStats struct {
+	compress  compress.Stats // bytes before and after compression, and its time
+	staleness psStats        // ps: the receipts of async and bounded shards
+	leftWait  time.Duration  // ring: time waited for the left neighbour
+	// ring: in-memory snapshots taken since the worker got the job, and
+	// the time spent copying them.
+	snapshots       int64
+	snapshotCopying time.Duration
+}
+
+// psStart is what a ps rank tells the parameter server as it joins: the
+// step it starts at (a resumed checkpoint's, else 0) and the size of the
+// training split (from which the server, which writes ps checkpoints,
+// knows the sampler position after each step).
+type psStart struct {
+	step          int64
+	trainExamples int
+}
+
+// startSync joins the job's synchroniser: the parameter-server shards
+// (which send the initial parameters), or the ring (start then brings
+// every rank to the same state).
+func startSync(ctx context.Context, a *pb.Assignment, env *taskEnv, net *models.Network, totalSteps int64, ps psStart) (synchronizer, error) {
+	switch mode := a.Spec.GetMode(); mode {
+	case "ps":
+		c, err := joinPS(ctx, env, a, net, totalSteps, ps)
+		if err != nil {
+			return nil, err
+		}
+		return &psTask{psClient: c, log: env.log}, nil
+	case "ring":
+		r, err := env.ring.Join(ctx, ringrpc.RingConfig{JobID: a.JobId, Generation: a.Generation, Rank: int(a.Rank),
+			Peers: a.Peers, DialOptions: env.peerDial})
+		if err != nil {
+			return nil, err
+		}
+		// Leave the ring gracefully: the neighbours may still need the
+		// last frames; Shutdown waits for them (bounded), then closes.
+		leave := func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := r.Shutdown(ctx); err != nil {
+				env.log.Debug("leaving the ring", "job", a.JobId, "err", err)
+			}
+		}
+		rs, err := newRingSync(ctx, r, leave, a, net, totalSteps, env.metrics)
+		if err != nil {
+			r.Close()
+			return nil, err
+		}
+		return newRingTask(rs, a, env, net), nil
+	default:
+		return nil, fmt.Errorf("mode %q is not supported by this worker", mode)
+	}
+}
