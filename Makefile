@@ -28,8 +28,11 @@ local:
 $(BIN)/grpcurl: tools/go.mod tools/go.sum
 	$(GO) -C tools build -o $(BIN)/grpcurl github.com/fullstorydev/grpcurl/cmd/grpcurl
 
+# Winograd F(4×4, 3×3) is compiled only with -tags winograd4 (it is off):
+# test and vet it with the tag too, so that it does not rot.
 test: $(BIN)/grpcurl
 	GRPCURL=$(BIN)/grpcurl $(GO) test -race -timeout 30m ./...
+	$(GO) test -race -tags winograd4 -run 'Winograd' ./internal/kernels/ ./models/
 
 test-short:
 	$(GO) test -short ./...
@@ -43,6 +46,7 @@ $(BUF): tools/package.json tools/package-lock.json
 lint: $(BIN)/staticcheck $(BUF)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags winograd4 ./internal/kernels/ ./models/
 	$(BIN)/staticcheck ./...
 	$(MAKE) layering
 	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy (the diff above): run 'go mod tidy' and commit"; exit 1; }
