@@ -39,7 +39,7 @@ type Options struct {
 // Result is one measurement.
 type Result struct {
 	Model           string  `json:"model"`
-	Backend         string  `json:"backend"`
+	Backend         string  `json:"gemm_backend"`
 	BatchSize       int     `json:"batch_size"`
 	Threads         int     `json:"threads"`
 	ImagesPerSecond float64 `json:"images_per_second"`
