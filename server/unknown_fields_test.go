@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 	"github.com/gradsync/gradsync/server"
@@ -88,6 +89,37 @@ func TestUnknownFieldsRefused(t *testing.T) {
 	}
 	err = st.RecvMsg(&pb.ConnectResponse{})
 	wantCode(t, "Connect with field 99 in the hello", err, codes.InvalidArgument, "unknown field 99 in gradsync.v1.ConnectRequest")
+
+	// The worker-facing streams, on the plain proto codec (framecodec's
+	// frames are parsed by framecodec itself and not checked): the first
+	// message carries field 99.
+	streams := []struct {
+		name string
+		desc *grpc.StreamDesc
+		full string
+		msg  proto.Message
+		want string
+	}{
+		{"ParameterServer.Sync", &pb.ParameterServer_ServiceDesc.Streams[0], pb.ParameterServer_Sync_FullMethodName,
+			&pb.SyncRequest{}, "unknown field 99 in gradsync.v1.SyncRequest"},
+		{"ParameterServer.Pull", &pb.ParameterServer_ServiceDesc.Streams[1], pb.ParameterServer_Pull_FullMethodName,
+			&pb.PullRequest{JobId: "job-x"}, "unknown field 99 in gradsync.v1.PullRequest"},
+		{"Federation.Participate", &pb.Federation_ServiceDesc.Streams[0], pb.Federation_Participate_FullMethodName,
+			&pb.ParticipateRequest{}, "unknown field 99 in gradsync.v1.ParticipateRequest"},
+	}
+	for _, sc := range streams {
+		st, err := c.conn.NewStream(ctx, sc.desc, sc.full, raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := appendField99(marshal(sc.msg))
+		if err := st.SendMsg(&b); err != nil && !errors.Is(err, io.EOF) {
+			t.Fatal(err)
+		}
+		_ = st.CloseSend()
+		var resp emptypb.Empty // any reply would do: the call must fail first
+		wantCode(t, sc.name+" with field 99", st.RecvMsg(&resp), codes.InvalidArgument, sc.want)
+	}
 
 	list, err := c.jobs.ListJobs(ctx, &pb.ListJobsRequest{})
 	if err != nil || len(list.Jobs) != 0 {
