@@ -7,13 +7,14 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 STATICCHECK_VERSION := v0.8.2
 BUF := tools/node_modules/.bin/buf
 
-.PHONY: help build local test test-short lint proto proto-check fuzz ci clean
+.PHONY: help build local test test-short lint layering proto proto-check fuzz ci clean
 
 help:
 	@echo "make local       train: gradsync local --workers 2 --model mlp --dataset mnist --epochs 1"
 	@echo "make test        run every test (race detector on; builds bin/grpcurl first)"
 	@echo "make test-short  the quick tests only"
-	@echo "make lint        gofmt, go vet, staticcheck, buf lint, generated code fresh"
+	@echo "make lint        gofmt, go vet, staticcheck, layering, go.mod tidy, buf lint, generated code fresh"
+	@echo "make layering    the import rule of the README layout section (part of lint)"
 	@echo "make build       build bin/gradsync"
 	@echo "make proto       regenerate proto/gradsync/v1/*.pb.go with buf"
 	@echo "make ci          what .ci/run runs: lint + test"
@@ -27,8 +28,11 @@ local:
 $(BIN)/grpcurl: tools/go.mod tools/go.sum
 	$(GO) -C tools build -o $(BIN)/grpcurl github.com/fullstorydev/grpcurl/cmd/grpcurl
 
+# Winograd F(4×4, 3×3) is compiled only with -tags winograd4 (it is off):
+# test and vet it with the tag too, so that it does not rot.
 test: $(BIN)/grpcurl
 	GRPCURL=$(BIN)/grpcurl $(GO) test -race -timeout 30m ./...
+	$(GO) test -race -tags winograd4 -run 'Winograd' ./internal/kernels/ ./models/
 
 test-short:
 	$(GO) test -short ./...
@@ -42,12 +46,19 @@ $(BUF): tools/package.json tools/package-lock.json
 lint: $(BIN)/staticcheck $(BUF)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags winograd4 ./internal/kernels/ ./models/
 	$(BIN)/staticcheck ./...
+	$(MAKE) layering
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy (the diff above): run 'go mod tidy' and commit"; exit 1; }
 	$(BUF) lint
 	$(MAKE) proto-check
 
 proto: $(BUF)
 	$(BUF) generate
+
+# The import rule of the README's layout section (test/layering).
+layering:
+	$(GO) test -count=1 ./test/layering/
 
 # The committed generated code must be what buf generates now.
 proto-check: $(BUF)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gradsync/gradsync/data"
+	"github.com/gradsync/gradsync/internal/eval"
 	"github.com/gradsync/gradsync/models"
 )
 
@@ -541,7 +542,7 @@ func (s *Sim) evaluate(params []float32) (acc, loss float64) {
 		te.Batch(idx[:b], x, y)
 		logits := s.net.Forward(x, b, false)
 		lsum += float64(models.SoftmaxCrossEntropy(logits, y, s.classes, nil)) * float64(b)
-		models.Argmax(logits, s.classes, pred)
+		eval.Argmax(logits, s.classes, pred)
 		for i, p := range pred {
 			if p == int(y[i]) {
 				correct++

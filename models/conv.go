@@ -84,7 +84,8 @@ var winogradBlockTiles = 320
 // block's V and M no longer fit in L2), and its pooled output transform
 // and gradient, whose per-window work is Go code, ~12 instead of ~2 ms.
 // Its float32 error passes the PyTorch parity tests but is too large for
-// TestConvMaxPool's finite differences (step 1e-4) at 32 channels.
+// TestConvMaxPool's finite differences (step 1e-4) at 32 channels. It
+// takes a build with -tags winograd4 (kernels.Winograd4Built) as well.
 var winograd4 = false
 
 // winograd4BlockTiles is winogradBlockTiles for F(4×4, 3×3) (8 of the
@@ -125,7 +126,7 @@ func NewConv2D(g kernels.ConvGeom, out int, bias bool) *Conv2D {
 	l := &Conv2D{Geom: g, Out: out}
 	l.direct = g.KH == 1 && g.KW == 1 && g.StrideH == 1 && g.StrideW == 1 && g.PadH == 0 && g.PadW == 0
 	l.wino = g.WinogradOK() && g.C >= winogradMinC
-	l.wino4 = l.wino && winograd4 && g.OutH()%4 == 0 && g.OutW()%4 == 0
+	l.wino4 = l.wino && winograd4 && kernels.Winograd4Built && g.OutH()%4 == 0 && g.OutW()%4 == 0
 	l.small = !l.wino && !l.direct && kernels.SmallConvOK(g)
 	if bias {
 		l.B, l.DB = []float32{}, []float32{} // non-nil: bound later

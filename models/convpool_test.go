@@ -101,6 +101,9 @@ func TestConvMaxPool(t *testing.T) {
 // several samples per block, kept and recomputed V, with and without the
 // ReLU.
 func TestConvWinograd4(t *testing.T) {
+	if !kernels.Winograd4Built {
+		t.Skip("F(4×4, 3×3) is compiled only with -tags winograd4")
+	}
 	defer func(w bool, b4, k int) { winograd4, winograd4BlockTiles, winogradKeepMax = w, b4, k }(winograd4, winograd4BlockTiles, winogradKeepMax)
 	forEachBackend(t, func(t *testing.T) {
 		r := rand.New(rand.NewPCG(12, 1))

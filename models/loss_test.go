@@ -46,7 +46,6 @@ func TestSoftmaxCrossEntropyPanics(t *testing.T) {
 		"label range":   func() { SoftmaxCrossEntropy([]float32{0, 0}, []uint8{2}, 2, nil) },
 		"logits length": func() { SoftmaxCrossEntropy([]float32{0, 0, 0}, []uint8{1}, 2, nil) },
 		"dlogits":       func() { SoftmaxCrossEntropy([]float32{0, 0}, []uint8{1}, 2, make([]float32, 1)) },
-		"argmax":        func() { Argmax([]float32{0, 0, 0}, 2, make([]int, 2)) },
 	} {
 		t.Run(name, func(t *testing.T) { expectPanic(t, f) })
 	}
@@ -61,12 +60,4 @@ func expectPanic(t *testing.T, f func()) {
 		}
 	}()
 	f()
-}
-
-func TestArgmax(t *testing.T) {
-	dst := make([]int, 3)
-	Argmax([]float32{1, 3, 2, 5, 5, 0, -1, -2, -0.5}, 3, dst)
-	if dst[0] != 1 || dst[1] != 0 || dst[2] != 2 {
-		t.Fatalf("Argmax = %v, want [1 0 2] (first index on ties)", dst)
-	}
 }

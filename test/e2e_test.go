@@ -105,7 +105,7 @@ func TestKillWorkerAndRestartServer(t *testing.T) {
 	// The server keeps serving; the survivor is idle and runs a job that
 	// is still running when the server stops.
 	jobs := s.jobs(ctx, t)
-	if j := jobs[long.ID]; j.State != "JOB_STATE_FAILED" {
+	if j := jobs[long.ID]; j.State != "FAILED" {
 		t.Errorf("jobs: long job %+v", j)
 	}
 	s.waitWorker(ctx, t, "e2e-w0", "IDLE")
@@ -122,10 +122,10 @@ func TestKillWorkerAndRestartServer(t *testing.T) {
 	s2 := startServer(ctx, t, s.addr, dataDir, runsDir)
 	after := s2.jobs(ctx, t)
 	want := map[string]string{
-		quickID:    "JOB_STATE_SUCCEEDED",
-		long.ID:    "JOB_STATE_FAILED",
-		atStop.ID:  "JOB_STATE_FAILED",
-		pending.ID: "JOB_STATE_PENDING",
+		quickID:    "SUCCEEDED",
+		long.ID:    "FAILED",
+		atStop.ID:  "FAILED",
+		pending.ID: "PENDING",
 	}
 	if len(after) != len(want) {
 		t.Errorf("after restart: %d jobs, want %d: %v", len(after), len(want), after)
@@ -213,7 +213,7 @@ func TestServerCrashResumesFromCheckpoint(t *testing.T) {
 	if code != 0 || sum.State != "SUCCEEDED" {
 		t.Fatalf("after the server crash: exit %d, %+v", code, sum)
 	}
-	if j := s2.jobs(ctx, t)[job.ID]; j.State != "JOB_STATE_SUCCEEDED" {
+	if j := s2.jobs(ctx, t)[job.ID]; j.State != "SUCCEEDED" {
 		t.Errorf("job after resume: %+v", j)
 	}
 }

@@ -217,11 +217,11 @@ func startServer(ctx context.Context, t *testing.T, addr, dataDir, runsDir strin
 	if err != nil {
 		t.Fatalf("server did not report listening: %v\nstderr:\n%s", err, p.stderr)
 	}
-	var ev struct{ Event, Addr string }
-	if err := json.Unmarshal([]byte(line), &ev); err != nil || ev.Event != "listening" || ev.Addr == "" {
+	var ev struct{ Event, Address string }
+	if err := json.Unmarshal([]byte(line), &ev); err != nil || ev.Event != "listening" || ev.Address == "" {
 		t.Fatalf("listening line %q: %v", line, err)
 	}
-	srv := &server{proc: p, addr: ev.Addr, dataDir: dataDir, runsDir: runsDir}
+	srv := &server{proc: p, addr: ev.Address, dataDir: dataDir, runsDir: runsDir}
 	for i, a := range extra {
 		if a == "--certs" && i+1 < len(extra) {
 			srv.sec = []string{"--certs", extra[i+1]}
@@ -248,7 +248,10 @@ func (s *server) waitWorker(ctx context.Context, t *testing.T, id, state string)
 		out, code := gradsync(ctx, t, append([]string{"workers", "--json", "--server", s.addr}, s.sec...)...)
 		if code == 0 {
 			for _, l := range out {
-				var w struct{ ID, State string }
+				var w struct {
+					ID    string `json:"worker_id"`
+					State string
+				}
 				if json.Unmarshal([]byte(l), &w) == nil && w.ID == id && w.State == state {
 					return
 				}
@@ -263,9 +266,9 @@ func (s *server) waitWorker(ctx context.Context, t *testing.T, id, state string)
 }
 
 // jobJSON is a job as `gradsync jobs --json` and `submit --json` print it
-// (protojson, proto field names).
+// (the README's output vocabulary).
 type jobJSON struct {
-	ID        string   `json:"id"`
+	ID        string   `json:"job_id"`
 	State     string   `json:"state"`
 	Message   string   `json:"message"`
 	WorkerIDs []string `json:"worker_ids"`

@@ -18,11 +18,11 @@ func startAggregator(ctx context.Context, t *testing.T, name string) (*proc, str
 	if err != nil {
 		t.Fatalf("%s did not report listening: %v\nstderr:\n%s", name, err, p.stderr)
 	}
-	var ev struct{ Event, Addr string }
-	if err := json.Unmarshal([]byte(line), &ev); err != nil || ev.Addr == "" {
+	var ev struct{ Event, Address string }
+	if err := json.Unmarshal([]byte(line), &ev); err != nil || ev.Address == "" {
 		t.Fatalf("listening line %q: %v", line, err)
 	}
-	return p, ev.Addr
+	return p, ev.Address
 }
 
 // TestPSAggregatorProcesses trains a ps job whose two shards are

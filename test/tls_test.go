@@ -94,7 +94,10 @@ func TestTLS(t *testing.T) {
 	var addr string
 	wout, code := gradsync(ctx, t, "workers", "--json", "--server", s.addr, "--certs", certs)
 	for _, l := range wout {
-		var w struct{ ID, Address string }
+		var w struct {
+			ID      string `json:"worker_id"`
+			Address string
+		}
 		if json.Unmarshal([]byte(l), &w) == nil && w.ID == "tls-0" {
 			addr = w.Address
 		}

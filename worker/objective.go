@@ -100,7 +100,7 @@ func (c *classification) evaluate(ctx context.Context, net *models.Network, res 
 		func(idx []int, logits []float32) {
 			k := len(idx)
 			lossSum += float64(models.SoftmaxCrossEntropy(logits, y[:k], classes, nil)) * float64(k)
-			models.Argmax(logits, classes, pred[:k])
+			eval.Argmax(logits, classes, pred[:k])
 			conf.AddPredictions(pred[:k], y[:k])
 		})
 	if err != nil {

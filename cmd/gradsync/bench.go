@@ -8,8 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/gradsync/gradsync/internal/allreducebench"
-	"github.com/gradsync/gradsync/internal/bench"
+	"github.com/gradsync/gradsync/bench/allreduce"
+	"github.com/gradsync/gradsync/bench/train"
 	"github.com/gradsync/gradsync/models"
 )
 
@@ -30,7 +30,7 @@ const allReduceChild = "allreduce-rank"
 const cpuProfileEnv = "GRADSYNC_BENCH_CPUPROFILE"
 
 func newBenchAllReduceCmd(g *globals) *cobra.Command {
-	var o allreducebench.ParentOptions
+	var o allreduce.ParentOptions
 	var sizes, cpuProfile string
 	c := &cobra.Command{
 		Use:   "allreduce",
@@ -40,7 +40,7 @@ func newBenchAllReduceCmd(g *globals) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			var err error
-			if o.Sizes, err = allreducebench.ParseSizes(sizes); err != nil {
+			if o.Sizes, err = allreduce.ParseSizes(sizes); err != nil {
 				return err
 			}
 			exe, err := os.Executable()
@@ -51,22 +51,22 @@ func newBenchAllReduceCmd(g *globals) *cobra.Command {
 			if cpuProfile != "" {
 				o.Env = append(o.Env, cpuProfileEnv+"="+cpuProfile)
 			}
-			rs, err := allreducebench.RunParent(c.Context(), o, exe, func(rank int, peers []string) []string {
-				return append([]string{"bench", allReduceChild}, allreducebench.ChildArgs(o.Options, rank, peers)...)
+			rs, err := allreduce.RunParent(c.Context(), o, exe, func(rank int, peers []string) []string {
+				return append([]string{"bench", allReduceChild}, allreduce.ChildArgs(o.Options, rank, peers)...)
 			})
 			if err != nil {
 				return err
 			}
 			if g.json {
-				return allreducebench.WriteJSON(c.OutOrStdout(), rs)
+				return allreduce.WriteJSON(c.OutOrStdout(), rs)
 			}
-			return allreducebench.WriteTable(c.OutOrStdout(), rs)
+			return allreduce.WriteTable(c.OutOrStdout(), rs)
 		},
 	}
 	f := c.Flags()
 	f.IntVar(&o.Ranks, "ranks", 2, "world size: this many processes (grpc) or in-memory ranks (mem)")
 	f.StringVar(&sizes, "sizes", "1M,4M,16M,64M", "buffer sizes in bytes (K, M, G suffixes: powers of 1024)")
-	f.StringVar(&o.Transport, "transport", allreducebench.TransportGRPC, "grpc (separate processes, TCP on loopback) or mem")
+	f.StringVar(&o.Transport, "transport", allreduce.TransportGRPC, "grpc (separate processes, TCP on loopback) or mem")
 	f.IntVar(&o.Reps, "reps", 15, "timed repetitions per size (the median is reported)")
 	f.IntVar(&o.Warmup, "warmup", 3, "untimed repetitions first")
 	f.IntVar(&o.FrameElems, "frame-elems", 0, "float32 values per ring frame (0: the collectives' default, 1 MiB of data)")
@@ -81,7 +81,7 @@ func newBenchAllReduceChildCmd() *cobra.Command {
 		Hidden:             true,
 		DisableFlagParsing: true,
 		RunE: func(c *cobra.Command, args []string) error {
-			co, err := allreducebench.ParseChildArgs(args)
+			co, err := allreduce.ParseChildArgs(args)
 			if err != nil {
 				return err
 			}
@@ -96,13 +96,13 @@ func newBenchAllReduceChildCmd() *cobra.Command {
 				}
 				defer pprof.StopCPUProfile()
 			}
-			return allreducebench.RunChild(c.Context(), co)
+			return allreduce.RunChild(c.Context(), co)
 		},
 	}
 }
 
 func newBenchTrainCmd(g *globals) *cobra.Command {
-	var opt bench.TrainOptions
+	var opt train.Options
 	var modelList string
 	c := &cobra.Command{
 		Use:     "train",
@@ -117,7 +117,7 @@ func newBenchTrainCmd(g *globals) *cobra.Command {
 			for _, m := range strings.Split(modelList, ",") {
 				o := opt
 				o.Model = strings.TrimSpace(m)
-				r, err := bench.Train(c.Context(), o)
+				r, err := train.Run(c.Context(), o)
 				if err != nil {
 					return err
 				}

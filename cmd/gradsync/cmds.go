@@ -337,7 +337,7 @@ func serveService(c *cobra.Command, g *globals, addr, metricsAddr string, serve 
 	}
 	if g.json {
 		p := &printer{out: c.OutOrStdout(), json: true}
-		p.jsonLine(map[string]any{"event": "listening", "addr": b.lis.Addr().String()})
+		p.jsonLine(listeningEvent{Event: "listening", Address: b.lis.Addr().String()})
 	}
 	return serve(b)
 }
@@ -510,12 +510,10 @@ func newWorkersCmd(g *globals) *cobra.Command {
 				}
 				for _, w := range resp.Workers {
 					if g.json {
-						p.jsonLine(map[string]any{"id": w.Id, "name": w.Name, "state": trimState(w.State), "address": w.Address,
-							"cpu_cores": w.GetResources().GetCpuCores(), "gpus": len(w.GetResources().GetGpus()),
-							"gemm_backend": w.GetResources().GetGemmBackend(), "job_id": w.JobId, "last_heartbeat": w.GetLastHeartbeat().AsTime()})
+						p.jsonLine(workerLineOf(w))
 						continue
 					}
-					fmt.Fprintf(out, "%-14s %-6s %-22s %4d %4d %-9s %-28s %s\n", w.Id, trimState(w.State), w.Address,
+					fmt.Fprintf(out, "%-14s %-6s %-22s %4d %4d %-9s %-28s %s\n", w.Id, workerStateName(w.State), w.Address,
 						w.GetResources().GetCpuCores(), len(w.GetResources().GetGpus()), w.GetResources().GetGemmBackend(), w.JobId,
 						w.GetLastHeartbeat().AsTime().Local().Format("15:04:05"))
 				}
@@ -523,9 +521,4 @@ func newWorkersCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-}
-
-func trimState(s pb.WorkerState) string {
-	n := s.String()
-	return n[len("WORKER_STATE_"):]
 }

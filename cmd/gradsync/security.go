@@ -154,7 +154,7 @@ func newCertsCmd(g *globals) *cobra.Command {
 			}
 			p := &printer{out: c.OutOrStdout(), json: g.json}
 			if g.json {
-				p.jsonLine(paths)
+				p.jsonLine(certsLineOf(paths))
 				return nil
 			}
 			fmt.Fprintf(c.OutOrStdout(), `wrote %s: CA (%s), server (%s), worker (%s), API token (%s)

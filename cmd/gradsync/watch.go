@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
-
 	"github.com/gradsync/gradsync/internal/runlog"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -26,6 +24,14 @@ type printer struct {
 	// bars is the height of the live progress block last drawn on a
 	// terminal (redrawn in place); 0 when none is on screen.
 	bars int
+	// endedLine is "<job id> <state>" once a human line said that the job
+	// ended, so that the summary does not say it twice.
+	endedLine string
+}
+
+// ended reports whether s is a final state.
+func ended(s pb.JobState) bool {
+	return s == pb.JobState_JOB_STATE_SUCCEEDED || s == pb.JobState_JOB_STATE_FAILED || s == pb.JobState_JOB_STATE_CANCELLED
 }
 
 // live reports whether human output goes to a terminal, where progress is
@@ -102,8 +108,14 @@ func (p *printer) event(ev *pb.WatchJobResponse) {
 	switch ev.Kind {
 	case pb.EventKind_EVENT_KIND_STATE:
 		if p.json {
-			p.jsonLine(map[string]any{"event": "state", "job_id": j.GetId(), "state": runlog.StateName(j.GetState()), "message": ev.Message, "time": ev.GetTime().AsTime()})
+			p.jsonLine(stateEvent{Event: "state", JobID: j.GetId(), State: runlog.StateName(j.GetState()), Message: ev.Message, Time: ev.GetTime().AsTime()})
 			return
+		}
+		if ended(j.GetState()) {
+			// The summary block follows right under this line: it does
+			// not say it again (see summary).
+			fmt.Fprintln(p.out)
+			p.endedLine = j.GetId() + " " + runlog.StateName(j.GetState())
 		}
 		fmt.Fprintf(p.out, "job %s %s", j.GetId(), runlog.StateName(j.GetState()))
 		if ev.Message != "" {
@@ -116,9 +128,9 @@ func (p *printer) event(ev *pb.WatchJobResponse) {
 			return
 		}
 		if p.json {
-			p.jsonLine(map[string]any{"event": "progress", "job_id": j.GetId(), "epoch": pr.Epoch, "epochs": j.GetSpec().GetEpochs(),
-				"step": pr.Step, "total_steps": pr.TotalSteps, "loss": pr.Loss, "images_per_second": pr.ImagesPerSecond,
-				"eta_seconds": pr.EtaSeconds, "elapsed_seconds": pr.ElapsedSeconds, "learning_rate": pr.LearningRate})
+			p.jsonLine(progressEvent{Event: "progress", JobID: j.GetId(), Epoch: pr.Epoch, Epochs: j.GetSpec().GetEpochs(),
+				Step: pr.Step, TotalSteps: pr.TotalSteps, Loss: pr.Loss, ImagesPerSecond: pr.ImagesPerSecond,
+				EtaSeconds: pr.EtaSeconds, ElapsedSeconds: pr.ElapsedSeconds, LearningRate: pr.LearningRate})
 			return
 		}
 		if p.live() && j.GetSpec().GetMode() != "fedavg" {
@@ -144,7 +156,7 @@ func (p *printer) event(ev *pb.WatchJobResponse) {
 			thousands(pr.ImagesPerSecond), (time.Duration(pr.EtaSeconds) * time.Second).String())
 	case pb.EventKind_EVENT_KIND_EVAL:
 		if p.json {
-			p.jsonLine(map[string]any{"event": "eval", "job_id": j.GetId(), "epoch": ev.Epoch, "test_accuracy": ev.TestAccuracy, "test_loss": ev.TestLoss})
+			p.jsonLine(evalEvent{Event: "eval", JobID: j.GetId(), Epoch: ev.Epoch, TestAccuracy: ev.TestAccuracy, TestLoss: ev.TestLoss})
 			return
 		}
 		what := "epoch"
@@ -154,7 +166,7 @@ func (p *printer) event(ev *pb.WatchJobResponse) {
 		fmt.Fprintf(p.out, "%s %d: test accuracy %.2f%%  test loss %.4f\n", what, ev.Epoch, 100*ev.TestAccuracy, ev.TestLoss)
 	case pb.EventKind_EVENT_KIND_LOG:
 		if p.json {
-			p.jsonLine(map[string]any{"event": "log", "job_id": j.GetId(), "message": ev.Message})
+			p.jsonLine(logEvent{Event: "log", JobID: j.GetId(), Message: ev.Message})
 			return
 		}
 		fmt.Fprintln(p.out, ev.Message)
@@ -169,11 +181,13 @@ func (p *printer) summary(j *pb.Job) {
 		p.jsonLine(s)
 		return
 	}
-	fmt.Fprintf(p.out, "\njob %s %s", s.JobID, s.State)
-	if s.Message != "" {
-		fmt.Fprintf(p.out, ": %s", s.Message)
+	if p.endedLine != s.JobID+" "+s.State { // not yet said by the job's last state event
+		fmt.Fprintf(p.out, "\njob %s %s", s.JobID, s.State)
+		if s.Message != "" {
+			fmt.Fprintf(p.out, ": %s", s.Message)
+		}
+		fmt.Fprintln(p.out)
 	}
-	fmt.Fprintln(p.out)
 	if s.Mode == "fedavg" {
 		fmt.Fprintf(p.out, "  model %s  dataset %s  mode %s  rounds %d\n", s.Model, s.Dataset, s.Mode, s.Steps)
 	} else {
@@ -196,8 +210,7 @@ func (p *printer) summary(j *pb.Job) {
 // job prints one job for `jobs` and `submit`.
 func (p *printer) job(j *pb.Job) {
 	if p.json {
-		b, _ := protojson.MarshalOptions{UseProtoNames: true}.Marshal(j)
-		fmt.Fprintf(p.out, "%s\n", b)
+		p.jsonLine(jobLineOf(j))
 		return
 	}
 	acc := "-"

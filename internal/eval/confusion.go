@@ -13,8 +13,6 @@ package eval
 import (
 	"fmt"
 	"math"
-
-	"github.com/gradsync/gradsync/models"
 )
 
 // Confusion is a confusion matrix over a fixed number of classes: entry
@@ -37,7 +35,7 @@ func NewConfusion(classes int) *Confusion {
 func (c *Confusion) Classes() int { return c.classes }
 
 // Add counts a batch: logits is (len(labels), classes) row-major and each
-// prediction is the arg-max logit (the first on ties, as models.Argmax).
+// prediction is the arg-max logit (the first on ties, as Argmax).
 // It allocates only when the batch is larger than any before.
 func (c *Confusion) Add(logits []float32, labels []uint8) {
 	if len(logits) != len(labels)*c.classes {
@@ -47,7 +45,7 @@ func (c *Confusion) Add(logits []float32, labels []uint8) {
 		c.pred = make([]int, len(labels))
 	}
 	pred := c.pred[:len(labels)]
-	models.Argmax(logits, c.classes, pred)
+	Argmax(logits, c.classes, pred)
 	c.AddPredictions(pred, labels)
 }
 

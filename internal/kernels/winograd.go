@@ -932,3 +932,48 @@ func edgeWindow(img []float32, yy, xx, oh, ow int) (g00, g01, g10, g11 float32) 
 	}
 	return g00, g01, g10, g11
 }
+
+// checkPointsN panics unless x holds n matrices of k values at stride s.
+func checkPointsN(op, what string, x []float32, s, k, n int) {
+	if s < k || len(x) < (n-1)*s+k {
+		panic(fmt.Sprintf("kernels: %s: len(%s)=%d with point stride %d cannot hold %d matrices of %d values", op, what, len(x), s, n, k))
+	}
+}
+
+// Winograd4Points and Winograd4Tiles are F(4×4, 3×3)'s (winograd4.go)
+// shapes, here because models sizes its buffers with them whether or not
+// the build has it (-tags winograd4).
+
+// Winograd4Points is the number of points (and GEMMs) of F(4×4, 3×3).
+const Winograd4Points = 36
+
+// Winograd4Tiles is the grid of 4×4 output tiles: ⌈OutH/4⌉ × ⌈OutW/4⌉.
+func (g ConvGeom) Winograd4Tiles() (th, tw int) {
+	return (g.OutH() + 3) / 4, (g.OutW() + 3) / 4
+}
+
+// WinogradTransposeVN is WinogradTransposeV for n point matrices (16 for
+// F(2×2, 3×3), 36 for F(4×4, 3×3)).
+func WinogradTransposeVN(vt []float32, st int, v []float32, s, c, p, n int) {
+	checkPointsN("WinogradTransposeVN", "v", v, s, c*p, n)
+	checkPointsN("WinogradTransposeVN", "vt", vt, st, c*p, n)
+	vec := winoSIMD && c >= 8 && p >= 8
+	for xi := range n {
+		src := v[xi*s : xi*s+c*p]
+		dst := vt[xi*st : xi*st+c*p]
+		i0, j0 := 0, 0
+		if vec {
+			i0, j0 = c&^7, p&^7
+			winoTranspose(&dst[0], c, &src[0], p, c/8, p/8)
+		}
+		for i := range c {
+			jl := 0
+			if i < i0 {
+				jl = j0
+			}
+			for j := jl; j < p; j++ {
+				dst[j*c+i] = src[i*p+j]
+			}
+		}
+	}
+}

@@ -1,3 +1,5 @@
+//go:build winograd4
+
 package kernels
 
 import (
@@ -29,22 +31,13 @@ import (
 // scatters around them (edge tiles, the input gradient's overlapping
 // patches, the pool's windows) stay Go code. models.Conv2D uses it only
 // when switched on: on the cnn's conv2 it is not faster than F(2×2, 3×3)
-// yet (see models' winograd4).
+// yet (see models' winograd4). It is therefore compiled only with the
+// build tag winograd4 (go test -tags winograd4 ./internal/kernels/
+// ./models/), so the default build does not carry it.
 
-// Winograd4Points is the number of points (and GEMMs) of F(4×4, 3×3).
-const Winograd4Points = 36
-
-// Winograd4Tiles is the grid of 4×4 output tiles: ⌈OutH/4⌉ × ⌈OutW/4⌉.
-func (g ConvGeom) Winograd4Tiles() (th, tw int) {
-	return (g.OutH() + 3) / 4, (g.OutW() + 3) / 4
-}
-
-// checkPointsN panics unless x holds n matrices of k values at stride s.
-func checkPointsN(op, what string, x []float32, s, k, n int) {
-	if s < k || len(x) < (n-1)*s+k {
-		panic(fmt.Sprintf("kernels: %s: len(%s)=%d with point stride %d cannot hold %d matrices of %d values", op, what, len(x), s, n, k))
-	}
-}
+// Winograd4Built says this build has F(4×4, 3×3) (built with -tags
+// winograd4; winograd4_off.go stands in for it otherwise).
+const Winograd4Built = true
 
 // in4 is Bᵀ·d for one column (or row) of a patch.
 func in4(d0, d1, d2, d3, d4, d5 float32) (t0, t1, t2, t3, t4, t5 float32) {
@@ -648,32 +641,6 @@ func Winograd4OutputPoolGrad(dm []float32, s int, dy []float32, arg []uint8, y, 
 				c.next()
 			}
 			gradTiles4(dm[o*P:], s, p0, n, &buf)
-		}
-	}
-}
-
-// WinogradTransposeVN is WinogradTransposeV for n point matrices (16 for
-// F(2×2, 3×3), 36 for F(4×4, 3×3)).
-func WinogradTransposeVN(vt []float32, st int, v []float32, s, c, p, n int) {
-	checkPointsN("WinogradTransposeVN", "v", v, s, c*p, n)
-	checkPointsN("WinogradTransposeVN", "vt", vt, st, c*p, n)
-	vec := winoSIMD && c >= 8 && p >= 8
-	for xi := range n {
-		src := v[xi*s : xi*s+c*p]
-		dst := vt[xi*st : xi*st+c*p]
-		i0, j0 := 0, 0
-		if vec {
-			i0, j0 = c&^7, p&^7
-			winoTranspose(&dst[0], c, &src[0], p, c/8, p/8)
-		}
-		for i := range c {
-			jl := 0
-			if i < i0 {
-				jl = j0
-			}
-			for j := jl; j < p; j++ {
-				dst[j*c+i] = src[i*p+j]
-			}
 		}
 	}
 }

@@ -1,3 +1,5 @@
+//go:build winograd4
+
 package kernels
 
 import (
@@ -203,31 +205,6 @@ func gateOf(y []float32, q, n int) []float32 {
 		return nil
 	}
 	return y[q*n : (q+1)*n]
-}
-
-// TestWinogradTransposeVN: the transposes of 36 point matrices.
-func TestWinogradTransposeVN(t *testing.T) {
-	r := rand.New(rand.NewPCG(16, 16))
-	for _, cp := range [][2]int{{1, 1}, {3, 5}, {32, 288}, {9, 17}} {
-		c, p := cp[0], cp[1]
-		s, st := WinogradStride(c*p), WinogradStride(c*p)+3
-		v := randSlice(r, 36*s)
-		for _, simd := range []bool{true, false} {
-			vt := randSlice(r, 36*st)
-			want := slices.Clone(vt)
-			for xi := range 36 {
-				for i := range c {
-					for j := range p {
-						want[xi*st+j*c+i] = v[xi*s+i*p+j]
-					}
-				}
-			}
-			withSIMD(simd, func() { WinogradTransposeVN(vt, st, v, s, c, p, 36) })
-			if i := sameBits(vt, want); i >= 0 {
-				t.Fatalf("c %d p %d simd %v: vt[%d] = %v, want %v", c, p, simd, i, vt[i], want[i])
-			}
-		}
-	}
 }
 
 // BenchmarkWinograd4 times the F(4×4, 3×3) transforms on one block of the

@@ -1,7 +1,7 @@
 // Package rpc holds the gRPC settings every gradsync process shares: bounded
 // messages sized for tensor frames, HTTP/2 windows sized for bulk streams,
 // keepalive that notices dead peers, and the interceptor chains (slog
-// logging, panic recovery, request validation).
+// logging, panic recovery, refusal of unknown fields, request validation).
 package rpc
 
 import (
@@ -62,8 +62,9 @@ func DialOptions() []grpc.DialOption {
 // Interceptors returns the unary and stream interceptor chains shared by
 // gradsync servers: panic recovery (a panic becomes Internal, never a
 // crash), structured logging through slog, authorisation (when auth is not
-// nil: refused calls are still logged, never validated) and request
-// validation (messages with a Validate method).
+// nil: refused calls are still logged, never validated), refusal of
+// requests with unknown fields (RefuseUnknown) and request validation
+// (messages with a Validate method).
 func Interceptors(log *slog.Logger, auth *security.AuthOptions) (grpc.ServerOption, grpc.ServerOption) {
 	return chains(log, auth, nil)
 }
@@ -107,6 +108,10 @@ func chains(log *slog.Logger, auth *security.AuthOptions, limiter *ClientLimiter
 		au, as := security.Authorizer(*auth)
 		unary, stream = append(unary, au), append(stream, as)
 	}
+	// Unknown fields before validation: a request this server cannot
+	// read in full is refused as such, not for what is missing from it.
+	ku, ks := RefuseUnknown()
+	unary, stream = append(unary, ku), append(stream, ks)
 	unary, stream = append(unary, validator.UnaryServerInterceptor()), append(stream, validator.StreamServerInterceptor())
 	return grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...)
 }

@@ -1,4 +1,4 @@
-// Package allreducebench is the engine of `gradsync bench allreduce`: it
+// Package allreduce is the engine of `gradsync bench allreduce`: it
 // times ring all-reduce the way nccl-tests and the gloo anchor script do,
 // either over gRPC between N rank processes on loopback or over the
 // in-memory ring in one process.
@@ -19,7 +19,7 @@
 // the slowest rank's; the reported time is the median over reps. algbw =
 // size/time, busbw = algbw·2(n−1)/n (GB/s, 1e9 bytes). The result of the
 // first timed rep is checked on every rank.
-package allreducebench
+package allreduce
 
 import (
 	"bufio"
@@ -82,15 +82,15 @@ func (o Options) withDefaults() Options {
 func (o Options) Validate() error {
 	switch {
 	case o.Ranks < 1 || o.Ranks > 64:
-		return fmt.Errorf("allreducebench: ranks %d out of range 1..64", o.Ranks)
+		return fmt.Errorf("allreduce: ranks %d out of range 1..64", o.Ranks)
 	case len(o.Sizes) == 0:
-		return errors.New("allreducebench: no sizes given")
+		return errors.New("allreduce: no sizes given")
 	case o.Reps < 0 || o.Warmup < 0:
-		return fmt.Errorf("allreducebench: reps %d and warmup %d must not be negative", o.Reps, o.Warmup)
+		return fmt.Errorf("allreduce: reps %d and warmup %d must not be negative", o.Reps, o.Warmup)
 	}
 	for _, s := range o.Sizes {
 		if s <= 0 || s%4 != 0 || s > 4<<30 {
-			return fmt.Errorf("allreducebench: size %d bytes: want a positive multiple of 4 up to 4 GiB", s)
+			return fmt.Errorf("allreduce: size %d bytes: want a positive multiple of 4 up to 4 GiB", s)
 		}
 	}
 	return (aggregator.Options{MaxFrameElems: o.FrameElems}).Validate()
@@ -156,7 +156,7 @@ func ParseSizes(s string) ([]int64, error) {
 		}
 		v, err := strconv.ParseInt(f, 10, 64)
 		if err != nil || v <= 0 {
-			return nil, fmt.Errorf("allreducebench: size %q: want a positive number with an optional K, M or G suffix", f)
+			return nil, fmt.Errorf("allreduce: size %q: want a positive number with an optional K, M or G suffix", f)
 		}
 		out = append(out, v*mult)
 	}
@@ -175,7 +175,7 @@ func check(buf []float32, n int) error {
 	tri := n * (n + 1) / 2
 	for _, i := range []int{0, len(buf) / 3, len(buf) / 2, len(buf) - 1} {
 		if want := float32(tri * (i%7 + 1)); buf[i] != want {
-			return fmt.Errorf("allreducebench: wrong sum: buf[%d] = %v, want %v", i, buf[i], want)
+			return fmt.Errorf("allreduce: wrong sum: buf[%d] = %v, want %v", i, buf[i], want)
 		}
 	}
 	return nil
@@ -263,7 +263,7 @@ func collect(transport string, o Options, all []rankTimes) ([]Result, error) {
 				continue
 			}
 			if len(t.TimesNS) != o.Reps {
-				return nil, fmt.Errorf("allreducebench: rank %d reported %d reps for %d bytes, want %d", t.Rank, len(t.TimesNS), size, o.Reps)
+				return nil, fmt.Errorf("allreduce: rank %d reported %d reps for %d bytes, want %d", t.Rank, len(t.TimesNS), size, o.Reps)
 			}
 			seen++
 			for i, ns := range t.TimesNS {
@@ -271,7 +271,7 @@ func collect(transport string, o Options, all []rankTimes) ([]Result, error) {
 			}
 		}
 		if seen != o.Ranks {
-			return nil, fmt.Errorf("allreducebench: %d of %d ranks reported results for %d bytes", seen, o.Ranks, size)
+			return nil, fmt.Errorf("allreduce: %d of %d ranks reported results for %d bytes", seen, o.Ranks, size)
 		}
 		out = append(out, summarize(transport, o.Ranks, size, slowest))
 	}
@@ -321,7 +321,7 @@ func ParseChildArgs(args []string) (ChildOptions, error) {
 	fs.IntVar(&c.InboxFrames, "inbox-frames", 0, "")
 	fs.IntVar(&c.OutboxFrames, "outbox-frames", 0, "")
 	if err := fs.Parse(args); err != nil {
-		return c, fmt.Errorf("allreducebench: child flags: %w", err)
+		return c, fmt.Errorf("allreduce: child flags: %w", err)
 	}
 	c.Peers = strings.Split(peers, ",")
 	c.Ranks = len(c.Peers)
@@ -330,7 +330,7 @@ func ParseChildArgs(args []string) (ChildOptions, error) {
 		return c, err
 	}
 	if c.Rank < 0 || c.Rank >= c.Ranks {
-		return c, fmt.Errorf("allreducebench: child --rank %d out of range for %d peers", c.Rank, c.Ranks)
+		return c, fmt.Errorf("allreduce: child --rank %d out of range for %d peers", c.Rank, c.Ranks)
 	}
 	return c, c.Validate()
 }
@@ -351,7 +351,7 @@ func RunChild(ctx context.Context, c ChildOptions) error {
 	var lc net.ListenConfig
 	lis, err := lc.Listen(ctx, "tcp", c.Peers[c.Rank])
 	if err != nil {
-		return fmt.Errorf("allreducebench: rank %d: %w", c.Rank, err)
+		return fmt.Errorf("allreduce: rank %d: %w", c.Rank, err)
 	}
 	ep := ringrpc.NewEndpoint(c.Log)
 	defer ep.Close()
@@ -412,7 +412,7 @@ func RunParent(ctx context.Context, o ParentOptions, exe string, childArgs func(
 		return RunMem(ctx, o.Options)
 	case TransportGRPC, "":
 	default:
-		return nil, fmt.Errorf("allreducebench: transport %q: want %q or %q", o.Transport, TransportGRPC, TransportMem)
+		return nil, fmt.Errorf("allreduce: transport %q: want %q or %q", o.Transport, TransportGRPC, TransportMem)
 	}
 	if o.Stderr == nil {
 		o.Stderr = os.Stderr
@@ -440,7 +440,7 @@ func RunParent(ctx context.Context, o ParentOptions, exe string, childArgs func(
 		if err := cmd.Start(); err != nil {
 			cancel()
 			wg.Wait()
-			return nil, fmt.Errorf("allreducebench: start rank %d: %w", rank, err)
+			return nil, fmt.Errorf("allreduce: start rank %d: %w", rank, err)
 		}
 		wg.Go(func() { // owned by RunParent: reads rank's results, then reaps it
 			sc := bufio.NewScanner(out)
@@ -454,7 +454,7 @@ func RunParent(ctx context.Context, o ParentOptions, exe string, childArgs func(
 				mu.Unlock()
 			}
 			if err := cmd.Wait(); err != nil {
-				errs[rank] = fmt.Errorf("allreducebench: rank %d: %w", rank, err)
+				errs[rank] = fmt.Errorf("allreduce: rank %d: %w", rank, err)
 				cancel() // one rank failed: the others cannot finish
 			}
 		})
@@ -474,7 +474,7 @@ func freePorts(ctx context.Context, n int) ([]string, error) {
 	for i := range addrs {
 		l, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
 		if err != nil {
-			return nil, fmt.Errorf("allreducebench: pick a port: %w", err)
+			return nil, fmt.Errorf("allreduce: pick a port: %w", err)
 		}
 		defer l.Close()
 		addrs[i] = l.Addr().String()

@@ -1,4 +1,4 @@
-package allreducebench
+package allreduce
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package bench
+package train
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 
 func TestTrain(t *testing.T) {
 	for _, be := range []string{"gonum", "auto"} {
-		res, err := Train(context.Background(), TrainOptions{Model: "lenet5", BatchSize: 4, Seconds: 0.01, Backend: be})
+		res, err := Run(context.Background(), Options{Model: "lenet5", BatchSize: 4, Seconds: 0.01, Backend: be})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -23,33 +23,33 @@ func TestTrain(t *testing.T) {
 		}
 	}
 	if kernels.Threads() != 1 {
-		t.Fatalf("Train left %d BLAS threads set", kernels.Threads())
+		t.Fatalf("Run left %d BLAS threads set", kernels.Threads())
 	}
 }
 
 func TestTrainErrors(t *testing.T) {
 	ctx := context.Background()
-	if _, err := Train(ctx, TrainOptions{Model: "nope"}); err == nil || !strings.Contains(err.Error(), "lenet5") {
+	if _, err := Run(ctx, Options{Model: "nope"}); err == nil || !strings.Contains(err.Error(), "lenet5") {
 		t.Fatalf("unknown model: %v", err)
 	}
-	if _, err := Train(ctx, TrainOptions{Model: "mlp", Backend: "cuda", BatchSize: -1}); err == nil ||
+	if _, err := Run(ctx, Options{Model: "mlp", Backend: "cuda", BatchSize: -1}); err == nil ||
 		!strings.Contains(err.Error(), "backend") || !strings.Contains(err.Error(), "batch") {
 		t.Fatalf("bad options: %v", err)
 	}
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := Train(cancelled, TrainOptions{Model: "mlp"}); err == nil {
+	if _, err := Run(cancelled, Options{Model: "mlp"}); err == nil {
 		t.Fatal("cancelled context: no error")
 	}
 }
 
 // BenchmarkTrain is the acceptance measurement for the models the brief
-// targets; run with -benchtime 1x (each Train call times itself).
+// targets; run with -benchtime 1x (each Run call times itself).
 func BenchmarkTrain(b *testing.B) {
 	for _, m := range []string{"mlp", "lenet5", "cnn", "resnet8", "vit-tiny"} {
 		b.Run(m, func(b *testing.B) {
 			for b.Loop() {
-				res, err := Train(context.Background(), TrainOptions{Model: m, Seconds: 2})
+				res, err := Run(context.Background(), Options{Model: m, Seconds: 2})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -1,10 +1,10 @@
-// Package bench measures whole-step training throughput of the models
+// Package train measures whole-step training throughput of the models
 // engine: forward, softmax cross-entropy, backward and an SGD-momentum
 // step on one fixed random MNIST-shaped batch, with no data loading, the
 // same loop as the PyTorch anchor (anchors/pytorch/train_throughput.py)
 // so the two can be compared side by side. The CLI's `gradsync bench
-// train` is a thin shell over Train.
-package bench
+// train` is a thin shell over Run.
+package train
 
 import (
 	"context"
@@ -18,9 +18,9 @@ import (
 	"github.com/gradsync/gradsync/models"
 )
 
-// TrainOptions says what to measure. The zero value of every field but
+// Options says what to measure. The zero value of every field but
 // Model means its default.
-type TrainOptions struct {
+type Options struct {
 	Model string // architecture name, as models.Names
 	// BatchSize is the images per step; default 64.
 	BatchSize int
@@ -36,10 +36,10 @@ type TrainOptions struct {
 	Backend string
 }
 
-// TrainResult is one measurement.
-type TrainResult struct {
+// Result is one measurement.
+type Result struct {
 	Model           string  `json:"model"`
-	Backend         string  `json:"backend"`
+	Backend         string  `json:"gemm_backend"`
 	BatchSize       int     `json:"batch_size"`
 	Threads         int     `json:"threads"`
 	ImagesPerSecond float64 `json:"images_per_second"`
@@ -51,7 +51,7 @@ type TrainResult struct {
 // allocates afterwards) and fault in its pages.
 const warmSteps = 3
 
-func (o TrainOptions) withDefaults() TrainOptions {
+func (o Options) withDefaults() Options {
 	if o.BatchSize == 0 {
 		o.BatchSize = 64
 	}
@@ -64,8 +64,8 @@ func (o TrainOptions) withDefaults() TrainOptions {
 	return o
 }
 
-// Validate reports options Train cannot run.
-func (o TrainOptions) Validate() error {
+// Validate reports options Run cannot run.
+func (o Options) Validate() error {
 	var errs []error
 	if o.BatchSize < 0 {
 		errs = append(errs, fmt.Errorf("bench: batch size %d < 0", o.BatchSize))
@@ -84,24 +84,24 @@ func (o TrainOptions) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Train measures training throughput: after warm-up it runs steps until
+// Run measures training throughput: after warm-up it runs steps until
 // opt.Seconds have passed (at least one step) or ctx is done, whichever
 // comes first, and reports images per second. It sets the process-wide
 // GEMM backend and thread count for the run and restores them afterwards,
 // so it must not run concurrently with other training in the process.
-func Train(ctx context.Context, opt TrainOptions) (TrainResult, error) {
+func Run(ctx context.Context, opt Options) (Result, error) {
 	if err := opt.Validate(); err != nil {
-		return TrainResult{}, err
+		return Result{}, err
 	}
 	opt = opt.withDefaults()
 	net, err := models.New(opt.Model, models.Options{Seed: 1})
 	if err != nil {
-		return TrainResult{}, err
+		return Result{}, err
 	}
 	if opt.Backend != "" {
 		prev := kernels.Backend()
 		if err := kernels.SetBackend(opt.Backend); err != nil {
-			return TrainResult{}, err
+			return Result{}, err
 		}
 		defer kernels.SetBackend(prev)
 	}
@@ -129,7 +129,7 @@ func Train(ctx context.Context, opt TrainOptions) (TrainResult, error) {
 	}
 	for range warmSteps {
 		if err := ctx.Err(); err != nil {
-			return TrainResult{}, err
+			return Result{}, err
 		}
 		step()
 	}
@@ -146,7 +146,7 @@ func Train(ctx context.Context, opt TrainOptions) (TrainResult, error) {
 		}
 	}
 	sec := elapsed.Seconds()
-	return TrainResult{
+	return Result{
 		Model:           opt.Model,
 		Backend:         kernels.Backend(),
 		BatchSize:       opt.BatchSize,

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/gradsync/gradsync/internal/runlog"
+	"github.com/gradsync/gradsync/internal/security"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// The --json lines of every command, in one vocabulary (the README's
+// "Machine-readable output" table, which TestJSONVocabulary holds these
+// types to): the same thing has the same name everywhere — a job is
+// job_id, a worker worker_id, a job state PENDING/RUNNING/SUCCEEDED/
+// FAILED/CANCELLED and a worker state IDLE/BUSY/LOST (never the enums'
+// JOB_STATE_/WORKER_STATE_ spellings), steps are step/steps/total_steps,
+// accuracy test_accuracy. Event lines carry "event"; a job's summary is
+// runlog.Summary, the object summary.json holds.
+
+// jobLine is a job as `jobs`, `submit` (without --watch) and `cancel`
+// print it: its summary so far, and when it happened and on which workers.
+type jobLine struct {
+	runlog.Summary
+	WorkerIDs  []string   `json:"worker_ids,omitempty"`
+	CreatedAt  *time.Time `json:"created_at,omitempty"`
+	StartedAt  *time.Time `json:"started_at,omitempty"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+}
+
+func jobLineOf(j *pb.Job) jobLine {
+	at := func(ts *timestamppb.Timestamp) *time.Time {
+		if ts == nil {
+			return nil
+		}
+		t := ts.AsTime()
+		return &t
+	}
+	return jobLine{Summary: runlog.SummaryOf(j), WorkerIDs: j.GetWorkerIds(),
+		CreatedAt: at(j.GetCreatedAt()), StartedAt: at(j.GetStartedAt()), FinishedAt: at(j.GetFinishedAt())}
+}
+
+// workerLine is one worker of `workers`.
+type workerLine struct {
+	WorkerID      string    `json:"worker_id"`
+	Name          string    `json:"name,omitempty"`
+	State         string    `json:"state"`
+	Address       string    `json:"address"`
+	CPUCores      int32     `json:"cpu_cores"`
+	GPUs          int       `json:"gpus"`
+	GemmBackend   string    `json:"gemm_backend,omitempty"`
+	JobID         string    `json:"job_id,omitempty"`
+	LastHeartbeat time.Time `json:"last_heartbeat"`
+}
+
+func workerLineOf(w *pb.Worker) workerLine {
+	return workerLine{WorkerID: w.GetId(), Name: w.GetName(), State: workerStateName(w.GetState()), Address: w.GetAddress(),
+		CPUCores: w.GetResources().GetCpuCores(), GPUs: len(w.GetResources().GetGpus()),
+		GemmBackend: w.GetResources().GetGemmBackend(), JobID: w.GetJobId(), LastHeartbeat: w.GetLastHeartbeat().AsTime()}
+}
+
+// stateEvent: the job changed state.
+type stateEvent struct {
+	Event   string    `json:"event"` // "state"
+	JobID   string    `json:"job_id"`
+	State   string    `json:"state"`
+	Message string    `json:"message,omitempty"`
+	Time    time.Time `json:"time"`
+}
+
+// progressEvent: the job's progress (rank 0's view, as the human line).
+type progressEvent struct {
+	Event           string  `json:"event"` // "progress"
+	JobID           string  `json:"job_id"`
+	Epoch           int32   `json:"epoch"`
+	Epochs          int32   `json:"epochs"`
+	Step            int64   `json:"step"`
+	TotalSteps      int64   `json:"total_steps"`
+	Loss            float64 `json:"loss"`
+	ImagesPerSecond float64 `json:"images_per_second"`
+	EtaSeconds      float64 `json:"eta_seconds"`
+	ElapsedSeconds  float64 `json:"elapsed_seconds"`
+	LearningRate    float64 `json:"learning_rate"`
+}
+
+// evalEvent: a test-set evaluation (after an epoch, or a fedavg round).
+type evalEvent struct {
+	Event        string  `json:"event"` // "eval"
+	JobID        string  `json:"job_id"`
+	Epoch        int32   `json:"epoch"`
+	TestAccuracy float64 `json:"test_accuracy"`
+	TestLoss     float64 `json:"test_loss"`
+}
+
+// logEvent: a message of the job's (recoveries, stragglers, cut links).
+type logEvent struct {
+	Event   string `json:"event"` // "log"
+	JobID   string `json:"job_id"`
+	Message string `json:"message"`
+}
+
+// listeningEvent: a server or worker started with --json is listening.
+type listeningEvent struct {
+	Event   string `json:"event"` // "listening"
+	Address string `json:"address"`
+}
+
+// certsLine is what `certs init` wrote.
+type certsLine struct {
+	Dir        string `json:"dir"`
+	CA         string `json:"ca"`
+	CAKey      string `json:"ca_key"`
+	ServerCert string `json:"server_cert"`
+	ServerKey  string `json:"server_key"`
+	WorkerCert string `json:"worker_cert"`
+	WorkerKey  string `json:"worker_key"`
+	Token      string `json:"token"`
+}
+
+func certsLineOf(p security.Paths) certsLine {
+	return certsLine{Dir: p.Dir, CA: p.CA, CAKey: p.CAKey, ServerCert: p.ServerCert, ServerKey: p.ServerKey,
+		WorkerCert: p.WorkerCert, WorkerKey: p.WorkerKey, Token: p.Token}
+}
+
+// workerStateName is the short name of a worker state ("IDLE").
+func workerStateName(s pb.WorkerState) string {
+	return strings.TrimPrefix(s.String(), "WORKER_STATE_")
+}
