@@ -28,10 +28,10 @@ var layers = []struct {
 	name     string
 	packages []string
 }{
-	{"programs and end-to-end tests", []string{"cmd/…", "test", "test/…", "docs/…"}},
+	{"programs and end-to-end tests", []string{"cmd/…", "test", "test/…", "docs/…", "scripts/…"}},
 	{"shells (gRPC, processes, I/O)", []string{"server", "worker", "paramserver", "federation", "bench/…"}},
 	{"cores and domain packages", []string{
-		"coordinator", "aggregator", "aggregator/ringrpc", "aggregator/ringtest", "compress",
+		"coordinator", "aggregator", "aggregator/ringrpc", "aggregator/ringtest", "aggregator/shmring", "compress",
 		"federated", "models", "models/modeltest", "data", "checkpoint", "jobspec"}},
 	{"machinery (internal)", []string{"internal/…"}},
 	{"wire contract", []string{"proto/…"}},
