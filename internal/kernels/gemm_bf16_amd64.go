@@ -2,7 +2,11 @@
 
 package kernels
 
-import "golang.org/x/sys/cpu"
+import (
+	"sync"
+
+	"golang.org/x/sys/cpu"
+)
 
 // gemmBF16AVX512 says whether GemmBF16 runs the VDPBF16PS kernel (a
 // variable so that tests can run the Go code on the same machine).
@@ -33,9 +37,12 @@ func gemmBF16SIMD(transA, transB bool, m, n, k int, alpha float32, a []BF16, lda
 		return false
 	}
 	mBlocks := (m + bf16MR - 1) / bf16MR
-	ap := make([]BF16, mBlocks*bf16MR*bf16KC)
-	bp := make([]BF16, bf16KC*bf16NR)
-	var edge [bf16MR * bf16NR]float32
+	buf := bf16Packs.Get().(*bf16Pack)
+	defer bf16Packs.Put(buf)
+	if need := mBlocks * bf16MR * bf16KC; cap(buf.a) < need {
+		buf.a = make([]BF16, need)
+	}
+	ap, bp, edge := buf.a, buf.b[:], &buf.edge
 	for k0 := 0; k0 < k; k0 += bf16KC {
 		kc := min(bf16KC, k-k0)
 		kp := (kc + 1) / 2
@@ -75,6 +82,18 @@ func gemmBF16SIMD(transA, transB bool, m, n, k int, alpha float32, a []BF16, lda
 	}
 	return true
 }
+
+// bf16Pack is one GemmBF16 call's scratch: the packed A block, the packed
+// B panel and a tile for partial micro-tiles.
+type bf16Pack struct {
+	a    []BF16
+	b    [bf16KC * bf16NR]BF16
+	edge [bf16MR * bf16NR]float32
+}
+
+// bf16Packs keeps scratch between calls, so that a training step's many
+// GEMMs do not allocate.
+var bf16Packs = sync.Pool{New: func() any { return new(bf16Pack) }}
 
 // packBF16A packs columns k0..k0+kc of op(a) (m rows) into blocks of
 // bf16MR rows, K-pair by K-pair: pair p of row i of block ib at

@@ -7,7 +7,8 @@ import "golang.org/x/sys/cpu"
 // The conversion kernels in use (variables so that tests can run the Go
 // code, or the F16C one, on the same machine).
 var (
-	halfBF16AVX512 = cpu.X86.HasAVX512BF16 && cpu.X86.HasAVX512BW
+	// VFPCLASSPS (the subnormal fix-up) is AVX512DQ.
+	halfBF16AVX512 = cpu.X86.HasAVX512BF16 && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512DQ
 	halfAVX512     = cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW
 	// x/sys/cpu does not report F16C; every x86 CPU with AVX2 has it
 	// (Intel since Ivy Bridge, AMD since Piledriver).

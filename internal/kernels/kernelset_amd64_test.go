@@ -13,7 +13,7 @@ func TestKernelSetFollowsCPU(t *testing.T) {
 	x := cpu.X86
 	want := "go"
 	switch {
-	case x.HasAVX512BF16 && x.HasAVX512BW:
+	case x.HasAVX512BF16 && x.HasAVX512BW && x.HasAVX512DQ:
 		want = "avx512+bf16"
 	case x.HasAVX512F && x.HasAVX512BW:
 		want = "avx512"

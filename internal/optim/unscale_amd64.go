@@ -7,7 +7,7 @@ import "golang.org/x/sys/cpu"
 // The unscale kernels in use (variables so that tests can run the others
 // on the same machine).
 var (
-	unscaleAVX512 = cpu.X86.HasAVX512F
+	unscaleAVX512 = cpu.X86.HasAVX512F && cpu.X86.HasAVX512DQ // VFPCLASSPS is DQ
 	unscaleAVX2   = cpu.X86.HasAVX2
 )
 
