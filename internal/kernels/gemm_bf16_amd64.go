@@ -13,12 +13,11 @@ import (
 var gemmBF16AVX512 = cpu.X86.HasAVX512BF16 && cpu.X86.HasAVX512BW
 
 // Blocking of the VDPBF16PS kernel: micro-tiles of bf16MR rows by bf16NR
-// columns, K in blocks of bf16KC (even) so that a packed panel of B
+// columns; K in blocks of bf16KC, so that a packed panel of B
 // (bf16KC·bf16NR bf16, 16 KiB) stays in L1 while the rows of A stream past it.
 const (
 	bf16MR = 8
 	bf16NR = 32
-	bf16KC = 256
 )
 
 // bf16Kernel8x32 computes the 8×32 tile acc = Σ over kp K-pairs of the
@@ -71,7 +70,7 @@ func gemmBF16SIMD(transA, transB bool, m, n, k int, alpha float32, a []BF16, lda
 					row := c[(i0+i)*ldc+j0 : (i0+i)*ldc+j0+nr]
 					for j := range row {
 						if load {
-							row[j] = edge[i*bf16NR+j] + bt*row[j]
+							row[j] = edge[i*bf16NR+j] + float32(bt*row[j])
 						} else {
 							row[j] = edge[i*bf16NR+j]
 						}

@@ -69,8 +69,11 @@ def main():
     w("\tJZ store")
     w("\tMOVQ DI, R9")
     for i in range(MR):
-        w("\tVFMADD231PS (R9), Z23, Z%d" % (2 * i))
-        w("\tVFMADD231PS 64(R9), Z23, Z%d" % (2 * i + 1))
+        # Not fused, so that the Go code can round the same way.
+        w("\tVMULPS (R9), Z23, Z24")
+        w("\tVADDPS Z24, Z%d, Z%d" % (2 * i, 2 * i))
+        w("\tVMULPS 64(R9), Z23, Z25")
+        w("\tVADDPS Z25, Z%d, Z%d" % (2 * i + 1, 2 * i + 1))
         if i < MR - 1:
             w("\tADDQ R8, R9")
     w("")

@@ -196,6 +196,65 @@ func TestGemmBF16CNNShapes(t *testing.T) {
 	}
 }
 
+// TestGemmBF16KernelMatchesGo checks the VDPBF16PS kernel against the Go
+// code bit for bit: on the shapes above, and on values whose products and
+// sums fall around the smallest normal float32 (the flushing), cancel
+// exactly (signed zeros) or are subnormal bf16.
+func TestGemmBF16KernelMatchesGo(t *testing.T) {
+	if !gemmBF16AVX512 {
+		t.Skip("no AVX512-BF16 on this CPU")
+	}
+	r := rand.New(rand.NewPCG(15, 16))
+	tiny := func(t *bf16Case) {
+		for _, x := range [][]BF16{t.a, t.b} {
+			for i := range x {
+				v := math.Ldexp(1+r.Float64(), -70+r.IntN(16))
+				if r.IntN(2) == 0 {
+					v = -v
+				}
+				x[i] = ToBF16(float32(v))
+				switch r.IntN(16) {
+				case 0:
+					x[i] = BF16(r.Uint32()) & 0x807f // subnormal or zero
+				case 1:
+					x[i] = 0x8000
+				}
+			}
+		}
+		for i := range t.c {
+			if r.IntN(4) == 0 {
+				t.c[i] = float32(math.Ldexp(r.NormFloat64(), -127))
+			}
+		}
+	}
+	var cases []bf16Case
+	for _, s := range [][3]int{{1, 1, 1}, {8, 32, 2}, {9, 33, 3}, {17, 31, 255}, {16, 64, 257}, {3, 5, 600}} {
+		for _, beta := range []float32{0, 1, -0.75} {
+			for _, ta := range []bool{false, true} {
+				c := newBF16Case(r, ta, !ta, s[0], s[1], s[2], 1.25, beta, 1)
+				cases = append(cases, c)
+				c = newBF16Case(r, ta, ta, s[0], s[1], s[2], 1, beta, 0)
+				tiny(&c)
+				cases = append(cases, c)
+			}
+		}
+	}
+	for i, s := range bf16CNNShapes {
+		cases = append(cases, newBF16Case(r, i == 3, false, s[0], s[1], s[2], 1, float32(i%2), 0))
+	}
+	for _, tc := range cases {
+		got := append([]float32(nil), tc.c...)
+		GemmBF16(tc.transA, tc.transB, tc.m, tc.n, tc.k, tc.alpha, tc.a, tc.lda, tc.b, tc.ldb, tc.beta, got, tc.ldc)
+		want := append([]float32(nil), tc.c...)
+		gemmBF16Go(tc.transA, tc.transB, tc.m, tc.n, tc.k, tc.alpha, tc.a, tc.lda, tc.b, tc.ldb, tc.beta, want, tc.ldc)
+		for i := range got {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%s: c[%d] = %v (%#08x), the Go code's %v (%#08x)", tc, i, got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+			}
+		}
+	}
+}
+
 func TestGemmBF16Degenerate(t *testing.T) {
 	c := []float32{1, 2, 3, 4}
 	GemmBF16(false, false, 2, 2, 0, 1, nil, 1, nil, 2, 0.5, c, 2)
