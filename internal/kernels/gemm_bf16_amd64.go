@@ -29,6 +29,13 @@ const (
 //go:noescape
 func bf16Kernel8x32(a *BF16, b *BF16, kp int, c *float32, ldc int, alpha, beta float32, load bool)
 
+// packPairs32 is packBF16B's full-panel case without transposition: it
+// interleaves rows 2p and 2p+1 (p < kp, kp ≥ 1) of the 32 columns at src
+// (row stride ld) into dst[64p:64p+64] with VPERMT2W.
+//
+//go:noescape
+func packPairs32(dst *BF16, src *BF16, ld int, kp int)
+
 // gemmBF16SIMD runs GemmBF16 on the VDPBF16PS kernel where the CPU has
 // one, reporting whether it did. Arguments are checked, m, n, k > 0.
 func gemmBF16SIMD(transA, transB bool, m, n, k int, alpha float32, a []BF16, lda int, b []BF16, ldb int, beta float32, c []float32, ldc int) bool {
@@ -102,17 +109,25 @@ func packBF16A(dst []BF16, trans bool, a []BF16, lda, m, k0, kc int) {
 	kp := (kc + 1) / 2
 	mBlocks := (m + bf16MR - 1) / bf16MR
 	blk := dst[:mBlocks*bf16MR*2*kp]
-	clear(blk)
+	if m%bf16MR != 0 || kc%2 != 0 {
+		clear(blk) // the rows past m and the last pair's second half
+	}
 	for i := range m {
-		base := (i/bf16MR)*bf16MR*2*kp + 2*(i%bf16MR)
-		for p := range kc {
-			var v BF16
-			if trans {
-				v = a[(k0+p)*lda+i]
-			} else {
-				v = a[i*lda+k0+p]
+		base := blk[(i/bf16MR)*bf16MR*2*kp+2*(i%bf16MR):]
+		if !trans {
+			// Row i's pairs are adjacent in a: copy them two at a time.
+			row := a[i*lda+k0 : i*lda+k0+kc]
+			for p := range kc / 2 {
+				base[p*2*bf16MR] = row[2*p]
+				base[p*2*bf16MR+1] = row[2*p+1]
 			}
-			blk[base+(p/2)*2*bf16MR+p%2] = v
+			if kc%2 != 0 {
+				base[(kp-1)*2*bf16MR] = row[kc-1]
+			}
+			continue
+		}
+		for p := range kc {
+			base[(p/2)*2*bf16MR+p%2] = a[(k0+p)*lda+i]
 		}
 	}
 }
@@ -123,6 +138,19 @@ func packBF16A(dst []BF16, trans bool, a []BF16, lda, m, k0, kc int) {
 func packBF16B(dst []BF16, trans bool, b []BF16, ldb, k0, kc, j0, nr int) {
 	kp := (kc + 1) / 2
 	pan := dst[:2*bf16NR*kp]
+	if !trans && nr == bf16NR && kc >= 2 {
+		// The rows of whole pairs in vector code, an odd last one below.
+		packPairs32(&pan[0], &b[k0*ldb+j0], ldb, kc/2)
+		if kc%2 == 0 {
+			return
+		}
+		last := pan[2*bf16NR*(kp-1):]
+		clear(last)
+		for j := range nr {
+			last[2*j] = b[(k0+kc-1)*ldb+j0+j]
+		}
+		return
+	}
 	clear(pan)
 	for p := range kc {
 		base := (p/2)*2*bf16NR + p%2

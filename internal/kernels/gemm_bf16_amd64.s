@@ -154,3 +154,51 @@ store:
 	VMOVUPS Z15, 64(DI)
 	VZEROUPPER
 	RET
+
+// bf16PairLo and bf16PairHi are the VPERMT2W indices that interleave
+// columns 0..15 and 16..31 of two rows of 32 bf16 (word c of the first
+// table is index c, of the second c+32): word 2c ← row0[c], 2c+1 ← row1[c].
+DATA ·bf16PairLo+0(SB)/8, $0x0021000100200000
+DATA ·bf16PairLo+8(SB)/8, $0x0023000300220002
+DATA ·bf16PairLo+16(SB)/8, $0x0025000500240004
+DATA ·bf16PairLo+24(SB)/8, $0x0027000700260006
+DATA ·bf16PairLo+32(SB)/8, $0x0029000900280008
+DATA ·bf16PairLo+40(SB)/8, $0x002b000b002a000a
+DATA ·bf16PairLo+48(SB)/8, $0x002d000d002c000c
+DATA ·bf16PairLo+56(SB)/8, $0x002f000f002e000e
+GLOBL ·bf16PairLo(SB), RODATA|NOPTR, $64
+
+DATA ·bf16PairHi+0(SB)/8, $0x0031001100300010
+DATA ·bf16PairHi+8(SB)/8, $0x0033001300320012
+DATA ·bf16PairHi+16(SB)/8, $0x0035001500340014
+DATA ·bf16PairHi+24(SB)/8, $0x0037001700360016
+DATA ·bf16PairHi+32(SB)/8, $0x0039001900380018
+DATA ·bf16PairHi+40(SB)/8, $0x003b001b003a001a
+DATA ·bf16PairHi+48(SB)/8, $0x003d001d003c001c
+DATA ·bf16PairHi+56(SB)/8, $0x003f001f003e001e
+GLOBL ·bf16PairHi(SB), RODATA|NOPTR, $64
+
+// func packPairs32(dst *BF16, src *BF16, ld int, kp int)
+TEXT ·packPairs32(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ ld+16(FP), R8
+	SHLQ $1, R8 // bytes per row
+	MOVQ kp+24(FP), CX
+	VMOVDQU16 ·bf16PairLo(SB), Z30
+	VMOVDQU16 ·bf16PairHi(SB), Z31
+
+pack_loop:
+	VMOVDQU16 (SI), Z0
+	VMOVDQU16 (SI)(R8*1), Z1
+	VMOVDQA64 Z0, Z2
+	VPERMT2W Z1, Z30, Z2
+	VPERMT2W Z1, Z31, Z0
+	VMOVDQU16 Z2, (DI)
+	VMOVDQU16 Z0, 64(DI)
+	LEAQ (SI)(R8*2), SI
+	ADDQ $128, DI
+	DECQ CX
+	JNZ pack_loop
+	VZEROUPPER
+	RET

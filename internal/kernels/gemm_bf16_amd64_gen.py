@@ -85,7 +85,49 @@ def main():
             w("\tADDQ R8, DI")
     w("\tVZEROUPPER")
     w("\tRET")
+    w("")
+    pack(w)
     print("\n".join(out))
+
+
+def pack(w):
+    """packPairs32: interleave rows 2p and 2p+1 of a 32-column strip of B."""
+    w("// bf16PairLo and bf16PairHi are the VPERMT2W indices that interleave")
+    w("// columns 0..15 and 16..31 of two rows of 32 bf16 (word c of the first")
+    w("// table is index c, of the second c+32): word 2c ← row0[c], 2c+1 ← row1[c].")
+    for name, base in (("bf16PairLo", 0), ("bf16PairHi", 16)):
+        idx = []
+        for wd in range(32):
+            idx.append(base + wd // 2 + 32 * (wd % 2))
+        for q in range(8):
+            v = sum(idx[4 * q + i] << (16 * i) for i in range(4))
+            w("DATA ·%s+%d(SB)/8, $0x%016x" % (name, 8 * q, v))
+        w("GLOBL ·%s(SB), RODATA|NOPTR, $64" % name)
+        w("")
+    w("// func packPairs32(dst *BF16, src *BF16, ld int, kp int)")
+    w("TEXT ·packPairs32(SB), NOSPLIT, $0-32")
+    w("\tMOVQ dst+0(FP), DI")
+    w("\tMOVQ src+8(FP), SI")
+    w("\tMOVQ ld+16(FP), R8")
+    w("\tSHLQ $1, R8 // bytes per row")
+    w("\tMOVQ kp+24(FP), CX")
+    w("\tVMOVDQU16 ·bf16PairLo(SB), Z30")
+    w("\tVMOVDQU16 ·bf16PairHi(SB), Z31")
+    w("")
+    w("pack_loop:")
+    w("\tVMOVDQU16 (SI), Z0")
+    w("\tVMOVDQU16 (SI)(R8*1), Z1")
+    w("\tVMOVDQA64 Z0, Z2")
+    w("\tVPERMT2W Z1, Z30, Z2")
+    w("\tVPERMT2W Z1, Z31, Z0")
+    w("\tVMOVDQU16 Z2, (DI)")
+    w("\tVMOVDQU16 Z0, 64(DI)")
+    w("\tLEAQ (SI)(R8*2), SI")
+    w("\tADDQ $128, DI")
+    w("\tDECQ CX")
+    w("\tJNZ pack_loop")
+    w("\tVZEROUPPER")
+    w("\tRET")
 
 
 if __name__ == "__main__":
