@@ -3,6 +3,7 @@
 // run time through purego, or pure-Go gonum), im2col/col2im for NCHW
 // convolutions, and the Winograd F(2×2,3×3) transforms (winograd.go) for
 // 3×3 stride-1 ones.
+// Mixed precision: bf16/fp16 conversions (half.go), GemmBF16, KernelSet.
 //
 // All slices are plain row-major []float32 owned by the caller; kernels
 // write only into their dst (first) argument and never keep references.
