@@ -1,0 +1,5 @@
+//go:build !linux
+
+package shmring
+
+const nofollow = 0
