@@ -52,6 +52,8 @@
 //
 // # Setup and authentication
 //
+// HostID says which neighbours may try the transport at all (same
+// kernel, same segment directory, same pid namespace, same user).
 // Create makes rank r's outbound segment and returns its Offer (file
 // name, rank, pid, nonce: no secret). Connect, given the left
 // neighbour's offer, opens and maps that segment, refuses it unless it is
@@ -76,10 +78,12 @@
 // A neighbour is gone when it set its closed word (Close) or its process
 // exited, which is watched through a pidfd opened at attach time (so a
 // reused pid cannot pass for it). A waiting SendRight or RecvLeft checks
-// both neighbours, not only the one it talks to, so that both neighbours
-// of a dead rank fail with a *aggregator.PeerError naming it and wrapping
-// aggregator.ErrPeerGone; frames published before the break are still
-// delivered. A header or counter that breaks the protocol is refused with
+// the processes of both neighbours, not only of the one it talks to, so
+// that both neighbours of a dead rank fail at once with a
+// *aggregator.PeerError naming it and wrapping aggregator.ErrPeerGone;
+// a Close counts only on the link it closes, because a neighbour that is
+// done closes while this rank may still send its last frames the other
+// way. Frames published before the break are still delivered. A header or counter that breaks the protocol is refused with
 // a *aggregator.PeerError wrapping ErrCorrupt and its data is never used.
 //
 // # Ownership

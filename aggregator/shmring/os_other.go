@@ -24,3 +24,6 @@ type process struct{}
 func watchProcess(int) (*process, error) { return nil, errUnsupported }
 func (p *process) exited() bool          { return false }
 func (p *process) close()                {}
+
+// HostID fails: see the Linux version.
+func HostID(string) (string, error) { return "", errUnsupported }

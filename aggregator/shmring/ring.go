@@ -518,27 +518,33 @@ func (r *Ring) gone(l *link, why string) error {
 	return &aggregator.PeerError{Rank: l.peerRank, Err: fmt.Errorf("%w (%s)", aggregator.ErrPeerGone, why)}
 }
 
-// broken reports, in that order, ctx ending, this ring closing, and the
-// link first (then the other) being given up by its neighbour: closed,
-// or its process gone. dying says whether the processes are checked (a
-// system call each); a waiter checks them before it sleeps.
-func (r *Ring) broken(ctx context.Context, first, second *link, dying bool) error {
+// broken reports, in that order, ctx ending, this ring closing, the
+// neighbour of link l closing its end, and (if dying: a system call each,
+// so only a waiter about to sleep asks) the process of l's neighbour or
+// of other's exiting. The other link's Close does not count: a neighbour
+// that is done with the ring closes it while this rank may still be
+// sending its last frames the other way, but a neighbour process that
+// died has broken the ring whichever way this rank is waiting, and saying
+// so at once (rather than at the deadline) names it on both sides.
+func (r *Ring) broken(ctx context.Context, l, other *link, dying bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if r.closing.Load() {
 		return aggregator.ErrClosed
 	}
-	for _, l := range []*link{first, second} {
-		theirs := l.prodClosed
-		if l == r.out {
-			theirs = l.consClosed
-		}
-		if theirs.Load() != 0 {
-			return r.gone(l, "it closed its end of the ring")
-		}
-		if dying && l.peer.exited() {
-			return r.gone(l, "its process exited")
+	theirs := l.prodClosed
+	if l == r.out {
+		theirs = l.consClosed
+	}
+	if theirs.Load() != 0 {
+		return r.gone(l, "it closed its end of the ring")
+	}
+	if dying {
+		for _, k := range []*link{l, other} {
+			if k.peer.exited() {
+				return r.gone(k, "its process exited")
+			}
 		}
 	}
 	return nil
@@ -546,7 +552,7 @@ func (r *Ring) broken(ctx context.Context, first, second *link, dying bool) erro
 
 // wait blocks until ready() or the ring breaks: a short spin, then futex
 // sleeps on seq, announced in sleeping so that the other side wakes it.
-func (r *Ring) wait(ctx context.Context, seq, sleeping *atomic.Uint32, first, second *link, ready func() (bool, error)) error {
+func (r *Ring) wait(ctx context.Context, seq, sleeping *atomic.Uint32, l, other *link, ready func() (bool, error)) error {
 	for range spins {
 		if ok, err := ready(); ok || err != nil {
 			return err
@@ -559,7 +565,7 @@ func (r *Ring) wait(ctx context.Context, seq, sleeping *atomic.Uint32, first, se
 		if ok, err := ready(); ok || err != nil {
 			return err
 		}
-		if err := r.broken(ctx, first, second, true); err != nil {
+		if err := r.broken(ctx, l, other, true); err != nil {
 			return err
 		}
 		futexWait(seq, v, pollInterval)

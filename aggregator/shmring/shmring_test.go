@@ -113,6 +113,47 @@ func TestSuite(t *testing.T) {
 	}
 }
 
+// TestCloseWhenDone: ranks that close their ring as soon as their own
+// all-reduce returns never make a neighbour that is still finishing fail.
+func TestCloseWhenDone(t *testing.T) {
+	dir := segDir(t)
+	for round := range 20 {
+		const n = 3
+		rings := mustConnect(t, dir, n)
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // only a bug waits for it
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i, r := range rings {
+			wg.Go(func() {
+				errs[i] = aggregator.AllReduce(ctx, r, make([]float32, 999), 1, aggregator.Options{MaxFrameElems: 16})
+				r.Close()
+			})
+		}
+		wg.Wait()
+		cancel()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: rank %d: %v", round, i, err)
+			}
+		}
+	}
+}
+
+// TestHostID: the same directory gives the same id; another directory
+// (another inode) does not.
+func TestHostID(t *testing.T) {
+	a, err := shmring.HostID("")
+	if err != nil {
+		t.Skip(err) // no /dev/shm here
+	}
+	if b, err := shmring.HostID(shmring.DefaultDir); err != nil || b != a {
+		t.Errorf("HostID twice: %q, %q (%v)", a, b, err)
+	}
+	if c, err := shmring.HostID(t.TempDir()); err != nil || c == a {
+		t.Errorf("HostID of another directory: %q (%v), same as %q", c, err, a)
+	}
+}
+
 // logBuffer collects log output from several goroutines.
 type logBuffer struct {
 	mu sync.Mutex
