@@ -47,26 +47,44 @@ func fileOwner(fi os.FileInfo) (uid int, ok bool) {
 	return int(st.Uid), true
 }
 
-// A process is a peer process watched through a pidfd, which (unlike a
+// A process is a peer process, watched through a pidfd, which (unlike a
 // pid) cannot come to name another process once the peer has exited.
-type process struct{ fd int }
+// Where pidfds are not available (kernels before 5.3, some sandboxes) it
+// falls back to kill(pid, 0), which notices an exit only once the
+// process has been reaped by its parent, and which a reused pid could
+// fool after that.
+type process struct {
+	pid, fd int // fd < 0: no pidfd
+}
 
-// watchProcess opens a pidfd for pid; a nil *process is this process.
+// watchProcess watches pid; a nil *process is this process.
 func watchProcess(pid int) (*process, error) {
+	if pid <= 0 {
+		return nil, fmt.Errorf("shmring: %d is not a process id", pid)
+	}
 	if pid == os.Getpid() {
 		return nil, nil
 	}
 	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
+	switch {
+	case err == nil:
+		return &process{pid: pid, fd: fd}, nil
+	case errors.Is(err, unix.ESRCH):
+		return nil, fmt.Errorf("shmring: process %d has exited", pid)
+	}
+	if err := unix.Kill(pid, 0); err != nil && !errors.Is(err, unix.EPERM) {
 		return nil, fmt.Errorf("shmring: watching process %d: %w", pid, err)
 	}
-	return &process{fd: fd}, nil
+	return &process{pid: pid, fd: -1}, nil
 }
 
 // exited reports whether the process has ended: its pidfd is readable.
 func (p *process) exited() bool {
 	if p == nil {
 		return false
+	}
+	if p.fd < 0 {
+		return errors.Is(unix.Kill(p.pid, 0), unix.ESRCH)
 	}
 	fds := []unix.PollFd{{Fd: int32(p.fd), Events: unix.POLLIN}}
 	for {
@@ -79,7 +97,7 @@ func (p *process) exited() bool {
 }
 
 func (p *process) close() {
-	if p != nil {
+	if p != nil && p.fd >= 0 {
 		_ = unix.Close(p.fd)
 	}
 }

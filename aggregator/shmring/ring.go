@@ -262,6 +262,8 @@ func (p *Pending) connect(ctx context.Context, offer Offer) (*Ring, error) {
 		return fail(fmt.Errorf("%w: rank %d: the left neighbour rank %d did not accept this rank's attach (state %d)", ErrRefused, cfg.Rank, r.left, s))
 	}
 	r.in = in
+	cfg.log().Debug("shmring: ring linked", "job", cfg.JobID, "generation", cfg.Generation, "rank", cfg.Rank, "size", n,
+		"left", r.left, "right", r.right, "slots", p.out.hdr.Slots, "max_frame_elems", p.out.maxElems)
 	return r, nil
 }
 
