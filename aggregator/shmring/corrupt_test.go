@@ -1,3 +1,5 @@
+//go:build linux
+
 package shmring
 
 import (
@@ -19,36 +21,8 @@ import (
 var testSecret = []byte("0123456789abcdef-job-secret")
 
 // pair connects a ring of two ranks in this process over segments in a
-// temporary directory.
-func pair(t *testing.T) [2]*Ring {
-	t.Helper()
-	dir := t.TempDir()
-	var ps [2]*Pending
-	var offers [2]Offer
-	for i := range 2 {
-		var err error
-		ps[i], offers[i], err = Create(Config{Dir: dir, JobID: "j", Rank: i, Size: 2, Secret: testSecret, MaxFrameElems: 64})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // only a bug waits for it
-	defer cancel()
-	var rings [2]*Ring
-	var errs [2]error
-	var wg sync.WaitGroup
-	for i := range 2 {
-		wg.Go(func() { rings[i], errs[i] = ps[i].Connect(ctx, offers[1-i]) })
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", i, err)
-		}
-	}
-	t.Cleanup(func() { rings[0].Close(); rings[1].Close() })
-	return rings
-}
+// temporary directory, with the default number of slots.
+func pair(t *testing.T) [2]*Ring { return pairSlots(t, 0) }
 
 // TestCorruptFrame: whatever is wrong with a frame's header in the shared
 // segment (or with the ring counters), the receiver refuses it with

@@ -73,7 +73,8 @@
 // Connect returns a kill -9 of either process leaves nothing in the
 // directory (a process killed between Create and its neighbour's attach
 // leaves its segment until that neighbour's Connect removes it or gives
-// up; a crash of both in that window leaves one file to sweep).
+// up; a crash of both in that window leaves a file, which the next
+// Create on the host removes: see Sweep).
 //
 // A neighbour is gone when it set its closed word (Close) or its process
 // exited, which is watched through a pidfd opened at attach time (so a

@@ -101,3 +101,6 @@ func (p *process) close() {
 		_ = unix.Close(p.fd)
 	}
 }
+
+// processGone reports whether no process pid exists in this pid namespace.
+func processGone(pid int) bool { return pid > 0 && errors.Is(unix.Kill(pid, 0), unix.ESRCH) }

@@ -27,3 +27,5 @@ func (p *process) close()                {}
 
 // HostID fails: see the Linux version.
 func HostID(string) (string, error) { return "", errUnsupported }
+
+func processGone(int) bool { return false }

@@ -160,6 +160,9 @@ func Create(cfg Config) (*Pending, Offer, error) {
 	if cfg.Size == 1 {
 		return p, Offer{}, nil
 	}
+	if removed, err := Sweep(cfg.dir()); len(removed) > 0 || err != nil {
+		cfg.log().Info("shmring: removed segments left by crashed processes", "dir", cfg.dir(), "removed", removed, "err", err)
+	}
 	var id [nameHex / 2]byte
 	offer := Offer{Rank: cfg.Rank, PID: os.Getpid()}
 	rand.Read(id[:])
@@ -568,6 +571,11 @@ func (r *Ring) wait(ctx context.Context, seq, sleeping *atomic.Uint32, l, other 
 			return err
 		}
 		if err := r.broken(ctx, l, other, true); err != nil {
+			// A neighbour publishes its last frames before it closes, and
+			// may have done both since ready() looked: look again.
+			if ok, rerr := ready(); ok || rerr != nil {
+				return rerr
+			}
 			return err
 		}
 		futexWait(seq, v, pollInterval)
