@@ -5,6 +5,7 @@ package shmring
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -127,5 +128,62 @@ func TestRecvCancelled(t *testing.T) {
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("RecvLeft: %v, want context.Canceled", err)
+	}
+}
+
+// TestStats: the statistics the worker reads from a ring (as from
+// ringrpc's) count what the collectives did.
+func TestStats(t *testing.T) {
+	// The worker's interfaces (worker/straggler.go, worker/ringsync.go).
+	var _ interface {
+		WaitStats() (collectives int64, waited time.Duration)
+		FrameCounts() (sent, arrived int64)
+		LeftIdle() time.Duration
+		Traffic() (sent, received int64, right, left string)
+		Shutdown(ctx context.Context) error
+	} = (*Ring)(nil)
+
+	rings := pair(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // only a bug waits for it
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, r := range rings {
+		wg.Go(func() {
+			buf := make([]float32, 1000)
+			for step := int64(1); step <= 2 && errs[i] == nil; step++ {
+				errs[i] = aggregator.AllReduce(ctx, r, buf, step, aggregator.Options{MaxFrameElems: 50})
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", i, err)
+		}
+	}
+	for i, r := range rings {
+		other := rings[1-i]
+		if c, _ := r.WaitStats(); c != 2 {
+			t.Errorf("rank %d: WaitStats counts %d collectives, want 2", i, c)
+		}
+		sent, _ := r.FrameCounts()
+		_, arrived := other.FrameCounts()
+		// Each all-reduce of 1000 values over 2 ranks sends a chunk of
+		// 500 in each phase, in frames of 50.
+		if sent != 40 || arrived != sent {
+			t.Errorf("rank %d sent %d frames, rank %d saw %d arrive; want 40", i, sent, 1-i, arrived)
+		}
+		bs, _, right, left := r.Traffic()
+		_, br, _, _ := other.Traffic()
+		if bs != 40*50*4 || br != bs || right != left || right != fmt.Sprintf("shm:rank%d", 1-i) {
+			t.Errorf("rank %d: Traffic sent %d bytes (rank %d received %d), peers %q %q", i, bs, 1-i, br, right, left)
+		}
+		if r.LeftIdle() < 0 {
+			t.Errorf("rank %d: LeftIdle %v", i, r.LeftIdle())
+		}
+	}
+	if err := rings[0].Shutdown(ctx); err != nil {
+		t.Error(err)
 	}
 }

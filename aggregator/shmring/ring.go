@@ -143,10 +143,9 @@ func (o Offer) validate(left int) error {
 // Pending is a rank whose outbound segment exists but whose ring is not
 // connected yet. Connect it, or Close it to give up.
 type Pending struct {
-	cfg   Config
-	out   *link // nil in a ring of one
-	offer Offer
-	once  sync.Once
+	cfg  Config
+	out  *link     // nil in a ring of one
+	once sync.Once // Connect or Close, whichever comes first
 }
 
 // Create makes this rank's outbound segment (the link to rank Rank+1) in
@@ -185,6 +184,11 @@ func Create(cfg Config) (*Pending, Offer, error) {
 	}
 	mem, err := func() ([]byte, error) {
 		defer f.Close() // the mapping keeps the segment
+		// 0600 whatever the umask, which could have narrowed it (the
+		// attacher checks the mode).
+		if err := f.Chmod(0o600); err != nil {
+			return nil, err
+		}
 		if err := f.Truncate(int64(h.Total)); err != nil {
 			return nil, err
 		}
@@ -196,12 +200,12 @@ func Create(cfg Config) (*Pending, Offer, error) {
 	}
 	h.encode(mem)
 	p.out = newLink(mem, h, path, h.To)
-	p.offer = offer
 	return p, offer, nil
 }
 
 // Close gives up a Pending that was not connected: its segment is
-// unmapped and removed. Close after Connect does nothing.
+// unmapped and removed. Close after Connect does nothing; during Connect
+// it waits for Connect to return (cancel Connect's context to stop it).
 func (p *Pending) Close() error {
 	p.once.Do(func() {
 		if p.out != nil {
@@ -265,6 +269,7 @@ func (p *Pending) connect(ctx context.Context, offer Offer) (*Ring, error) {
 		return fail(fmt.Errorf("%w: rank %d: the left neighbour rank %d did not accept this rank's attach (state %d)", ErrRefused, cfg.Rank, r.left, s))
 	}
 	r.in = in
+	r.linkedAt = time.Now().UnixNano()
 	cfg.log().Debug("shmring: ring linked", "job", cfg.JobID, "generation", cfg.Generation, "rank", cfg.Rank, "size", n,
 		"left", r.left, "right", r.right, "slots", p.out.hdr.Slots, "max_frame_elems", p.out.maxElems)
 	return r, nil
@@ -490,7 +495,56 @@ type Ring struct {
 	closeOnce sync.Once
 
 	buf []float32 // RecvLeft's copy of the last frame; only RecvLeft touches it
+
+	// Statistics, with the meanings of ringrpc.Ring's (the worker's
+	// straggler attribution reads them).
+	sentBytes, recvBytes atomic.Int64
+	framesOut            atomic.Int64
+	linkedAt             int64 // Unix nanoseconds when Connect returned
+	// Only RecvLeft(Into) writes curOp and curStep: the collective of the
+	// last frame taken, so that the first frame of the next is known.
+	curOp       aggregator.OpKind
+	curStep     int64
+	waitNanos   atomic.Int64
+	collectives atomic.Int64
 }
+
+// WaitStats reports over how many collectives this rank has received
+// frames, and how long in all it blocked for the left neighbour's first
+// frame of each, as ringrpc.Ring.WaitStats does.
+func (r *Ring) WaitStats() (collectives int64, waited time.Duration) {
+	return r.collectives.Load(), time.Duration(r.waitNanos.Load())
+}
+
+// FrameCounts reports the frames handed to SendRight and the frames the
+// left neighbour has published on the link to this rank (taken or not).
+func (r *Ring) FrameCounts() (sent, arrived int64) {
+	if r.in == nil {
+		return r.framesOut.Load(), 0
+	}
+	return r.framesOut.Load(), int64(r.in.head.Load())
+}
+
+// LeftIdle is how long ago the left neighbour last published a frame (or
+// the ring was linked, if it has not).
+func (r *Ring) LeftIdle() time.Duration {
+	last := r.linkedAt
+	if r.in != nil {
+		last = max(last, int64(word64(r.in.mem, offPublished).Load()))
+	}
+	return time.Since(time.Unix(0, last))
+}
+
+// Traffic reports the tensor bytes this rank has sent to its right
+// neighbour and received from its left one, and names them.
+func (r *Ring) Traffic() (sent, received int64, right, left string) {
+	return r.sentBytes.Load(), r.recvBytes.Load(), fmt.Sprintf("shm:rank%d", r.right), fmt.Sprintf("shm:rank%d", r.left)
+}
+
+// Shutdown closes the ring as Close does. Unlike gRPC's streams, nothing
+// needs flushing: frames published stay readable in the segment, which
+// lives as long as the receiver maps it, even after this process exits.
+func (r *Ring) Shutdown(context.Context) error { return r.Close() }
 
 // Rank implements aggregator.Ring.
 func (r *Ring) Rank() int { return r.rank }
@@ -627,6 +681,9 @@ func (r *Ring) SendRight(ctx context.Context, f aggregator.Frame) error {
 	out.next = h + 1
 	out.head.Store(h + 1)
 	out.racePublish()
+	word64(out.mem, offPublished).Store(uint64(time.Now().UnixNano()))
+	r.framesOut.Add(1)
+	r.sentBytes.Add(int64(4 * len(f.Data)))
 	wake(out.dataSeq, out.dataSleeping)
 	return nil
 }
@@ -638,13 +695,20 @@ func (r *Ring) next(ctx context.Context) (aggregator.Frame, []float32, error) {
 	in := r.in
 	t := in.next
 	slots := uint64(in.hdr.Slots)
-	err := r.wait(ctx, in.dataSeq, in.dataSleeping, in, r.out, func() (bool, error) {
+	ready := func() (bool, error) {
 		h := in.head.Load()
 		if h < t || h-t > slots {
 			return false, &aggregator.PeerError{Rank: in.peerRank, Err: fmt.Errorf("%w: link %d → %d: %d frames published, %d taken, %d slots", ErrCorrupt, r.left, r.rank, h, t, slots)}
 		}
 		return h > t, nil
-	})
+	}
+	var waited time.Duration
+	ok, err := ready()
+	if !ok && err == nil {
+		start := time.Now() // a clock reading only when blocking
+		err = r.wait(ctx, in.dataSeq, in.dataSleeping, in, r.out, ready)
+		waited = time.Since(start)
+	}
 	if err != nil {
 		return aggregator.Frame{}, nil, err
 	}
@@ -657,6 +721,12 @@ func (r *Ring) next(ctx context.Context) (aggregator.Frame, []float32, error) {
 	var vals []float32
 	if n > 0 {
 		vals = unsafe.Slice((*float32)(unsafe.Pointer(&payload[0])), n)
+	}
+	r.recvBytes.Add(int64(4 * n))
+	if f.Op != r.curOp || f.Step != r.curStep { // the first frame of a collective
+		r.curOp, r.curStep = f.Op, f.Step
+		r.collectives.Add(1)
+		r.waitNanos.Add(int64(waited))
 	}
 	return f, vals, nil
 }

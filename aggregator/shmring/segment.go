@@ -54,6 +54,7 @@ const (
 	offAttacherPID  = offAttach + 4
 	offAttacherRank = offAttach + 8
 	offToken        = 512 + 384 // [32]byte: the attacher's proof of the secret
+	offPublished    = 512 + 448 // u64: Unix nanoseconds of the producer's last publish (statistics only)
 
 	// dataOff is where the slots start (a page, so that payloads are
 	// aligned for float32 and for copying).
