@@ -23,6 +23,7 @@
 //	768   sender closed, receiver closed
 //	832   attach state (futex word), attacher pid and rank
 //	896   attacher's token: HMAC-SHA256(secret, nonce, rank, pid)
+//	960   time of the sender's last publish (statistics only)
 //	4096  Slots slots of SlotSize bytes: a 64-byte frame header, then
 //	      the frame's float32 values in the machine's byte order (both
 //	      ends are on one host)
