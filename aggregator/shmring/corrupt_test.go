@@ -3,7 +3,6 @@
 package shmring
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -11,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -90,7 +88,7 @@ func TestTailAhead(t *testing.T) {
 // refuses it, says so in its log and error, and never connects.
 func TestIntruderRefused(t *testing.T) {
 	dir := t.TempDir()
-	var logs syncBuffer
+	var logs LogBuffer
 	p, offer, err := Create(Config{Dir: dir, JobID: "j", Rank: 0, Size: 2, Secret: testSecret, Log: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -146,22 +144,4 @@ func TestIntruderRefused(t *testing.T) {
 	if !strings.Contains(logs.String(), "attach refused") {
 		t.Errorf("no refusal logged: %q", logs.String())
 	}
-}
-
-// syncBuffer is a log destination shared by goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -3,7 +3,6 @@
 package shmring_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -33,19 +32,7 @@ func segDir(t testing.TB) string {
 	return d
 }
 
-// entries lists what is left in dir.
-func entries(t testing.TB, dir string) []string {
-	t.Helper()
-	es, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range es {
-		names = append(names, e.Name())
-	}
-	return names
-}
+var entries = shmring.Entries
 
 // connect sets up an n-rank ring in this process, ranks as goroutines, as
 // the negotiation will across processes: every rank creates its segment,
@@ -156,24 +143,6 @@ func TestHostID(t *testing.T) {
 	}
 }
 
-// logBuffer collects log output from several goroutines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestRefused: a rank with another secret, or of another job or
 // generation, cannot join the ring. Whichever side attaches first refuses
 // the other's segment with ErrRefused, saying why, and logs it; the other
@@ -191,7 +160,7 @@ func TestRefused(t *testing.T) {
 		for _, first := range []int{0, 1} {
 			t.Run(fmt.Sprintf("%s/rank%d-first", tc.name, first), func(t *testing.T) {
 				dir := segDir(t)
-				var logs logBuffer
+				var logs shmring.LogBuffer
 				ps := make([]*shmring.Pending, 2)
 				offers := make([]shmring.Offer, 2)
 				for i := range 2 {

@@ -61,14 +61,7 @@ func TestSweep(t *testing.T) {
 	check(now)                                    // everything is young
 	check(now.Add(2*time.Minute), deadSeg)        // the dead creator's
 	check(now.Add(2*time.Hour), liveSeg, garbage) // abandoned, whoever made them
-	left, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range left {
-		names = append(names, e.Name())
-	}
+	names := entries(t, dir)
 	if want := []string{notOurs, otherApp}; !slices.Equal(names, want) {
 		t.Errorf("left %v, want %v", names, want)
 	}
