@@ -124,16 +124,22 @@ type rankProc struct {
 	reports chan report
 }
 
-// TestKill9 runs a ring of separate processes over shared memory and
-// kills one with SIGKILL in the middle of its all-reduces: both
-// survivors (its neighbours) fail with a *PeerError naming it long
-// before their deadline, no segment is left in the directory, and no
-// goroutine is leaked in the survivors.
+// TestKill9 runs rings of 2 and 3 separate processes over shared memory
+// and kills one with SIGKILL in the middle of its all-reduces: every
+// survivor (each is a neighbour of it) fails with a *PeerError naming it
+// long before their deadline, no segment is left in the directory, and
+// no goroutine is leaked in the survivors.
 func TestKill9(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	const n, victim = 3, 1
+	for _, n := range []int{2, 3} {
+		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testKill9(t, n) })
+	}
+}
+
+func testKill9(t *testing.T, n int) {
+	const victim = 1
 	dir := segDir(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute) // only a bug waits for it
 	defer cancel()
@@ -226,7 +232,7 @@ func TestKill9(t *testing.T) {
 		if r.Elapsed > 30*time.Second {
 			t.Errorf("rank %d: failed after %v", i, r.Elapsed)
 		}
-		if !strings.Contains(r.Err, "rank 1") {
+		if !strings.Contains(r.Err, fmt.Sprintf("rank %d:", victim)) {
 			t.Errorf("rank %d: the error %q does not name rank %d", i, r.Err, victim)
 		}
 	}
@@ -236,6 +242,14 @@ func TestKill9(t *testing.T) {
 		}
 		procs[i].closeIn()
 		next(i, "closed")
+		for r := range procs[i].reports { // to EOF, before Wait closes the pipe
+			t.Errorf("rank %d after closing: %+v", i, r)
+		}
+		// A failure the child could only print (the race detector's,
+		// say) shows in its exit status.
+		if err := procs[i].cmd.Wait(); err != nil {
+			t.Errorf("rank %d: %v", i, err)
+		}
 	}
 	if left := entries(t, dir); len(left) != 0 {
 		t.Errorf("segments left in %s: %v", dir, left)

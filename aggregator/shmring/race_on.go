@@ -2,24 +2,16 @@
 
 package shmring
 
-import (
-	"sync"
-	"sync/atomic"
-)
+import "sync/atomic"
 
 // The race detector tracks synchronisation only through Go memory, not
-// through atomics on a shared mapping, so in race builds every publish
-// and observe of a link's counters is mirrored on an atomic in the Go
-// heap shared by both ends of the link (when they are in one process, as
-// in tests). Without it the happens-before edges that the counters
-// establish between the collectives' buffers are invisible.
-var raceShadows sync.Map // segment nonce → *atomic.Uint64
+// through atomics on a shared mapping, and never across processes. In
+// race builds every publish and observe of a link counter is therefore
+// mirrored on one atomic in this process's heap. One for all links,
+// because the ordering a ring relies on runs through other ranks: a
+// rank's receive of chunk c follows its own send of the chunk before it
+// only by way of the rest of the ring, which may be other processes.
+var raceShadow atomic.Uint64
 
-func raceShadow(nonce [16]byte) *atomic.Uint64 {
-	v, _ := raceShadows.LoadOrStore(nonce, new(atomic.Uint64))
-	return v.(*atomic.Uint64)
-}
-
-func (l *link) racePublish() { l.shadow.Add(1) }
-func (l *link) raceObserve() { l.shadow.Load() }
-func (l *link) raceForget()  { raceShadows.Delete(l.hdr.Nonce) }
+func (l *link) racePublish() { raceShadow.Add(1) }
+func (l *link) raceObserve() { raceShadow.Load() }

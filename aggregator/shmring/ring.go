@@ -434,7 +434,6 @@ type link struct {
 	attach                  *atomic.Uint32
 	next                    uint64 // the next frame to publish (producer) or take (consumer); only the owning call touches it
 	maxElems                int
-	shadow                  *atomic.Uint64 // race builds only: see race_on.go
 	releaseOnce             sync.Once
 }
 
@@ -447,7 +446,6 @@ func newLink(mem []byte, h segHeader, path string, peerRank int) *link {
 		prodClosed: word(mem, offProdClosed), consClosed: word(mem, offProdClosed+4),
 		attach:   word(mem, offAttach),
 		maxElems: (h.SlotSize - frameHdrLen) / 4,
-		shadow:   raceShadow(h.Nonce),
 	}
 }
 
@@ -472,7 +470,6 @@ func (l *link) release() {
 			_ = os.Remove(l.path) // usually gone already: the attacher removes it
 		}
 		l.peer.close()
-		l.raceForget()
 		_ = unmap(l.mem)
 	})
 }
