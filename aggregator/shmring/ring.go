@@ -262,8 +262,13 @@ func (p *Pending) connect(ctx context.Context, offer Offer) (*Ring, error) {
 		futexWake(in.attach)
 		return fail(err)
 	}
-	if err := await(ctx, in.attach, func() bool { return in.attach.Load() != attachDone || in.prodClosed.Load() != 0 }); err != nil {
+	if err := await(ctx, in.attach, func() bool {
+		return in.attach.Load() != attachDone || in.prodClosed.Load() != 0 || in.peer.exited()
+	}); err != nil {
 		return fail(fmt.Errorf("shmring: rank %d: waiting for the left neighbour rank %d to accept: %w", cfg.Rank, r.left, err))
+	}
+	if in.attach.Load() != attachAccepted && in.peer.exited() {
+		return fail(&aggregator.PeerError{Rank: r.left, Err: fmt.Errorf("%w: its process exited while linking", aggregator.ErrPeerGone)})
 	}
 	if s := in.attach.Load(); s != attachAccepted {
 		return fail(fmt.Errorf("%w: rank %d: the left neighbour rank %d did not accept this rank's attach (state %d)", ErrRefused, cfg.Rank, r.left, s))
