@@ -145,3 +145,42 @@ func TestIntruderRefused(t *testing.T) {
 		t.Errorf("no refusal logged: %q", logs.String())
 	}
 }
+
+// TestCorruptSegmentHeader: a segment whose header was damaged before
+// the neighbour attached is refused: a broken layout with ErrCorrupt, a
+// changed field (the layout still sound) by its MAC with ErrRefused.
+func TestCorruptSegmentHeader(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		corrupt func(b []byte)
+		want    error
+		why     string
+	}{
+		{"slots", func(b []byte) { binary.LittleEndian.PutUint32(b[offSlots:], 0) }, ErrCorrupt, "0 slots"},
+		{"size", func(b []byte) { binary.LittleEndian.PutUint64(b[offTotal:], 1<<40) }, ErrCorrupt, "claims"},
+		{"magic", func(b []byte) { b[0] = 'X' }, ErrCorrupt, "not a gradsync ring segment"},
+		{"generation", func(b []byte) { b[offGen] ^= 1 }, ErrRefused, "secret"},
+		{"mac", func(b []byte) { b[offMAC+5] ^= 0x80 }, ErrRefused, "secret"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			p1, o1, err := Create(Config{Dir: dir, JobID: "j", Rank: 1, Size: 2, Secret: testSecret, MaxFrameElems: 64})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p1.Close()
+			p0, _, err := Create(Config{Dir: dir, JobID: "j", Rank: 0, Size: 2, Secret: testSecret, MaxFrameElems: 64})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.corrupt(p1.out.mem)
+			r, err := p0.Connect(t.Context(), o1)
+			if r != nil {
+				r.Close()
+			}
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.why) {
+				t.Errorf("Connect: %v, want %v saying %q", err, tc.want, tc.why)
+			}
+		})
+	}
+}

@@ -349,7 +349,7 @@ func attach(cfg Config, offer Offer) (*link, error) {
 // generation, link and creator.
 func checkSegment(cfg Config, offer Offer, h segHeader) error {
 	if want := h.mac(cfg.Secret); !hmac.Equal(want[:], h.MAC[:]) {
-		return fmt.Errorf("%w: the segment was not made with this job's secret", ErrRefused)
+		return fmt.Errorf("%w: the segment header does not authenticate with this job's secret (made by another job, or damaged)", ErrRefused)
 	}
 	switch {
 	case h.Job != jobHash(cfg.JobID):

@@ -153,7 +153,7 @@ func TestRefused(t *testing.T) {
 		name, why string
 		cfg       func(c *shmring.Config)
 	}{
-		{"secret", "not made with this job's secret", func(c *shmring.Config) { c.Secret = []byte("another secret, same length..") }},
+		{"secret", "does not authenticate with this job's secret", func(c *shmring.Config) { c.Secret = []byte("another secret, same length..") }},
 		{"job", "belongs to another job", func(c *shmring.Config) { c.JobID = "job-2" }},
 		{"generation", "generation", func(c *shmring.Config) { c.Generation = 3 }},
 	} {
