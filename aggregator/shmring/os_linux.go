@@ -12,6 +12,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// nofollow refuses a segment name that is a symbolic link.
+const nofollow = syscall.O_NOFOLLOW
+
 // Futex operations (linux/futex.h). The words live in memory shared
 // between processes, so the shared (not the _PRIVATE) forms are used.
 const (

@@ -13,6 +13,8 @@ import (
 // Create fails, and the caller stays on gRPC.
 var errUnsupported = errors.New("shmring: the shared-memory transport needs Linux")
 
+const nofollow = 0
+
 func futexWait(*atomic.Uint32, uint32, time.Duration) {}
 func futexWake(*atomic.Uint32)                        {}
 func mapFile(*os.File, int) ([]byte, error)           { return nil, errUnsupported }

@@ -1,5 +1,0 @@
-//go:build !linux
-
-package shmring
-
-const nofollow = 0
