@@ -5,8 +5,9 @@
 // AllReduce, AllGather, Broadcast and Barrier are pure algorithms over flat
 // []float32 buffers and a two-method neighbour transport, Ring: a rank sends
 // to its right neighbour (rank+1 mod n) and receives from its left
-// (rank−1 mod n). NewMemRing is an in-memory Ring; the gRPC transport is a
-// thin adapter that implements the same interface. The package ringtest
+// (rank−1 mod n). NewMemRing is an in-memory Ring; the gRPC transport
+// (ringrpc) and the shared-memory one for ranks on one host (shmring) are
+// thin adapters that implement the same interface. The package ringtest
 // holds the correctness suite every Ring implementation must pass.
 //
 // # The AllReduce schedule
