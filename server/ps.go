@@ -76,7 +76,6 @@ type psJob struct {
 type stateGather struct {
 	st    *checkpoint.State
 	own   [][]float32 // by rank
-	got   []int       // elements received, by rank
 	n     int         // ranks complete
 	saved chan struct{}
 	err   error // set before saved is closed
@@ -578,7 +577,8 @@ func (h *psStream) sendFactors(step int64, phase uint32, v []float32) error {
 // and checkpointed when due), or nil when the worker closed the stream.
 func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, error) {
 	p, env, rank := h.p, h.p.env, h.rank
-	want := wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: ph.DType}
+	var asm wire.Assembler
+	asm.Start(wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: ph.DType}, ph.Phase)
 	for {
 		err := h.recv()
 		if errors.Is(err, io.EOF) {
@@ -591,15 +591,9 @@ func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, er
 			return nil, status.Error(codes.InvalidArgument, "expected a gradient frame")
 		}
 		f := &h.in.Frame
-		off, n, err := f.Check(want)
-		if err == nil && f.Phase != ph.Phase {
-			err = &wire.Mismatch{Msg: fmt.Sprintf("frame for phase %d, want %d (compression %s)", f.Phase, ph.Phase, p.recv.Type())}
-		}
+		off, n, err := f.Take(&asm)
 		if err != nil {
-			return nil, frameErr(rank, err)
-		}
-		if f.Last && off+n != ph.Total {
-			return nil, status.Errorf(codes.InvalidArgument, "rank %d: last frame ends at %d of %d elements", rank, off+n, ph.Total)
+			return nil, frameErr(rank, fmt.Errorf("%w (compression %s)", err, p.recv.Type()))
 		}
 		select {
 		case <-p.aborted:
@@ -646,7 +640,7 @@ func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, er
 			if due != nil && p.recv.OwnLen() > 0 {
 				// The ranks' error feedback is part of it: they send it
 				// with their next parameters' answer (recvState).
-				p.gather = &stateGather{st: due, own: make([][]float32, p.world), got: make([]int, p.world), saved: make(chan struct{})}
+				p.gather = &stateGather{st: due, own: make([][]float32, p.world), saved: make(chan struct{})}
 				due = nil
 			}
 		}
@@ -735,7 +729,8 @@ func (h *psStream) wait(ctx context.Context, step int64, done chan struct{}) err
 func (h *psStream) recvState(ctx context.Context, step int64, g *stateGather) error {
 	p, rank := h.p, h.rank
 	n := p.recv.OwnLen()
-	want := wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_STATE, Step: step, Total: uint64(n)}
+	var asm wire.Assembler
+	asm.Start(wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_STATE, Step: step, Total: uint64(n)}, 0)
 	for {
 		err := h.recv()
 		if err != nil {
@@ -748,27 +743,11 @@ func (h *psStream) recvState(ctx context.Context, step int64, g *stateGather) er
 			return status.Errorf(codes.InvalidArgument, "rank %d: expected a state frame (the checkpoint after step %d needs the rank's compression state)", rank, step-1)
 		}
 		f := &h.in.Frame
-		off, k, err := f.Check(want)
-		if err != nil {
-			return status.Errorf(codes.InvalidArgument, "rank %d: state: %v", rank, err)
-		}
-		if f.Last && off+k != n {
-			return status.Errorf(codes.InvalidArgument, "rank %d: last state frame ends at %d of %d elements", rank, off+k, n)
-		}
 		p.mu.Lock()
 		if g.own[rank] == nil {
 			g.own[rank] = make([]float32, n)
 		}
-		if off != g.got[rank] {
-			p.mu.Unlock()
-			return status.Errorf(codes.InvalidArgument, "rank %d: state frame at offset %d, want %d", rank, off, g.got[rank])
-		}
-		if f.NBytes != 4*k {
-			err = fmt.Errorf("%d data bytes for %d float32 values", f.NBytes, k)
-		} else {
-			f.CombineInto(g.own[rank][off:off+k], false)
-		}
-		g.got[rank] += k
+		err = f.Assemble(&asm, g.own[rank])
 		complete := false
 		if err == nil && f.Last {
 			g.n++

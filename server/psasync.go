@@ -70,7 +70,8 @@ func (p *psJob) signalLocked() {
 func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 	p, rank := h.p, h.rank
 	ph := p.recv.Phases(step)[0] // no compression with async (jobspec): plain float32
-	want := wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: ph.DType}
+	var asm wire.Assembler
+	asm.Start(wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: ph.DType}, ph.Phase)
 	for {
 		err := h.recv()
 		if errors.Is(err, io.EOF) {
@@ -87,12 +88,9 @@ func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 			return nil, status.Error(codes.InvalidArgument, "expected a gradient frame")
 		}
 		f := &h.in.Frame
-		off, n, err := f.Check(want)
+		off, n, err := f.Take(&asm)
 		if err != nil {
 			return nil, frameErr(rank, err)
-		}
-		if f.Last && off+n != ph.Total {
-			return nil, status.Errorf(codes.InvalidArgument, "rank %d: last frame ends at %d of %d elements", rank, off+n, ph.Total)
 		}
 		p.mu.Lock()
 		if p.stopped {

@@ -312,37 +312,25 @@ func (l *psLink) SendF32(f *pb.TensorFrame, vals []float32) error {
 // checkpoint).
 func (l *psLink) recvParams(params []float32, step int64) (sendState bool, err error) {
 	c := l.c
-	want := wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Total: uint64(len(params))}
-	next := 0
-	for {
+	var asm wire.Assembler
+	asm.Start(wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Total: uint64(len(params))}, 0)
+	for !asm.Done() {
 		m, err := l.recv()
 		if err != nil {
 			return false, l.explain(err)
 		}
 		if !m.HasParameters {
-			_, _, err := wire.Check(nil, want)
+			_, _, err := asm.Take(nil, 0, 0)
 			return false, l.explain(err)
 		}
-		f := &m.Parameters
-		off, n, err := f.Check(want)
-		if err != nil {
+		if err := m.Parameters.Assemble(&asm, params); err != nil {
 			return false, l.explain(err)
 		}
-		if off != next {
-			return false, l.explain(fmt.Errorf("parameter frame at offset %d, want %d", off, next))
-		}
-		f.CombineInto(params[off:off+n], false) // Check: f.NBytes = 4n
 		if m.Receipt != nil {
 			l.receipt = m.Receipt
 		}
-		c.metrics.AddBytesReceived(c.a.JobId, "ps", f.NBytes)
+		c.metrics.AddBytesReceived(c.a.JobId, "ps", m.Parameters.NBytes)
 		sendState = sendState || m.SendState
-		next += n
-		if f.Last {
-			if next != len(params) {
-				return false, l.explain(fmt.Errorf("parameters ended at %d of %d", next, len(params)))
-			}
-			return sendState, nil
-		}
 	}
+	return sendState, nil
 }

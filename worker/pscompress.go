@@ -61,9 +61,9 @@ func (l *psLink) recvFactors(step int64, phase uint32) ([]float32, error) {
 		l.factors = make([]float32, n)
 	}
 	dst := l.factors[:n]
-	want := wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Total: uint64(n)}
-	next := 0
-	for {
+	var asm wire.Assembler
+	asm.Start(wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Total: uint64(n)}, phase)
+	for !asm.Done() {
 		m, err := l.recv()
 		if err != nil {
 			return nil, l.explain(err)
@@ -71,24 +71,12 @@ func (l *psLink) recvFactors(step int64, phase uint32) ([]float32, error) {
 		if !m.HasFactors {
 			return nil, fmt.Errorf("parameter server: expected PowerSGD's factors after phase %d of step %d", phase, step)
 		}
-		f := &m.Factors
-		off, k, err := f.Check(want)
-		if err != nil {
-			return nil, err
+		if err := m.Factors.Assemble(&asm, dst); err != nil {
+			return nil, fmt.Errorf("PowerSGD's factors after phase %d of step %d: %w", phase, step, err)
 		}
-		if f.Phase != phase || off != next {
-			return nil, fmt.Errorf("factor frame of phase %d at offset %d, want phase %d at %d", f.Phase, off, phase, next)
-		}
-		f.CombineInto(dst[off:off+k], false) // Check: f.NBytes = 4k
-		c.metrics.AddBytesReceived(c.a.JobId, "ps", f.NBytes)
-		next += k
-		if f.Last {
-			if next != n {
-				return nil, fmt.Errorf("factors ended at %d of %d", next, n)
-			}
-			return dst, nil
-		}
+		c.metrics.AddBytesReceived(c.a.JobId, "ps", m.Factors.NBytes)
 	}
+	return dst, nil
 }
 
 // sendState sends this rank's own compression state (error feedback) for
