@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/gradsync/gradsync/compress"
@@ -13,32 +14,33 @@ import (
 // push, or PowerSGD's two with the server's P in between), and overwrites
 // params (the range) with the parameters after the update. When the
 // server asks, it then sends this rank's compression state for a
-// checkpoint and waits until the checkpoint is written. The caller
-// bounds it by the step timeout (psClient.step).
-func (l *psLink) step(step int64, grads, params []float32) error {
+// checkpoint and waits until the checkpoint is written. ctx bounds it
+// (psClient.step: the step timeout).
+func (l *psLink) step(ctx context.Context, step int64, grads, params []float32) error {
 	c := l.c
+	send := linkSender{l: l, ctx: ctx}
 	tag := &pb.TensorFrame{JobId: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Rank: c.a.Rank}
 	phases := l.push.Phases(step)
-	if err := l.push.Push(step, grads, tag, l); err != nil {
+	if err := l.push.Push(step, grads, tag, send); err != nil {
 		return l.explain(l.recvErr(err))
 	}
 	powerSGD := phases[len(phases)-1].Phase == 2
 	if powerSGD {
-		pm, err := l.recvFactors(step, 1)
+		pm, err := l.recvFactors(ctx, step, 1)
 		if err != nil {
 			return err
 		}
-		if err := l.push.PushQ(step, pm, tag, l); err != nil {
+		if err := l.push.PushQ(step, pm, tag, send); err != nil {
 			return l.explain(l.recvErr(err))
 		}
 	}
-	sendState, err := l.recvParams(params, step+1)
+	sendState, err := l.recvParams(ctx, params, step+1)
 	if err != nil {
 		return err
 	}
 	var q []float32
 	if powerSGD {
-		if q, err = l.recvFactors(step+1, 2); err != nil {
+		if q, err = l.recvFactors(ctx, step+1, 2); err != nil {
 			return err
 		}
 	}
@@ -46,7 +48,7 @@ func (l *psLink) step(step int64, grads, params []float32) error {
 		return err
 	}
 	if sendState {
-		return l.sendState(step + 1)
+		return l.sendState(ctx, step+1)
 	}
 	return nil
 }
@@ -54,7 +56,7 @@ func (l *psLink) step(step int64, grads, params []float32) error {
 // recvFactors reads PowerSGD's factors the server sends after phase of a
 // step (P: phase 1, tagged with the step; Q: phase 2, tagged with the
 // next), into a buffer valid until the next call.
-func (l *psLink) recvFactors(step int64, phase uint32) ([]float32, error) {
+func (l *psLink) recvFactors(ctx context.Context, step int64, phase uint32) ([]float32, error) {
 	c := l.c
 	n := l.push.FactorLen(phase)
 	if cap(l.factors) < n {
@@ -64,7 +66,7 @@ func (l *psLink) recvFactors(step int64, phase uint32) ([]float32, error) {
 	var asm wire.Assembler
 	asm.Start(wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Total: uint64(n)}, phase)
 	for !asm.Done() {
-		m, err := l.recv()
+		m, err := l.recv(ctx)
 		if err != nil {
 			return nil, l.explain(err)
 		}
@@ -82,19 +84,22 @@ func (l *psLink) recvFactors(step int64, phase uint32) ([]float32, error) {
 // sendState sends this rank's own compression state (error feedback) for
 // the checkpoint after step-1 steps, and waits for the server to answer
 // that the checkpoint is written.
-func (l *psLink) sendState(step int64) error {
+func (l *psLink) sendState(ctx context.Context, step int64) error {
 	c := l.c
 	ns, no := l.push.FlatLen()
 	fl := &compress.Flat{Shared: make([]float32, ns), Own: make([]float32, no)}
 	l.push.CopyState(fl)
 	tag := &pb.TensorFrame{JobId: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PUSH_STATE, Step: step, Rank: c.a.Rank}
 	err := l.sp.Frames(tag, fl.Own, func(f *pb.TensorFrame) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		return l.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_State{State: f}})
 	})
 	if err != nil {
 		return l.explain(l.recvErr(err))
 	}
-	m, err := l.recv()
+	m, err := l.recv(ctx)
 	if err != nil {
 		return l.explain(err)
 	}
