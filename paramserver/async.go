@@ -1,4 +1,4 @@
-package server
+package paramserver
 
 import (
 	"context"
@@ -59,7 +59,7 @@ func (h *psStream) serveAsync(ctx context.Context) error {
 // signalLocked wakes every stream waiting on the shard's done (sync: a
 // phase of the step is combined; async: a gradient was taken or a rank
 // finished).
-func (p *psJob) signalLocked() {
+func (p *jobShard) signalLocked() {
 	close(p.done)
 	p.done = make(chan struct{})
 }
@@ -113,11 +113,11 @@ func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 		}
 		switch {
 		case rc.Refused:
-			p.env.log.Warn("gradient refused: computed on parameters too stale", "job", p.jobID, "shard", p.index, "rank", rank, "step", step,
+			p.env.Log.Warn("gradient refused: computed on parameters too stale", "job", p.jobID, "shard", p.index, "rank", rank, "step", step,
 				"stale_steps", rc.StaleSteps, "staleness", p.spec.GetParameterServer().GetStaleness())
 		case !rc.Applied:
-			p.env.metrics.NonFiniteStepSkipped()
-			p.env.log.Warn("gradient skipped: it holds NaN or Inf (nonfinite_policy skip)", "job", p.jobID, "rank", rank, "step", step)
+			p.env.Metrics.NonFiniteStepSkipped()
+			p.env.Log.Warn("gradient skipped: it holds NaN or Inf (nonfinite_policy skip)", "job", p.jobID, "rank", rank, "step", step)
 		}
 		return &pb.PushReceipt{Applied: rc.Applied, Refused: rc.Refused, StaleSteps: rc.StaleSteps, StaleUpdates: rc.StaleUpdates}, nil
 	}
@@ -128,7 +128,7 @@ func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 // fails, naming the ranks it waited for. It returns how long it waited.
 func (h *psStream) waitReady(ctx context.Context, step int64) (time.Duration, error) {
 	p := h.p
-	start := p.env.now()
+	start := p.env.Now()
 	h.resetTimer()
 	for {
 		p.mu.Lock()
@@ -138,7 +138,7 @@ func (h *psStream) waitReady(ctx context.Context, step int64) (time.Duration, er
 		}
 		if p.async.Ready(h.rank) {
 			p.mu.Unlock()
-			return p.env.now().Sub(start), nil
+			return p.env.Now().Sub(start), nil
 		}
 		done := p.done
 		laggards, clock := p.async.Laggards(), p.async.Clock()
