@@ -23,6 +23,7 @@ import (
 	"github.com/gradsync/gradsync/internal/wire/framecodec"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
+	"github.com/gradsync/gradsync/paramserver/psstep"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -378,42 +379,60 @@ func (p *jobShard) serve(stream pb.ParameterServer_SyncServer, join *pb.SyncJoin
 	step := p.shard.Step()
 	p.mu.Unlock()
 
-	if err := h.sendParams(step, nil, false); err != nil {
+	if err := h.sendParams(step, false); err != nil {
 		return err
 	}
-	for {
-		phases := p.recv.Phases(step)
-		for i, ph := range phases {
-			done, err := h.recvPhase(step, ph)
-			if err != nil || done == nil {
-				return err // done == nil: the worker closed the stream
-			}
-			if err := h.wait(ctx, step, done); err != nil {
-				return err
-			}
-			if i < len(phases)-1 {
+	for ; ; step++ {
+		// The shard's side of the step's exchanges (psstep.Plan).
+		var g *stateGather // a checkpoint that asks for the rank's state
+		for _, ex := range psstep.Plan(step, p.recv.Phases(step)) {
+			var err error
+			switch ex.Kind {
+			case psstep.Push:
+				var done chan struct{}
+				done, err = h.recvPhase(step, ex.Push)
+				if err != nil || done == nil {
+					return err // done == nil: the worker closed the stream
+				}
+				err = h.wait(ctx, step, done)
+			case psstep.Factors:
 				p.mu.Lock()
 				pm := p.pFactor
 				p.mu.Unlock()
-				if err := h.sendFactors(step, ph.Phase, pm); err != nil {
-					return err
+				err = h.sendFactors(ex.Step, ex.Phase, pm)
+			case psstep.Params:
+				p.mu.Lock()
+				if p.gather != nil && p.gather.st.Meta.Step == ex.Step {
+					g = p.gather
 				}
+				p.mu.Unlock()
+				err = h.sendParams(ex.Step, g != nil)
+			case psstep.SharedQ:
+				p.mu.Lock()
+				q := p.qFactor
+				p.mu.Unlock()
+				err = h.sendFactors(ex.Step, ex.Phase, q)
+			default:
+				panic(fmt.Sprintf("paramserver: a ps step plan holds %v", ex))
+			}
+			if err != nil {
+				return err
 			}
 		}
-		step++
-		p.mu.Lock()
-		var q []float32
-		if phases[len(phases)-1].Phase == 2 {
-			q = p.qFactor
+		if g == nil {
+			continue
 		}
-		g := p.gather
-		askState := g != nil && g.st.Meta.Step == step
-		p.mu.Unlock()
-		if err := h.sendParams(step, q, askState); err != nil {
-			return err
-		}
-		if askState {
-			if err := h.recvState(ctx, step, g); err != nil {
+		for _, ex := range psstep.AskState(step) {
+			var err error
+			switch ex.Kind {
+			case psstep.State:
+				err = h.recvState(ex.Step, g)
+			case psstep.Written:
+				err = h.sendWritten(ctx, ex.Step, g)
+			default:
+				panic(fmt.Sprintf("paramserver: a ps state plan holds %v", ex))
+			}
+			if err != nil {
 				return err
 			}
 		}
@@ -521,17 +540,12 @@ func (h *psStream) sendFrames(tag *pb.TensorFrame, num protowire.Number, v []flo
 	return err
 }
 
-// sendParams sends the parameters after step-1 steps, tagged step, then
-// (PowerSGD) the averaged Q of that step; askState asks for the rank's
-// compression state.
-func (h *psStream) sendParams(step int64, q []float32, askState bool) error {
+// sendParams sends the parameters after step-1 steps, tagged step;
+// askState asks for the rank's compression state.
+func (h *psStream) sendParams(step int64, askState bool) error {
 	p := h.p
-	err := h.sendFrames(&pb.TensorFrame{JobId: p.jobID, Generation: p.gen, Op: pb.Op_OP_PULL_PARAMETERS, Step: step},
+	return h.sendFrames(&pb.TensorFrame{JobId: p.jobID, Generation: p.gen, Op: pb.Op_OP_PULL_PARAMETERS, Step: step},
 		framecodec.FieldParameters, p.shard.Params(), askState, nil)
-	if err != nil || q == nil {
-		return err
-	}
-	return h.sendFactors(step, 2, q)
 }
 
 // sendFactors sends PowerSGD's factors after phase of step: P (phase 1)
@@ -695,9 +709,8 @@ func (h *psStream) wait(ctx context.Context, step int64, done chan struct{}) err
 
 // recvState receives the rank's own compression state for the checkpoint
 // g after step-1 steps; the rank that completes the set writes the
-// checkpoint; every rank is answered checkpoint_written once it is on
-// disk.
-func (h *psStream) recvState(ctx context.Context, step int64, g *stateGather) error {
+// checkpoint.
+func (h *psStream) recvState(step int64, g *stateGather) error {
 	p, rank := h.p, h.rank
 	n := p.recv.OwnLen()
 	var asm wire.Assembler
@@ -739,9 +752,16 @@ func (h *psStream) recvState(ctx context.Context, step int64, g *stateGather) er
 			close(g.saved)
 		}
 		if f.Last {
-			break
+			return nil
 		}
 	}
+}
+
+// sendWritten answers the rank checkpoint_written once the checkpoint g
+// after step-1 steps is on disk (written by the stream whose rank's
+// state completed it), within the step timeout.
+func (h *psStream) sendWritten(ctx context.Context, step int64, g *stateGather) error {
+	p := h.p
 	h.resetTimer()
 	select {
 	case <-g.saved:

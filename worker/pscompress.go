@@ -6,49 +6,71 @@ import (
 
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/internal/wire"
+	"github.com/gradsync/gradsync/paramserver/psstep"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
-// step pushes grads (this shard's range of the rank's gradient) for
-// step, encoded as the job's compression says (compress.PSPusher: one
-// push, or PowerSGD's two with the server's P in between), and overwrites
-// params (the range) with the parameters after the update. When the
-// server asks, it then sends this rank's compression state for a
-// checkpoint and waits until the checkpoint is written. ctx bounds it
+// step walks this link's side of step's exchanges (psstep.Plan): it
+// pushes grads (this shard's range of the rank's gradient), encoded as
+// the job's compression says (compress.PSPusher: one push, or
+// PowerSGD's two with the server's P in between), and overwrites params
+// (the range) with the parameters after the update. When the server
+// asks, it then sends this rank's compression state for a checkpoint
+// and waits until the checkpoint is written. ctx bounds it
 // (psClient.step: the step timeout).
 func (l *psLink) step(ctx context.Context, step int64, grads, params []float32) error {
 	c := l.c
 	send := linkSender{l: l, ctx: ctx}
 	tag := &pb.TensorFrame{JobId: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Rank: c.a.Rank}
-	phases := l.push.Phases(step)
-	if err := l.push.Push(step, grads, tag, send); err != nil {
-		return l.explain(l.recvErr(err))
-	}
-	powerSGD := phases[len(phases)-1].Phase == 2
-	if powerSGD {
-		pm, err := l.recvFactors(ctx, step, 1)
+	var (
+		pm, q    []float32 // PowerSGD: the server's P, then its averaged Q
+		askState bool
+	)
+	for _, ex := range psstep.Plan(step, l.push.Phases(step)) {
+		var err error
+		switch ex.Kind {
+		case psstep.Push:
+			if ex.Phase == 2 {
+				err = l.push.PushQ(step, pm, tag, send)
+			} else {
+				err = l.push.Push(step, grads, tag, send)
+			}
+			if err != nil {
+				return l.explain(l.recvErr(err))
+			}
+		case psstep.Factors:
+			pm, err = l.recvFactors(ctx, ex.Step, ex.Phase)
+		case psstep.Params:
+			askState, err = l.recvParams(ctx, params, ex.Step)
+		case psstep.SharedQ:
+			q, err = l.recvFactors(ctx, ex.Step, ex.Phase)
+		default:
+			panic(fmt.Sprintf("worker: a ps step plan holds %v", ex))
+		}
 		if err != nil {
 			return err
 		}
-		if err := l.push.PushQ(step, pm, tag, send); err != nil {
-			return l.explain(l.recvErr(err))
-		}
 	}
-	sendState, err := l.recvParams(ctx, params, step+1)
-	if err != nil {
-		return err
-	}
-	var q []float32
-	if powerSGD {
-		if q, err = l.recvFactors(ctx, step+1, 2); err != nil {
-			return err
-		}
-	}
+	// The state a checkpoint gathers is that after the step.
 	if err := l.push.Applied(step, q); err != nil {
 		return err
 	}
-	if sendState {
-		return l.sendState(ctx, step+1)
+	if !askState {
+		return nil
+	}
+	for _, ex := range psstep.AskState(step) {
+		var err error
+		switch ex.Kind {
+		case psstep.State:
+			err = l.sendState(ctx, ex.Step)
+		case psstep.Written:
+			err = l.recvWritten(ctx, ex.Step)
+		default:
+			panic(fmt.Sprintf("worker: a ps state plan holds %v", ex))
+		}
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -82,8 +104,7 @@ func (l *psLink) recvFactors(ctx context.Context, step int64, phase uint32) ([]f
 }
 
 // sendState sends this rank's own compression state (error feedback) for
-// the checkpoint after step-1 steps, and waits for the server to answer
-// that the checkpoint is written.
+// the checkpoint after step-1 steps.
 func (l *psLink) sendState(ctx context.Context, step int64) error {
 	c := l.c
 	ns, no := l.push.FlatLen()
@@ -99,6 +120,12 @@ func (l *psLink) sendState(ctx context.Context, step int64) error {
 	if err != nil {
 		return l.explain(l.recvErr(err))
 	}
+	return nil
+}
+
+// recvWritten waits for the server to answer that the checkpoint after
+// step-1 steps is written.
+func (l *psLink) recvWritten(ctx context.Context, step int64) error {
 	m, err := l.recv(ctx)
 	if err != nil {
 		return l.explain(err)
