@@ -13,6 +13,7 @@ import (
 	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/internal/wire/framecodec"
 	"github.com/gradsync/gradsync/jobspec"
+	"github.com/gradsync/gradsync/paramserver/psstep"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -71,7 +72,7 @@ func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 	p, rank := h.p, h.rank
 	ph := p.recv.Phases(step)[0] // no compression with async (jobspec): plain float32
 	var asm wire.Assembler
-	asm.Start(wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: ph.DType}, ph.Phase)
+	asm.Start(wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: psstep.DType(ph.Encoding)}, ph.Phase)
 	for {
 		err := h.recv()
 		if errors.Is(err, io.EOF) {

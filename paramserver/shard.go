@@ -456,10 +456,9 @@ type psStream struct {
 	in     framecodec.SyncRequest // the message last received; reused
 	out    framecodec.Sender      // fast: sends float32 frames without copying them
 	sp     wire.Splitter
-	prefix []byte          // fast: a response's fields before its frame
-	data   []byte          // compressed frames' data, copied out for their decoders
-	tf     *pb.TensorFrame // compressed frames as their decoders take them; reused
-	timer  *time.Timer     // the step timeout
+	prefix []byte      // fast: a response's fields before its frame
+	data   []byte      // compressed frames' data, copied out for their decoders
+	timer  *time.Timer // the step timeout
 }
 
 // recv reads the rank's next message into h.in (with the codec the rank
@@ -477,23 +476,19 @@ func (h *psStream) recv() error {
 	return nil
 }
 
-// decodeAdd adds the values of frame f, which covers dst, to dst, given
-// ph's dtype: float32 straight from gRPC's receive buffers, compressed
+// decodeAdd adds the values of frame f, which covers dst, given ph's
+// encoding: float32 straight from gRPC's receive buffers, compressed
 // encodings through the job's compress.PSReceiver.
 func (h *psStream) decodeAdd(dst []float32, f *framecodec.Frame, ph compress.PSPhase) error {
-	if ph.DType == pb.DType_D_TYPE_F32 {
+	if ph.Encoding == compress.PSF32 {
 		if f.NBytes != 4*len(dst) {
 			return fmt.Errorf("%d data bytes for %d float32 values", f.NBytes, len(dst))
 		}
 		f.CombineInto(dst, true)
 		return nil
 	}
-	if h.tf == nil {
-		h.tf = &pb.TensorFrame{}
-	}
 	h.data = f.AppendData(h.data[:0])
-	h.tf.Data, h.tf.Scales, h.tf.ScaleChunk = h.data, f.Scales, f.ScaleChunk
-	return h.p.recv.DecodeAdd(dst, h.tf, ph)
+	return h.p.recv.DecodeAdd(dst, h.data, f.Scales, int(f.ScaleChunk), ph)
 }
 
 // sendFrames sends v as float32 frames tagged like tag, each in field
@@ -563,7 +558,7 @@ func (h *psStream) sendFactors(step int64, phase uint32, v []float32) error {
 func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, error) {
 	p, env, rank := h.p, h.p.env, h.rank
 	var asm wire.Assembler
-	asm.Start(wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: ph.DType}, ph.Phase)
+	asm.Start(wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: psstep.DType(ph.Encoding)}, ph.Phase)
 	for {
 		err := h.recv()
 		if errors.Is(err, io.EOF) {

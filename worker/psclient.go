@@ -16,6 +16,7 @@ import (
 	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/internal/wire/framecodec"
 	"github.com/gradsync/gradsync/models"
+	"github.com/gradsync/gradsync/paramserver/psstep"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -313,30 +314,31 @@ func (l *psLink) recv(ctx context.Context) (*framecodec.SyncResponse, error) {
 	return &l.in, nil
 }
 
-// linkSender is a link's compress.PSSender for one step, bounded by
-// the step's context.
+// linkSender is a link's compress.PSSender for one step: it tags the
+// pusher's frames like tag and is bounded by the step's context.
 type linkSender struct {
 	l   *psLink
 	ctx context.Context
+	tag *pb.TensorFrame
 }
 
 // SendFrame implements compress.PSSender: an encoded gradient frame.
-func (s linkSender) SendFrame(f *pb.TensorFrame) error {
+func (s linkSender) SendFrame(f *compress.PSFrame) error {
 	l := s.l
 	if err := s.ctx.Err(); err != nil {
 		return err
 	}
 	l.c.metrics.AddBytesSent(l.c.a.JobId, "ps", len(f.Data)+len(f.Scales))
-	return l.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Gradient{Gradient: f}})
+	return l.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Gradient{Gradient: psstep.Frame(s.tag, f)}})
 }
 
 // SendF32 implements compress.PSSender: a float32 gradient frame whose
 // values gRPC writes straight from vals; it returns once they are
 // written, or the step's context ended.
-func (s linkSender) SendF32(f *pb.TensorFrame, vals []float32) error {
+func (s linkSender) SendF32(f *compress.PSFrame, vals []float32) error {
 	l := s.l
 	l.c.metrics.AddBytesSent(l.c.a.JobId, "ps", 4*len(vals))
-	return l.out.Send(s.ctx, l.stream, nil, framecodec.FieldGradient, f, vals)
+	return l.out.Send(s.ctx, l.stream, nil, framecodec.FieldGradient, psstep.Frame(s.tag, f), vals)
 }
 
 // recvParams reads the shard's whole parameter range tagged with step,

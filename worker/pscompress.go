@@ -20,8 +20,8 @@ import (
 // (psClient.step: the step timeout).
 func (l *psLink) step(ctx context.Context, step int64, grads, params []float32) error {
 	c := l.c
-	send := linkSender{l: l, ctx: ctx}
 	tag := &pb.TensorFrame{JobId: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Rank: c.a.Rank}
+	send := linkSender{l: l, ctx: ctx, tag: tag}
 	var (
 		pm, q    []float32 // PowerSGD: the server's P, then its averaged Q
 		askState bool
@@ -31,9 +31,9 @@ func (l *psLink) step(ctx context.Context, step int64, grads, params []float32) 
 		switch ex.Kind {
 		case psstep.Push:
 			if ex.Phase == 2 {
-				err = l.push.PushQ(step, pm, tag, send)
+				err = l.push.PushQ(step, pm, send)
 			} else {
-				err = l.push.Push(step, grads, tag, send)
+				err = l.push.Push(step, grads, send)
 			}
 			if err != nil {
 				return l.explain(l.recvErr(err))

@@ -91,7 +91,7 @@ type Exchange struct {
 
 func (e Exchange) String() string {
 	if e.Kind == Push {
-		return fmt.Sprintf("%v phase %d step %d (%v, %d elements)", e.Kind, e.Phase, e.Step, e.Push.DType, e.Push.Total)
+		return fmt.Sprintf("%v phase %d step %d (%v, %d elements)", e.Kind, e.Phase, e.Step, e.Push.Encoding, e.Push.Total)
 	}
 	return fmt.Sprintf("%v phase %d step %d", e.Kind, e.Phase, e.Step)
 }

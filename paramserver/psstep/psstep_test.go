@@ -184,28 +184,28 @@ func driveStep(t *testing.T, step int64, recv *compress.PSReceiver, ranks []*ran
 			sum := make([]float32, ex.Push.Total)
 			for r, rk := range ranks {
 				tag := &pb.TensorFrame{JobId: "j", Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Rank: int32(r)}
-				send := compress.FrameSender(func(f *pb.TensorFrame) error {
+				send := psstep.FrameSender(tag, func(f *pb.TensorFrame) error {
 					c := proto.Clone(f).(*pb.TensorFrame) // the pusher reuses f's buffers
 					rk.frames = append(rk.frames, c)
 					return nil
 				})
 				var err error
 				if ex.Phase == 2 {
-					err = rk.push.PushQ(step, rk.pm, tag, send)
+					err = rk.push.PushQ(step, rk.pm, send)
 				} else {
-					err = rk.push.Push(step, rk.grads, tag, send)
+					err = rk.push.Push(step, rk.grads, send)
 				}
 				if err != nil {
 					t.Fatal(err)
 				}
 				var asm wire.Assembler
-				asm.Start(wire.Expect{JobID: "j", Op: pb.Op_OP_PUSH_GRADIENT, Step: ex.Step, Total: uint64(ex.Push.Total), DType: ex.Push.DType}, ex.Phase)
+				asm.Start(wire.Expect{JobID: "j", Op: pb.Op_OP_PUSH_GRADIENT, Step: ex.Step, Total: uint64(ex.Push.Total), DType: psstep.DType(ex.Push.Encoding)}, ex.Phase)
 				for _, f := range rk.frames {
 					off, k, err := asm.Take(f, len(f.Data), len(f.Scales))
 					if err != nil {
 						t.Fatalf("rank %d: %v", r, err)
 					}
-					if err := recv.DecodeAdd(sum[off:off+k], f, ex.Push); err != nil {
+					if err := recv.DecodeAdd(sum[off:off+k], f.Data, f.Scales, int(f.ScaleChunk), ex.Push); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -248,5 +248,28 @@ func driveStep(t *testing.T, step int64, recv *compress.PSReceiver, ranks []*ran
 		if err := rk.push.Applied(step, q); err != nil {
 			t.Fatalf("rank %d: %v", r, err)
 		}
+	}
+}
+
+// TestFrames: compress's frames are the wire's size, and every encoding
+// has its dtype.
+func TestFrames(t *testing.T) {
+	if compress.PSFrameElems != wire.DefaultFrameElems {
+		t.Errorf("compress.PSFrameElems %d, wire.DefaultFrameElems %d: pushes and parameters would be cut differently", compress.PSFrameElems, wire.DefaultFrameElems)
+	}
+	want := map[compress.PSEncoding]pb.DType{compress.PSF32: pb.DType_D_TYPE_F32, compress.PSF16: pb.DType_D_TYPE_F16,
+		compress.PSBF16: pb.DType_D_TYPE_BF16, compress.PSInt8: pb.DType_D_TYPE_I8, compress.PSSparse: pb.DType_D_TYPE_SPARSE_F32}
+	for e, d := range want {
+		if got := psstep.DType(e); got != d {
+			t.Errorf("%v: dtype %v, want %v", e, got, d)
+		}
+	}
+	tag := &pb.TensorFrame{JobId: "j", Generation: 2, Op: pb.Op_OP_PUSH_GRADIENT, Step: 5, Rank: 1}
+	f := psstep.Frame(tag, &compress.PSFrame{Phase: 1, Encoding: compress.PSSparse, Chunk: 3, Offset: 9, Total: 20, Last: true,
+		Data: []byte{1}, Scales: []byte{2}, ScaleChunk: 4, Span: 6})
+	w := &pb.TensorFrame{JobId: "j", Generation: 2, Op: pb.Op_OP_PUSH_GRADIENT, Step: 5, Rank: 1, Phase: 1, Dtype: pb.DType_D_TYPE_SPARSE_F32,
+		Chunk: 3, Offset: 9, Total: 20, Last: true, Data: []byte{1}, Scales: []byte{2}, ScaleChunk: 4, Span: 6}
+	if !proto.Equal(f, w) {
+		t.Errorf("frame %v, want %v", f, w)
 	}
 }
