@@ -74,7 +74,7 @@ func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 	var asm wire.Assembler
 	asm.Start(wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: psstep.DType(ph.Encoding)}, ph.Phase)
 	for {
-		err := h.recv()
+		f, off, n, err := h.recvGradient(&asm)
 		if errors.Is(err, io.EOF) {
 			p.mu.Lock()
 			p.async.Finish(rank)
@@ -84,14 +84,6 @@ func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 		}
 		if err != nil {
 			return nil, err
-		}
-		if h.in.Msg != framecodec.FieldGradient {
-			return nil, status.Error(codes.InvalidArgument, "expected a gradient frame")
-		}
-		f := &h.in.Frame
-		off, n, err := f.Take(&asm)
-		if err != nil {
-			return nil, frameErr(rank, err)
 		}
 		p.mu.Lock()
 		if p.stopped {

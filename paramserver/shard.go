@@ -560,20 +560,12 @@ func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, er
 	var asm wire.Assembler
 	asm.Start(wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: psstep.DType(ph.Encoding)}, ph.Phase)
 	for {
-		err := h.recv()
+		f, off, n, err := h.recvGradient(&asm)
 		if errors.Is(err, io.EOF) {
 			return nil, nil // the worker is done with this job
 		}
 		if err != nil {
 			return nil, err
-		}
-		if h.in.Msg != framecodec.FieldGradient {
-			return nil, status.Error(codes.InvalidArgument, "expected a gradient frame")
-		}
-		f := &h.in.Frame
-		off, n, err := f.Take(&asm)
-		if err != nil {
-			return nil, frameErr(rank, fmt.Errorf("%w (compression %s)", err, p.recv.Type()))
 		}
 		select {
 		case <-p.aborted:
@@ -646,6 +638,23 @@ func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, er
 			return done, nil
 		}
 	}
+}
+
+// recvGradient reads the rank's next frame of the push asm assembles
+// and returns it with the element range it covers; io.EOF when the rank
+// closed its stream.
+func (h *psStream) recvGradient(asm *wire.Assembler) (f *framecodec.Frame, off, n int, err error) {
+	if err := h.recv(); err != nil {
+		return nil, 0, 0, err
+	}
+	if h.in.Msg != framecodec.FieldGradient {
+		return nil, 0, 0, status.Error(codes.InvalidArgument, "expected a gradient frame")
+	}
+	f = &h.in.Frame
+	if off, n, err = f.Take(asm); err != nil {
+		return nil, 0, 0, frameErr(h.rank, fmt.Errorf("%w (compression %s)", err, h.p.recv.Type()))
+	}
+	return f, off, n, nil
 }
 
 // save writes a due checkpoint; a failure fails the job (as in ring mode,
