@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -18,12 +17,12 @@ import (
 // encoded as its job's compression says, and the server decodes while it
 // sums (in float32), then averages:
 //
-//   - fp16/bf16: D_TYPE_F16/BF16 frames, two bytes per element, rounded
+//   - fp16/bf16: PSF16/PSBF16 frames, two bytes per element, rounded
 //     to nearest even as in ring mode (F32ToF16, F32ToBF16).
-//   - int8: D_TYPE_I8 frames, one byte per element and one float32 scale
-//     per DefaultInt8Chunk elements (TensorFrame.scales), with the
+//   - int8: PSInt8 frames, one byte per element and one float32 scale
+//     per DefaultInt8Chunk elements (PSFrame.Scales), with the
 //     stochastic rounding of ring mode seeded per (seed, rank, step).
-//   - top-k: D_TYPE_SPARSE_F32 frames of (index, value) pairs of the k
+//   - top-k: PSSparse frames of (index, value) pairs of the k
 //     largest magnitudes of gradient + residual (error feedback kept by
 //     the rank); the server scatter-adds them.
 //   - PowerSGD: two pushes per step (phases 1 and 2, see PSPhase); the
@@ -35,7 +34,10 @@ import (
 //
 // Steps before the scheme's start_iter push plain float32 (phase 0).
 // PSPusher is a rank's half, PSReceiver the server's; both derive the same
-// plan (PSPhases) from the spec and the model's segments.
+// plan (PSPhases) from the spec and the model's segments. The frames are
+// this package's PSFrame: the encoded bytes and the tags the encoding
+// decides; the ps protocol (paramserver/psstep) maps them to and from the
+// wire's TensorFrames and adds the job's tags.
 
 // Compression state in a checkpoint's extra tensors, as the flat buffers
 // of Flat (the layout follows from the spec, which the checkpoint's spec
@@ -47,17 +49,52 @@ const CheckpointShared = "compress.shared"
 // CheckpointOwn names rank's own state in a checkpoint.
 func CheckpointOwn(rank int) string { return "compress.rank" + strconv.Itoa(rank) + ".own" }
 
-// psFrameElems is how many gradient elements one pushed frame covers: a
-// multiple of DefaultInt8Chunk, so that int8 chunks never straddle frames.
-const psFrameElems = wire.DefaultFrameElems
+// PSFrameElems is how many gradient elements one pushed frame covers
+// (internal/wire's DefaultFrameElems, 1 MiB of float32): a multiple of
+// DefaultInt8Chunk, so that int8 chunks never straddle frames.
+const PSFrameElems = 1 << 18
+
+// PSEncoding is how the values of a push travel.
+type PSEncoding uint8
+
+const (
+	// PSF32 is little-endian float32, 4 bytes per element.
+	PSF32 PSEncoding = iota
+	// PSF16 is little-endian IEEE half precision, 2 bytes per element.
+	PSF16
+	// PSBF16 is little-endian bfloat16, 2 bytes per element.
+	PSBF16
+	// PSInt8 is one byte per element and one float32 scale per
+	// PSFrame.ScaleChunk elements.
+	PSInt8
+	// PSSparse is (uint32 index, float32 value) little-endian pairs,
+	// indices relative to the frame's offset, ascending, below its span.
+	PSSparse
+)
+
+func (e PSEncoding) String() string {
+	switch e {
+	case PSF32:
+		return "f32"
+	case PSF16:
+		return "f16"
+	case PSBF16:
+		return "bf16"
+	case PSInt8:
+		return "int8"
+	case PSSparse:
+		return "sparse-f32"
+	}
+	return "PSEncoding(" + strconv.Itoa(int(e)) + ")"
+}
 
 // PSPhase is what one push of a step carries.
 type PSPhase struct {
 	// Phase tags the frames: 0 for a step's only push, 1 and 2 for
 	// PowerSGD's.
 	Phase uint32
-	// DType is the frames' encoding.
-	DType pb.DType
+	// Encoding is the frames' encoding.
+	Encoding PSEncoding
 	// Total is the length in elements of the message the push sums: the
 	// gradient for phase 0, PowerSGD's P and uncompressed tensors (phase
 	// 1) or Q (phase 2).
@@ -103,20 +140,20 @@ func newPSPlan(spec *pb.CompressionSpec, segs []models.Segment, seed int64) (*ps
 // phases returns the pushes of step.
 func (p *psPlan) phases(step int64) []PSPhase {
 	if p.sc.typ == "none" || step < p.sc.start {
-		return []PSPhase{{DType: pb.DType_D_TYPE_F32, Total: p.total}}
+		return []PSPhase{{Encoding: PSF32, Total: p.total}}
 	}
 	switch p.sc.typ {
 	case "powersgd":
 		l := &p.layout
-		return []PSPhase{{Phase: 1, DType: pb.DType_D_TYPE_F32, Total: l.nP + l.nU}, {Phase: 2, DType: pb.DType_D_TYPE_F32, Total: l.nQ}}
+		return []PSPhase{{Phase: 1, Encoding: PSF32, Total: l.nP + l.nU}, {Phase: 2, Encoding: PSF32, Total: l.nQ}}
 	case "topk":
-		return []PSPhase{{DType: pb.DType_D_TYPE_SPARSE_F32, Total: p.total}}
+		return []PSPhase{{Encoding: PSSparse, Total: p.total}}
 	case "int8":
-		return []PSPhase{{DType: pb.DType_D_TYPE_I8, Total: p.total}}
+		return []PSPhase{{Encoding: PSInt8, Total: p.total}}
 	case "fp16":
-		return []PSPhase{{DType: pb.DType_D_TYPE_F16, Total: p.total}}
+		return []PSPhase{{Encoding: PSF16, Total: p.total}}
 	case "bf16":
-		return []PSPhase{{DType: pb.DType_D_TYPE_BF16, Total: p.total}}
+		return []PSPhase{{Encoding: PSBF16, Total: p.total}}
 	}
 	panic("compress: unknown scheme " + p.sc.typ)
 }
@@ -162,23 +199,26 @@ func (r *PSReceiver) Phases(step int64) []PSPhase { return r.plan.phases(step) }
 // Type is the compression type ("none", "powersgd", …).
 func (r *PSReceiver) Type() string { return r.plan.sc.typ }
 
-// DecodeAdd adds the values of frame f, which covers dst (the element
-// range wire.Check returned for it, given ph's dtype), to dst. Anything
-// malformed is an error; nothing from the frame is trusted.
-func (r *PSReceiver) DecodeAdd(dst []float32, f *pb.TensorFrame, ph PSPhase) error {
-	switch ph.DType {
-	case pb.DType_D_TYPE_F32:
-		return wire.AddF32(dst, f.Data)
-	case pb.DType_D_TYPE_F16:
-		return AddHalf(dst, f.Data, FP16)
-	case pb.DType_D_TYPE_BF16:
-		return AddHalf(dst, f.Data, BF16)
-	case pb.DType_D_TYPE_I8:
-		return DequantizeInt8Add(dst, f.Data, f.Scales, int(f.ScaleChunk))
-	case pb.DType_D_TYPE_SPARSE_F32:
-		return AddSparse(dst, f.Data)
+// DecodeAdd adds the values a frame of ph carries to dst, the element
+// range the frame covers (as the protocol checked it: the data's length
+// over the element size for dense encodings, the frame's span for
+// PSSparse): data, and for PSInt8 scales (little-endian float32) with
+// one scale per scaleChunk elements. Anything malformed is an error;
+// nothing from the frame is trusted.
+func (r *PSReceiver) DecodeAdd(dst []float32, data, scales []byte, scaleChunk int, ph PSPhase) error {
+	switch ph.Encoding {
+	case PSF32:
+		return addF32LE(dst, data)
+	case PSF16:
+		return AddHalf(dst, data, FP16)
+	case PSBF16:
+		return AddHalf(dst, data, BF16)
+	case PSInt8:
+		return DequantizeInt8Add(dst, data, scales, scaleChunk)
+	case PSSparse:
+		return AddSparse(dst, data)
 	}
-	return fmt.Errorf("compress: dtype %v cannot be decoded", ph.DType)
+	return fmt.Errorf("compress: encoding %v cannot be decoded", ph.Encoding)
 }
 
 // CombineP takes the sum over ranks of PowerSGD's phase-1 messages (every
@@ -326,37 +366,35 @@ func (p *PSPusher) Stats() Stats {
 	return p.stats
 }
 
+// PSFrame is one frame of a push: the encoded bytes and the tags the
+// encoding decides. The sender adds the job's (job, generation, op,
+// step, rank) and must not keep the frame after the send returns.
+type PSFrame struct {
+	Phase    uint32
+	Encoding PSEncoding
+	// Chunk numbers the frames of a push from 0; Offset is the element
+	// offset of the frame in the push's message of Total elements.
+	Chunk         uint32
+	Offset, Total int
+	Last          bool
+	// Data holds the encoded values (empty for SendF32); Scales PSInt8's
+	// little-endian float32 scales, one per ScaleChunk elements.
+	Data, Scales []byte
+	ScaleChunk   uint32
+	// Span is the number of elements a PSSparse frame covers.
+	Span int
+}
+
 // PSSender is where a PSPusher's frames go.
 type PSSender interface {
-	// SendFrame sends an encoded frame; it must not keep f after it
-	// returns.
-	SendFrame(f *pb.TensorFrame) error
-	// SendF32 sends a D_TYPE_F32 frame: f holds every tag but no data,
-	// vals its values (a sub-slice of what the pusher was given). It
-	// returns once it no longer needs vals, so a sender may hand them to
-	// gRPC without copying them (internal/wire/framecodec) and wait until
-	// they are written. It must not keep f.
-	SendF32(f *pb.TensorFrame, vals []float32) error
-}
-
-// FrameSender is a PSSender for send, which takes encoded frames only:
-// SendF32 writes the values into the frame's data (a buffer it reuses),
-// as wire.Splitter.Frames does.
-func FrameSender(send func(*pb.TensorFrame) error) PSSender { return &frameSender{send: send} }
-
-type frameSender struct {
-	send func(*pb.TensorFrame) error
-	buf  []byte
-}
-
-func (s *frameSender) SendFrame(f *pb.TensorFrame) error { return s.send(f) }
-
-func (s *frameSender) SendF32(f *pb.TensorFrame, vals []float32) error {
-	if cap(s.buf) < 4*len(vals) {
-		s.buf = make([]byte, 4*len(vals))
-	}
-	f.Data = wire.PutF32(s.buf, vals)
-	return s.send(f)
+	// SendFrame sends an encoded frame.
+	SendFrame(f *PSFrame) error
+	// SendF32 sends a PSF32 frame: f holds every tag but no data, vals
+	// its values (a sub-slice of what the pusher was given). It returns
+	// once it no longer needs vals, so a sender may hand them to gRPC
+	// without copying them (internal/wire/framecodec) and wait until
+	// they are written.
+	SendF32(f *PSFrame, vals []float32) error
 }
 
 // timedSender wraps a PSSender so that the time spent in it is not
@@ -367,7 +405,7 @@ type timedSender struct {
 	comm *time.Duration
 }
 
-func (t timedSender) SendFrame(f *pb.TensorFrame) error {
+func (t timedSender) SendFrame(f *PSFrame) error {
 	t.p.sent += int64(len(f.Data) + len(f.Scales))
 	t0 := time.Now()
 	err := t.s.SendFrame(f)
@@ -375,12 +413,28 @@ func (t timedSender) SendFrame(f *pb.TensorFrame) error {
 	return err
 }
 
-func (t timedSender) SendF32(f *pb.TensorFrame, vals []float32) error {
+func (t timedSender) SendF32(f *PSFrame, vals []float32) error {
 	t.p.sent += int64(4 * len(vals))
 	t0 := time.Now()
 	err := t.s.SendF32(f, vals)
 	*t.comm += time.Since(t0)
 	return err
+}
+
+// psPieces cuts vals, the message of a push of phase, into PSF32 frames
+// of at most PSFrameElems values, in order, and hands each to send with
+// the values it covers; an empty message is one empty last frame.
+func psPieces(phase uint32, vals []float32, send func(*PSFrame, []float32) error) error {
+	for off := 0; ; off += PSFrameElems {
+		end := min(off+PSFrameElems, len(vals))
+		f := &PSFrame{Phase: phase, Encoding: PSF32, Chunk: uint32(off / PSFrameElems), Offset: off, Total: len(vals), Last: end >= len(vals)}
+		if err := send(f, vals[off:end]); err != nil {
+			return err
+		}
+		if f.Last {
+			return nil
+		}
+	}
 }
 
 func (p *PSPusher) addTime(start time.Time, comm time.Duration) {
@@ -391,11 +445,10 @@ func (p *PSPusher) addTime(start time.Time, comm time.Duration) {
 
 // Push sends the first (for all but PowerSGD the only) push of step:
 // grads, this rank's gradient, encoded as Phases(step)[0] says, as frames
-// tagged like tag (job, generation, op, step, rank) through send:
-// float32 frames (no compression, PowerSGD's P) through SendF32, whose
-// values are sub-slices of grads (or of the pusher's own buffers), the
-// others through SendFrame. grads is not changed.
-func (p *PSPusher) Push(step int64, grads []float32, tag *pb.TensorFrame, send PSSender) error {
+// through send: float32 frames (no compression, PowerSGD's P) through
+// SendF32, whose values are sub-slices of grads (or of the pusher's own
+// buffers), the others through SendFrame. grads is not changed.
+func (p *PSPusher) Push(step int64, grads []float32, send PSSender) error {
 	if len(grads) != p.plan.total {
 		panic(fmt.Sprintf("compress: PSPusher.Push: len(grads) = %d, the segments cover %d", len(grads), p.plan.total))
 	}
@@ -405,30 +458,29 @@ func (p *PSPusher) Push(step int64, grads []float32, tag *pb.TensorFrame, send P
 	send = timedSender{p: p, s: send, comm: &comm}
 	p.sent = 0
 	ph := p.plan.phases(step)[0]
-	p.pending = ph.DType != pb.DType_D_TYPE_F32 || ph.Phase != 0
+	p.pending = ph.Encoding != PSF32 || ph.Phase != 0
 	switch {
 	case ph.Phase == 1:
-		return p.pushP(step, grads, tag, send)
-	case ph.DType == pb.DType_D_TYPE_F32:
-		var sp wire.Splitter
-		return sp.Pieces(tag, grads, send.SendF32)
-	case ph.DType == pb.DType_D_TYPE_SPARSE_F32:
-		return p.pushTopK(grads, tag, send)
+		return p.pushP(step, grads, send)
+	case ph.Encoding == PSF32:
+		return psPieces(0, grads, send.SendF32)
+	case ph.Encoding == PSSparse:
+		return p.pushTopK(grads, send)
 	}
 	var rounder *Int8Rounder
-	if ph.DType == pb.DType_D_TYPE_I8 {
+	if ph.Encoding == PSInt8 {
 		rounder = NewInt8Rounder(p.plan.sc.int8.Seed, p.rank, step)
 	}
-	for off := 0; ; off += psFrameElems {
-		end := min(off+psFrameElems, len(grads))
+	for off := 0; ; off += PSFrameElems {
+		end := min(off+PSFrameElems, len(grads))
 		x := grads[off:end]
-		f := frameTag(tag, ph, off, len(grads), end >= len(grads))
-		switch ph.DType {
-		case pb.DType_D_TYPE_F16:
+		f := psFrame(ph, off, len(grads), end >= len(grads))
+		switch ph.Encoding {
+		case PSF16:
 			f.Data = EncodeHalf(p.grow(2*len(x)), x, FP16)
-		case pb.DType_D_TYPE_BF16:
+		case PSBF16:
 			f.Data = EncodeHalf(p.grow(2*len(x)), x, BF16)
-		case pb.DType_D_TYPE_I8:
+		case PSInt8:
 			size := p.plan.sc.int8.ChunkSize
 			n := (len(x) + size - 1) / size
 			if cap(p.scales) < n {
@@ -436,7 +488,7 @@ func (p *PSPusher) Push(step int64, grads []float32, tag *pb.TensorFrame, send P
 			}
 			buf := p.grow(len(x) + 4*n)
 			rounder.QuantizeInt8(buf[:len(x)], p.scales[:n], x, size)
-			f.Data, f.Scales, f.ScaleChunk = buf[:len(x)], wire.PutF32(buf[len(x):], p.scales[:n]), uint32(size)
+			f.Data, f.Scales, f.ScaleChunk = buf[:len(x)], putF32LE(buf[len(x):], p.scales[:n]), uint32(size)
 		}
 		if err := send.SendFrame(f); err != nil {
 			return err
@@ -455,22 +507,16 @@ func (p *PSPusher) grow(n int) []byte {
 	return p.buf[:n]
 }
 
-// frameTag is a frame of ph tagged like tag, covering the tensor of total
-// elements from off.
-func frameTag(tag *pb.TensorFrame, ph PSPhase, off, total int, last bool) *pb.TensorFrame {
-	return &pb.TensorFrame{JobId: tag.JobId, Generation: tag.Generation, Op: tag.Op, Step: tag.Step, Phase: ph.Phase,
-		Rank: tag.Rank, Chunk: uint32(off / psFrameElems), Offset: uint64(off), Total: uint64(total), Dtype: ph.DType, Last: last}
-}
-
-// phaseTag is tag's tags with phase.
-func phaseTag(tag *pb.TensorFrame, phase uint32) *pb.TensorFrame {
-	return &pb.TensorFrame{JobId: tag.JobId, Generation: tag.Generation, Op: tag.Op, Step: tag.Step, Phase: phase, Rank: tag.Rank}
+// psFrame is a frame of ph covering the message of total elements from
+// off.
+func psFrame(ph PSPhase, off, total int, last bool) *PSFrame {
+	return &PSFrame{Phase: ph.Phase, Encoding: ph.Encoding, Chunk: uint32(off / PSFrameElems), Offset: off, Total: total, Last: last}
 }
 
 // pushTopK selects the k largest magnitudes of gradient + residual (the
 // residual is kept until Applied) and sends them as sparse frames, one per
-// psFrameElems elements of the gradient.
-func (p *PSPusher) pushTopK(grads []float32, tag *pb.TensorFrame, send PSSender) error {
+// PSFrameElems elements of the gradient.
+func (p *PSPusher) pushTopK(grads []float32, send PSSender) error {
 	t := p.topk
 	w := t.work
 	copy(w, grads)
@@ -478,10 +524,10 @@ func (p *PSPusher) pushTopK(grads []float32, tag *pb.TensorFrame, send PSSender)
 		add(w, t.res)
 	}
 	t.idx = selectTopK(t.idx[:0], t.keys, w, t.k)
-	ph := PSPhase{DType: pb.DType_D_TYPE_SPARSE_F32, Total: len(grads)}
+	ph := PSPhase{Encoding: PSSparse, Total: len(grads)}
 	idx := t.idx
-	for off := 0; ; off += psFrameElems {
-		end := min(off+psFrameElems, len(grads))
+	for off := 0; ; off += PSFrameElems {
+		end := min(off+PSFrameElems, len(grads))
 		n := 0
 		for n < len(idx) && int(idx[n]) < end {
 			n++
@@ -492,8 +538,8 @@ func (p *PSPusher) pushTopK(grads []float32, tag *pb.TensorFrame, send PSSender)
 			binary.LittleEndian.PutUint32(buf[8*i+4:], math.Float32bits(w[j]))
 		}
 		idx = idx[n:]
-		f := frameTag(tag, ph, off, len(grads), end >= len(grads))
-		f.Data, f.Span = buf, uint64(end-off)
+		f := psFrame(ph, off, len(grads), end >= len(grads))
+		f.Data, f.Span = buf, end-off
 		if err := send.SendFrame(f); err != nil {
 			return err
 		}
@@ -507,7 +553,7 @@ func (p *PSPusher) pushTopK(grads []float32, tag *pb.TensorFrame, send PSSender)
 // is gradient + residual (built in work; the residual is kept until
 // Applied); P_i = M_i·Q with the warm-start Q (or a fresh random one,
 // drawn as in ring mode), then the uncompressed tensors.
-func (p *PSPusher) pushP(step int64, grads []float32, tag *pb.TensorFrame, send PSSender) error {
+func (p *PSPusher) pushP(step int64, grads []float32, send PSSender) error {
 	s := p.psgd
 	if !s.cfg.NoErrorFeedback {
 		for i := range s.mats {
@@ -537,8 +583,7 @@ func (p *PSPusher) pushP(step int64, grads []float32, tag *pb.TensorFrame, send 
 		copy(u, grads[sg.Offset:sg.Offset+sg.Len])
 		u = u[sg.Len:]
 	}
-	var sp wire.Splitter
-	return sp.Pieces(phaseTag(tag, 1), s.pu, send.SendF32)
+	return psPieces(1, s.pu, send.SendF32)
 }
 
 // FactorLen is the length of the factors the server sends after phase
@@ -559,7 +604,7 @@ func (p *PSPusher) FactorLen(phase uint32) int {
 // PushQ is PowerSGD's phase 2 of step: given the orthogonalised P the
 // server sent (FactorLen(1) values), it sends Q_i = M_iᵀ·P (float32
 // frames, through send.SendF32).
-func (p *PSPusher) PushQ(step int64, pm []float32, tag *pb.TensorFrame, send PSSender) error {
+func (p *PSPusher) PushQ(step int64, pm []float32, send PSSender) error {
 	s := p.psgd
 	if s == nil || len(pm) != s.nP {
 		return fmt.Errorf("compress: PushQ: %d values of P; this job's PowerSGD has %d", len(pm), p.FactorLen(1))
@@ -573,8 +618,7 @@ func (p *PSPusher) PushQ(step int64, pm []float32, tag *pb.TensorFrame, send PSS
 		m := &s.mats[i]
 		s.mulQ(s.qNext[m.qOff:m.qOff+m.cols*m.rank], s.work[m.eOff:m.eOff+m.rows*m.cols], s.pu[m.pOff:m.pOff+m.rows*m.rank], m)
 	}
-	var sp wire.Splitter
-	return sp.Pieces(phaseTag(tag, 2), s.qNext, send.SendF32)
+	return psPieces(2, s.qNext, send.SendF32)
 }
 
 // Applied records that the server applied step: the compression state
@@ -705,6 +749,28 @@ func AddSparse(dst []float32, src []byte) error {
 		}
 		dst[j] += math.Float32frombits(binary.LittleEndian.Uint32(src[i+4:]))
 		next = j + 1
+	}
+	return nil
+}
+
+// putF32LE writes src as little-endian float32 into dst, which must hold
+// 4*len(src) bytes, and returns dst[:4*len(src)].
+func putF32LE(dst []byte, src []float32) []byte {
+	dst = dst[:4*len(src)]
+	for i, v := range src {
+		binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
+	}
+	return dst
+}
+
+// addF32LE adds little-endian float32 bytes into dst; len(src) must be
+// 4*len(dst).
+func addF32LE(dst []float32, src []byte) error {
+	if len(src) != 4*len(dst) {
+		return fmt.Errorf("compress: %d data bytes for %d float32 values (want %d)", len(src), len(dst), 4*len(dst))
+	}
+	for i := range dst {
+		dst[i] += math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
 	}
 	return nil
 }

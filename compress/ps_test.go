@@ -12,6 +12,7 @@ import (
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/models"
+	"github.com/gradsync/gradsync/paramserver/psstep"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -50,7 +51,7 @@ func (w *psWorld) step(t testing.TB, grads [][]float32, step int64) []float32 {
 		for r, p := range w.push {
 			next := 0
 			send := func(f *pb.TensorFrame) error {
-				off, n, err := wire.Check(f, wire.Expect{JobID: "j", Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: ph.DType})
+				off, n, err := wire.Check(f, wire.Expect{JobID: "j", Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: psstep.DType(ph.Encoding)})
 				if err != nil {
 					return err
 				}
@@ -61,14 +62,14 @@ func (w *psWorld) step(t testing.TB, grads [][]float32, step int64) []float32 {
 				if f.Last != (next == ph.Total) {
 					t.Fatalf("rank %d: frame ending at %d of %d has last = %v", r, next, ph.Total, f.Last)
 				}
-				return w.recv.DecodeAdd(sum[off:off+n], f, ph)
+				return w.recv.DecodeAdd(sum[off:off+n], f.Data, f.Scales, int(f.ScaleChunk), ph)
 			}
 			tag := &pb.TensorFrame{JobId: "j", Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Rank: int32(r)}
 			var err error
 			if ph.Phase == 2 {
-				err = p.PushQ(step, pm, tag, compress.FrameSender(send))
+				err = p.PushQ(step, pm, psstep.FrameSender(tag, send))
 			} else {
-				err = p.Push(step, grads[r], tag, compress.FrameSender(send))
+				err = p.Push(step, grads[r], psstep.FrameSender(tag, send))
 			}
 			if err != nil {
 				t.Fatalf("step %d phase %d rank %d: %v", step, ph.Phase, r, err)
@@ -262,10 +263,10 @@ func TestPSStartIter(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ph := r.Phases(2); len(ph) != 1 || ph[0].DType != pb.DType_D_TYPE_F32 || ph[0].Phase != 0 || ph[0].Total != total(testSegs) {
+		if ph := r.Phases(2); len(ph) != 1 || ph[0].Encoding != compress.PSF32 || ph[0].Phase != 0 || ph[0].Total != total(testSegs) {
 			t.Errorf("%s step 2: %+v, want one plain push", typ, ph)
 		}
-		if ph := r.Phases(3); ph[0].DType == pb.DType_D_TYPE_F32 && ph[0].Phase == 0 {
+		if ph := r.Phases(3); ph[0].Encoding == compress.PSF32 && ph[0].Phase == 0 {
 			t.Errorf("%s step 3: %+v, want compressed", typ, ph)
 		}
 	}
@@ -318,12 +319,12 @@ func FuzzPSDecode(f *testing.F) {
 			t.Skip()
 		}
 		ph := r.Phases(0)[0]
-		o, n, err := wire.Check(proto.Clone(fr).(*pb.TensorFrame), wire.Expect{JobID: "j", Op: pb.Op_OP_PUSH_GRADIENT, Total: 256, DType: ph.DType})
+		o, n, err := wire.Check(proto.Clone(fr).(*pb.TensorFrame), wire.Expect{JobID: "j", Op: pb.Op_OP_PUSH_GRADIENT, Total: 256, DType: psstep.DType(ph.Encoding)})
 		if err != nil {
 			return
 		}
 		buf := make([]float32, 256+2)
-		_ = r.DecodeAdd(buf[1+o:1+o+n], fr, ph)
+		_ = r.DecodeAdd(buf[1+o:1+o+n], fr.Data, fr.Scales, int(fr.ScaleChunk), ph)
 		if buf[0] != 0 || buf[257] != 0 {
 			t.Fatal("decoding wrote outside its range")
 		}

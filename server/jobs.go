@@ -20,6 +20,7 @@ import (
 	"github.com/gradsync/gradsync/internal/runlog"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
+	"github.com/gradsync/gradsync/paramserver"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -36,7 +37,7 @@ type jobEntry struct {
 	base   int
 	notify chan struct{}
 	// While RUNNING:
-	ps        *psGroup
+	ps        *paramserver.Group
 	fed       *fedJob // fedavg with real clients: the round driver (federation.go)
 	run       *runlog.Writer
 	ranksDone []bool
@@ -88,7 +89,7 @@ func isFinal(s pb.JobState) bool {
 // it returns.
 func (e *jobEntry) abort(err error) {
 	if e.ps != nil {
-		e.ps.abort(err)
+		e.ps.Abort(err)
 	}
 	if e.fed != nil {
 		e.fed.abort(err)
@@ -107,7 +108,7 @@ func (s *Server) checkpointStoppedLocked(e *jobEntry) {
 	var err error
 	switch {
 	case e.ps != nil:
-		path, err = e.ps.saveStopped(s.cfg.Now())
+		path, err = e.ps.SaveStopped(s.cfg.Now())
 	case e.fed != nil:
 		path, err = e.fed.saveStoppedLocked(s.cfg.Now())
 	default:
@@ -475,7 +476,7 @@ func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
 	} else if spec.Mode == "ps" {
 		// The server holds a ps job's state: it writes the checkpoints
 		// and, for a resume, loads one.
-		e.ps, err = newPSGroup(psEnv{now: s.cfg.Now, log: s.log, metrics: s.cfg.Metrics}, j.Id, j.Generation, world, net, spec, ckptDir, j.ResumeFrom)
+		e.ps, err = paramserver.NewGroup(paramserver.Env{Now: s.cfg.Now, Log: s.log, Metrics: s.cfg.Metrics}, j.Id, j.Generation, world, net, spec, ckptDir, j.ResumeFrom)
 		if err != nil {
 			what := "starting the parameter server"
 			if j.ResumeFrom != "" {

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gradsync/gradsync/paramserver"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 	"github.com/gradsync/gradsync/server"
 )
@@ -51,7 +52,7 @@ func (c *cluster) runToEnd(ctx context.Context, t *testing.T, spec *pb.JobSpec) 
 func startAggregators(t *testing.T, n int) (addrs []string, stop []func()) {
 	t.Helper()
 	for range n {
-		a, err := server.NewAggregator(server.AggregatorConfig{Insecure: true, Logger: testLogger()})
+		a, err := paramserver.NewShardServer(paramserver.ShardServerConfig{Insecure: true, Logger: testLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/internal/wire/framecodec"
 	"github.com/gradsync/gradsync/models"
+	"github.com/gradsync/gradsync/paramserver/psstep"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -74,8 +76,8 @@ func joinPS(ctx context.Context, env *taskEnv, a *pb.Assignment, net *models.Net
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	c := &psClient{a: a, cancel: cancel, metrics: env.metrics, timeout: time.Duration(a.Spec.GetStepTimeoutSeconds() * float64(time.Second))}
-	t := time.AfterFunc(c.timeout, func() { c.timedOut.Store(true); cancel() })
-	defer t.Stop()
+	jctx, done := c.stepContext(ctx)
+	defer done()
 	for i, rng := range aggregator.Partition(len(params), k) {
 		segs := net.Segments()
 		if k > 1 {
@@ -114,7 +116,7 @@ func joinPS(ctx context.Context, env *taskEnv, a *pb.Assignment, net *models.Net
 		}
 	}
 	err := c.parallel(func(l *psLink) error {
-		_, err := l.recvParams(params[l.rng.Lo:l.rng.Hi], start.step)
+		_, err := l.recvParams(jctx, params[l.rng.Lo:l.rng.Hi], start.step)
 		return err
 	})
 	if err != nil {
@@ -155,15 +157,33 @@ func (c *psClient) parallel(fn func(*psLink) error) error {
 	return first
 }
 
+// errStepTimeout is the cause of a step context that ran out of time.
+var errStepTimeout = errors.New("parameter server: step timeout")
+
+// stepContext bounds one step (or the join) by ctx and the job's step
+// timeout: when either ends, every link's stream is ended, since that is
+// what unblocks a stream's Recv; explain then says whether the timeout
+// ended it. done releases the context's resources.
+func (c *psClient) stepContext(ctx context.Context) (_ context.Context, done func()) {
+	sctx, cancel := context.WithTimeoutCause(ctx, c.timeout, errStepTimeout)
+	stop := context.AfterFunc(sctx, func() {
+		if errors.Is(context.Cause(sctx), errStepTimeout) {
+			c.timedOut.Store(true)
+		}
+		c.cancel()
+	})
+	return sctx, func() { stop(); cancel() }
+}
+
 // step pushes grads for the current step to every shard in parallel and
-// overwrites params with the parameters they answer, within the step
-// timeout (see psLink.step).
+// overwrites params with the parameters they answer, within ctx and the
+// step timeout (see psLink.step).
 func (c *psClient) step(ctx context.Context, grads, params []float32) error {
-	t := time.AfterFunc(c.timeout, func() { c.timedOut.Store(true); c.cancel() })
-	defer t.Stop()
+	ctx, done := c.stepContext(ctx)
+	defer done()
 	step := c.applied
 	err := c.parallel(func(l *psLink) error {
-		return l.step(step, grads[l.rng.Lo:l.rng.Hi], params[l.rng.Lo:l.rng.Hi])
+		return l.step(ctx, step, grads[l.rng.Lo:l.rng.Hi], params[l.rng.Lo:l.rng.Hi])
 	})
 	if err != nil {
 		return err
@@ -281,68 +301,71 @@ func (l *psLink) recvErr(err error) error {
 }
 
 // recv reads the shard's next message into l.in, after releasing the
-// previous one's buffers.
-func (l *psLink) recv() (*framecodec.SyncResponse, error) {
+// previous one's buffers. A Recv cannot take a context: when ctx ends,
+// stepContext ends the stream, which ends the Recv.
+func (l *psLink) recv(ctx context.Context) (*framecodec.SyncResponse, error) {
 	l.in.Release()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if err := l.stream.RecvMsg(&l.in); err != nil {
 		return nil, err
 	}
 	return &l.in, nil
 }
 
+// linkSender is a link's compress.PSSender for one step: it tags the
+// pusher's frames like tag and is bounded by the step's context.
+type linkSender struct {
+	l   *psLink
+	ctx context.Context
+	tag *pb.TensorFrame
+}
+
 // SendFrame implements compress.PSSender: an encoded gradient frame.
-func (l *psLink) SendFrame(f *pb.TensorFrame) error {
-	c := l.c
-	c.metrics.AddBytesSent(c.a.JobId, "ps", len(f.Data)+len(f.Scales))
-	return l.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Gradient{Gradient: f}})
+func (s linkSender) SendFrame(f *compress.PSFrame) error {
+	l := s.l
+	if err := s.ctx.Err(); err != nil {
+		return err
+	}
+	l.c.metrics.AddBytesSent(l.c.a.JobId, "ps", len(f.Data)+len(f.Scales))
+	return l.stream.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Gradient{Gradient: psstep.Frame(s.tag, f)}})
 }
 
 // SendF32 implements compress.PSSender: a float32 gradient frame whose
 // values gRPC writes straight from vals; it returns once they are
-// written (or the stream ended: the step timeout cancels its context).
-func (l *psLink) SendF32(f *pb.TensorFrame, vals []float32) error {
-	c := l.c
-	c.metrics.AddBytesSent(c.a.JobId, "ps", 4*len(vals))
-	return l.out.Send(l.stream.Context(), l.stream, nil, framecodec.FieldGradient, f, vals)
+// written, or the step's context ended.
+func (s linkSender) SendF32(f *compress.PSFrame, vals []float32) error {
+	l := s.l
+	l.c.metrics.AddBytesSent(l.c.a.JobId, "ps", 4*len(vals))
+	return l.out.Send(s.ctx, l.stream, nil, framecodec.FieldGradient, psstep.Frame(s.tag, f), vals)
 }
 
 // recvParams reads the shard's whole parameter range tagged with step,
 // straight from gRPC's receive buffers into params; sendState reports
 // that the server asks for this rank's compression state (for a
 // checkpoint).
-func (l *psLink) recvParams(params []float32, step int64) (sendState bool, err error) {
+func (l *psLink) recvParams(ctx context.Context, params []float32, step int64) (sendState bool, err error) {
 	c := l.c
-	want := wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Total: uint64(len(params))}
-	next := 0
-	for {
-		m, err := l.recv()
+	var asm wire.Assembler
+	asm.Start(wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Total: uint64(len(params))}, 0)
+	for !asm.Done() {
+		m, err := l.recv(ctx)
 		if err != nil {
 			return false, l.explain(err)
 		}
 		if !m.HasParameters {
-			_, _, err := wire.Check(nil, want)
+			_, _, err := asm.Take(nil, 0, 0)
 			return false, l.explain(err)
 		}
-		f := &m.Parameters
-		off, n, err := f.Check(want)
-		if err != nil {
+		if err := m.Parameters.Assemble(&asm, params); err != nil {
 			return false, l.explain(err)
 		}
-		if off != next {
-			return false, l.explain(fmt.Errorf("parameter frame at offset %d, want %d", off, next))
-		}
-		f.CombineInto(params[off:off+n], false) // Check: f.NBytes = 4n
 		if m.Receipt != nil {
 			l.receipt = m.Receipt
 		}
-		c.metrics.AddBytesReceived(c.a.JobId, "ps", f.NBytes)
+		c.metrics.AddBytesReceived(c.a.JobId, "ps", m.Parameters.NBytes)
 		sendState = sendState || m.SendState
-		next += n
-		if f.Last {
-			if next != len(params) {
-				return false, l.explain(fmt.Errorf("parameters ended at %d of %d", next, len(params)))
-			}
-			return sendState, nil
-		}
 	}
+	return sendState, nil
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/gradsync/gradsync/internal/netem"
 	"github.com/gradsync/gradsync/internal/runlog"
 	"github.com/gradsync/gradsync/internal/security"
+	"github.com/gradsync/gradsync/paramserver"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 	"github.com/gradsync/gradsync/server"
 	"github.com/gradsync/gradsync/worker"
@@ -269,7 +270,7 @@ func newWorkerCmd(g *globals) *cobra.Command {
 }
 
 func newAggregatorCmd(g *globals) *cobra.Command {
-	var cfg server.AggregatorConfig
+	var cfg paramserver.ShardServerConfig
 	var addr, metricsAddr string
 	c := &cobra.Command{
 		Use:   "aggregator",
@@ -288,7 +289,7 @@ workers may call it) or --insecure.`,
 			return serveService(c, g, addr, metricsAddr, func(b serviceBase) error {
 				// The aggregator has no jobs API: bearer tokens do not apply.
 				cfg.Logger, cfg.TLS, cfg.Insecure, cfg.Metrics = b.log, b.tls, b.insecure, b.metrics
-				agg, err := server.NewAggregator(cfg)
+				agg, err := paramserver.NewShardServer(cfg)
 				if err != nil {
 					return err
 				}

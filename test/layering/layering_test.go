@@ -31,7 +31,7 @@ var layers = []struct {
 	{"programs and end-to-end tests", []string{"cmd/…", "test", "test/…", "docs/…", "scripts/…"}},
 	{"shells (gRPC, processes, I/O)", []string{"server", "worker", "paramserver", "federation", "bench/…"}},
 	{"cores and domain packages", []string{
-		"coordinator", "aggregator", "aggregator/ringrpc", "aggregator/ringtest", "aggregator/shmring", "compress",
+		"coordinator", "aggregator", "aggregator/ringrpc", "aggregator/ringtest", "aggregator/shmring", "paramserver/psstep", "compress",
 		"federated", "models", "models/modeltest", "data", "checkpoint", "jobspec"}},
 	{"machinery (internal)", []string{"internal/…"}},
 	{"wire contract", []string{"proto/…"}},

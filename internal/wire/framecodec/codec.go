@@ -1,7 +1,7 @@
 // Package framecodec moves float32 tensor frames through gRPC without
 // the generic protobuf machinery and without copying their values: the
 // codec of the ring collectives (aggregator/ringrpc) and of the
-// parameter server's push/pull streams (server, worker).
+// parameter server's push/pull streams (paramserver, worker).
 //
 // # Codec
 //

@@ -97,6 +97,32 @@ func (f *Frame) SetProto(t *pb.TensorFrame) {
 
 // Check validates f's tags and sizes as wire.Check does a pb.TensorFrame.
 func (f *Frame) Check(want wire.Expect) (off, n int, err error) {
+	return wire.CheckSized(f.tags(), f.NBytes, len(f.Scales), want)
+}
+
+// Take has a take f as the next frame of its tensor (wire.Assembler.Take)
+// and returns the element range f covers; its data stays where it is.
+func (f *Frame) Take(a *wire.Assembler) (off, n int, err error) {
+	return a.Take(f.tags(), f.NBytes, len(f.Scales))
+}
+
+// Assemble has a take f (see Take) and copies its float32 values into
+// dst, the whole tensor, straight from gRPC's buffers (CombineInto).
+func (f *Frame) Assemble(a *wire.Assembler, dst []float32) error {
+	off, n, err := f.Take(a)
+	if err != nil {
+		return err
+	}
+	if f.NBytes != 4*n || off+n > len(dst) {
+		return &wire.Mismatch{Msg: fmt.Sprintf("%d data bytes for %d float32 values at %d of a tensor of %d", f.NBytes, n, off, len(dst))}
+	}
+	f.CombineInto(dst[off:off+n], false)
+	return nil
+}
+
+// tags is f's tags as a pb.TensorFrame without data, for the checks of
+// package wire; the frame is f's own, reused.
+func (f *Frame) tags() *pb.TensorFrame {
 	if f.tf == nil {
 		f.tf = &pb.TensorFrame{}
 	}
@@ -107,7 +133,7 @@ func (f *Frame) Check(want wire.Expect) (off, n int, err error) {
 	t.Generation, t.Op, t.Step, t.Phase, t.Chunk = f.Generation, f.Op, f.Step, f.Phase, f.Chunk
 	t.Offset, t.Total, t.Dtype, t.Scale, t.Rank, t.Last = f.Offset, f.Total, f.DType, f.Scale, f.Rank, f.Last
 	t.ScaleChunk, t.Span = f.ScaleChunk, f.Span
-	return wire.CheckSized(t, f.NBytes, len(f.Scales), want)
+	return t
 }
 
 // Values returns f's data decoded as float32 values (NBytes/4 of them;

@@ -1,4 +1,4 @@
-package server
+package paramserver
 
 import (
 	"context"
@@ -26,9 +26,9 @@ import (
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
-// AggregatorConfig configures a `gradsync aggregator` process. The zero
+// ShardServerConfig configures a `gradsync aggregator` process. The zero
 // value is not usable: TLS or Insecure must be set, as for the server.
-type AggregatorConfig struct {
+type ShardServerConfig struct {
 	// TLS is the server-side TLS configuration; with client certificates
 	// required (mTLS), only workers may call ParameterServer.
 	TLS *tls.Config
@@ -41,7 +41,7 @@ type AggregatorConfig struct {
 }
 
 // Validate fills in defaults and checks the configuration.
-func (c *AggregatorConfig) Validate() error {
+func (c *ShardServerConfig) Validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -54,7 +54,7 @@ func (c *AggregatorConfig) Validate() error {
 	return nil
 }
 
-// Aggregator is a parameter-server shard process (`gradsync aggregator`):
+// ShardServer is a parameter-server shard process (`gradsync aggregator`):
 // it serves ParameterServer.Sync for the jobs whose spec names it in
 // parameter_server.addresses. It needs no set-up per job: the first
 // rank's join of (job, generation, shard) carries the normalized spec,
@@ -65,40 +65,40 @@ func (c *AggregatorConfig) Validate() error {
 // after that is refused: FailedPrecondition), so a finished or failed
 // job leaves nothing behind. Deadlines come from the spec
 // (step_timeout_seconds), as in the server.
-type Aggregator struct {
-	cfg    AggregatorConfig
+type ShardServer struct {
+	cfg    ShardServerConfig
 	grpc   *grpc.Server
 	health *health.Server
 
 	mu    sync.Mutex // guards jobs, ended
-	jobs  map[aggKey]*aggJob
-	ended map[aggKey]bool
+	jobs  map[shardKey]*hostedShard
+	ended map[shardKey]bool
 
 	pb.UnimplementedParameterServerServer
 }
 
-type aggKey struct {
+type shardKey struct {
 	job   string
 	gen   uint64
 	shard int32
 }
 
-// aggJob is one shard of one job's generation and its open streams.
-type aggJob struct {
-	p      *psJob
+// hostedShard is one shard of one job's generation and its open streams.
+type hostedShard struct {
+	p      *jobShard
 	spec   *pb.JobSpec
 	active int // streams being served
 }
 
-// NewAggregator builds an aggregator process's gRPC server.
-func NewAggregator(cfg AggregatorConfig) (*Aggregator, error) {
+// NewShardServer builds an aggregator process's gRPC server.
+func NewShardServer(cfg ShardServerConfig) (*ShardServer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.TLS == nil {
 		cfg.Logger.Warn("plaintext gRPC: no TLS and no client certificates checked (asked for with --insecure)")
 	}
-	a := &Aggregator{cfg: cfg, jobs: map[aggKey]*aggJob{}, ended: map[aggKey]bool{}}
+	a := &ShardServer{cfg: cfg, jobs: map[shardKey]*hostedShard{}, ended: map[shardKey]bool{}}
 	auth := &security.AuthOptions{Insecure: cfg.TLS == nil}
 	opts := append(cfg.Metrics.GRPCServerOptions(), rpc.ServerOptions(cfg.Logger, cfg.TLS, auth)...)
 	a.grpc = grpc.NewServer(opts...)
@@ -115,7 +115,7 @@ func NewAggregator(cfg AggregatorConfig) (*Aggregator, error) {
 
 // Serve serves on lis until ctx is cancelled, then stops: every job's
 // shard is aborted (its workers get Aborted) and the streams drain.
-func (a *Aggregator) Serve(ctx context.Context, lis net.Listener) error {
+func (a *ShardServer) Serve(ctx context.Context, lis net.Listener) error {
 	errc := make(chan error, 1)
 	go func() { // owned by Serve: the gRPC accept loop (errc is buffered)
 		errc <- a.grpc.Serve(lis)
@@ -144,7 +144,7 @@ func (a *Aggregator) Serve(ctx context.Context, lis net.Listener) error {
 }
 
 // Jobs is the number of job shards the aggregator holds now.
-func (a *Aggregator) Jobs() int {
+func (a *ShardServer) Jobs() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return len(a.jobs)
@@ -152,8 +152,8 @@ func (a *Aggregator) Jobs() int {
 
 // Sync serves one rank's stream to the shard this process hosts for the
 // job of its join (see ps.proto).
-func (a *Aggregator) Sync(stream pb.ParameterServer_SyncServer) error {
-	join, err := recvJoin(stream)
+func (a *ShardServer) Sync(stream pb.ParameterServer_SyncServer) error {
+	join, err := RecvJoin(stream)
 	if err != nil {
 		return err
 	}
@@ -166,7 +166,7 @@ func (a *Aggregator) Sync(stream pb.ParameterServer_SyncServer) error {
 }
 
 // acquire finds or builds the shard a join names and counts the stream.
-func (a *Aggregator) acquire(join *pb.SyncJoin) (*aggJob, error) {
+func (a *ShardServer) acquire(join *pb.SyncJoin) (*hostedShard, error) {
 	if join.Spec == nil {
 		return nil, status.Error(codes.InvalidArgument, "a join of a `gradsync aggregator` shard must carry the job's spec")
 	}
@@ -187,7 +187,7 @@ func (a *Aggregator) acquire(join *pb.SyncJoin) (*aggJob, error) {
 		// a join cannot make the shard allocate for a larger one).
 		return nil, status.Errorf(codes.InvalidArgument, "world size %d, the job's spec has %d workers", join.WorldSize, spec.GetWorkers())
 	}
-	key := aggKey{job: join.JobId, gen: join.Generation, shard: join.Shard}
+	key := shardKey{job: join.JobId, gen: join.Generation, shard: join.Shard}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.ended[key] {
@@ -200,12 +200,12 @@ func (a *Aggregator) acquire(join *pb.SyncJoin) (*aggJob, error) {
 		if err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "building model %s: %v", spec.Model, err)
 		}
-		env := psEnv{now: a.cfg.Now, log: a.cfg.Logger, metrics: a.cfg.Metrics}
-		p, err := newPSJob(env, join.JobId, join.Generation, int(join.WorldSize), net, spec, int(join.Shard), "", "")
+		env := Env{Now: a.cfg.Now, Log: a.cfg.Logger, Metrics: a.cfg.Metrics}
+		p, err := newJobShard(env, join.JobId, join.Generation, int(join.WorldSize), net, spec, int(join.Shard), "", "")
 		if err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "%v", err)
 		}
-		j = &aggJob{p: p, spec: spec}
+		j = &hostedShard{p: p, spec: spec}
 		a.jobs[key] = j
 		a.cfg.Logger.Info("shard started", "job", join.JobId, "generation", join.Generation, "shard", join.Shard, "of", ps.Shards,
 			"range", fmt.Sprintf("[%d,%d)", p.rng.Lo, p.rng.Hi), "consistency", ps.Consistency, "world", join.WorldSize)
@@ -218,8 +218,8 @@ func (a *Aggregator) acquire(join *pb.SyncJoin) (*aggJob, error) {
 
 // release counts a stream out; the last one drops the shard, for good
 // once a rank had joined it.
-func (a *Aggregator) release(join *pb.SyncJoin, j *aggJob) {
-	key := aggKey{job: join.JobId, gen: join.Generation, shard: join.Shard}
+func (a *ShardServer) release(join *pb.SyncJoin, j *hostedShard) {
+	key := shardKey{job: join.JobId, gen: join.Generation, shard: join.Shard}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	j.active--
@@ -233,4 +233,22 @@ func (a *Aggregator) release(join *pb.SyncJoin, j *aggJob) {
 	j.p.abort(errors.New("every stream to the shard has closed"))
 	a.ended[key] = true
 	a.cfg.Logger.Info("shard ended", "job", join.JobId, "generation", join.Generation, "shard", join.Shard)
+}
+
+// stopGRPC stops g gracefully, giving streams up to d to drain, then
+// closes what is left (as the coordinator's server stops).
+func stopGRPC(g *grpc.Server, d time.Duration) {
+	done := make(chan struct{})
+	go func() { // owned by stopGRPC: graceful stop, bounded below
+		g.GracefulStop()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		g.Stop()
+		<-done
+	}
 }

@@ -1,4 +1,4 @@
-package server
+package paramserver
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/internal/wire/framecodec"
 	"github.com/gradsync/gradsync/jobspec"
+	"github.com/gradsync/gradsync/paramserver/psstep"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -59,7 +60,7 @@ func (h *psStream) serveAsync(ctx context.Context) error {
 // signalLocked wakes every stream waiting on the shard's done (sync: a
 // phase of the step is combined; async: a gradient was taken or a rank
 // finished).
-func (p *psJob) signalLocked() {
+func (p *jobShard) signalLocked() {
 	close(p.done)
 	p.done = make(chan struct{})
 }
@@ -70,9 +71,10 @@ func (p *psJob) signalLocked() {
 func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 	p, rank := h.p, h.rank
 	ph := p.recv.Phases(step)[0] // no compression with async (jobspec): plain float32
-	want := wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: ph.DType}
+	var asm wire.Assembler
+	asm.Start(wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: psstep.DType(ph.Encoding)}, ph.Phase)
 	for {
-		err := h.recv()
+		f, off, n, err := h.recvGradient(&asm)
 		if errors.Is(err, io.EOF) {
 			p.mu.Lock()
 			p.async.Finish(rank)
@@ -82,17 +84,6 @@ func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 		}
 		if err != nil {
 			return nil, err
-		}
-		if h.in.Msg != framecodec.FieldGradient {
-			return nil, status.Error(codes.InvalidArgument, "expected a gradient frame")
-		}
-		f := &h.in.Frame
-		off, n, err := f.Check(want)
-		if err != nil {
-			return nil, frameErr(rank, err)
-		}
-		if f.Last && off+n != ph.Total {
-			return nil, status.Errorf(codes.InvalidArgument, "rank %d: last frame ends at %d of %d elements", rank, off+n, ph.Total)
 		}
 		p.mu.Lock()
 		if p.stopped {
@@ -115,11 +106,11 @@ func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 		}
 		switch {
 		case rc.Refused:
-			p.env.log.Warn("gradient refused: computed on parameters too stale", "job", p.jobID, "shard", p.index, "rank", rank, "step", step,
+			p.env.Log.Warn("gradient refused: computed on parameters too stale", "job", p.jobID, "shard", p.index, "rank", rank, "step", step,
 				"stale_steps", rc.StaleSteps, "staleness", p.spec.GetParameterServer().GetStaleness())
 		case !rc.Applied:
-			p.env.metrics.NonFiniteStepSkipped()
-			p.env.log.Warn("gradient skipped: it holds NaN or Inf (nonfinite_policy skip)", "job", p.jobID, "rank", rank, "step", step)
+			p.env.Metrics.NonFiniteStepSkipped()
+			p.env.Log.Warn("gradient skipped: it holds NaN or Inf (nonfinite_policy skip)", "job", p.jobID, "rank", rank, "step", step)
 		}
 		return &pb.PushReceipt{Applied: rc.Applied, Refused: rc.Refused, StaleSteps: rc.StaleSteps, StaleUpdates: rc.StaleUpdates}, nil
 	}
@@ -130,7 +121,7 @@ func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 // fails, naming the ranks it waited for. It returns how long it waited.
 func (h *psStream) waitReady(ctx context.Context, step int64) (time.Duration, error) {
 	p := h.p
-	start := p.env.now()
+	start := p.env.Now()
 	h.resetTimer()
 	for {
 		p.mu.Lock()
@@ -140,7 +131,7 @@ func (h *psStream) waitReady(ctx context.Context, step int64) (time.Duration, er
 		}
 		if p.async.Ready(h.rank) {
 			p.mu.Unlock()
-			return p.env.now().Sub(start), nil
+			return p.env.Now().Sub(start), nil
 		}
 		done := p.done
 		laggards, clock := p.async.Laggards(), p.async.Clock()

@@ -1,0 +1,16 @@
+// Package paramserver is the ParameterServer gRPC service (ps mode)
+// over package aggregator's shard cores: the coordinator hosts a job's
+// shards (Group, created per job generation, behind the small Env of
+// its host), or each shard runs as its own `gradsync aggregator`
+// process (ShardServer), which learns the job from the first rank's
+// join.
+//
+// A rank's Sync stream to one shard: the join; then, per step, the
+// parameters down (after the previous step), the rank's gradient up,
+// in one push or PowerSGD's two with the server's P in between (the
+// plan of compress.PSReceiver); with consistency sync every rank waits
+// for the others' pushes of each phase, with async or bounded each
+// gradient is applied when it is in. A due checkpoint is written by the
+// stream of the rank whose push completed the step, after gathering the
+// ranks' own compression state when there is some.
+package paramserver
