@@ -91,7 +91,7 @@
 //	    stages: S                   # default 1 (no pipeline)
 //	    micro_batches: M            # default S; the batch is split into M equal parts
 //	    schedule: gpipe | 1f1b      # default 1f1b
-//	    boundaries: ["layer2.0", 4] # S−1 block names or block indices where stages 1..S−1 start
+//	    boundaries: ["layer2.0"]    # or: the S−1 blocks where stages 1..S−1 start (repeated string)
 //	    balance: params | time      # or: split by parameter count (default) or measured time per block
 //
 // Validation (each a FieldError naming the field): data ≥ 1; stages ≥ 1
@@ -100,8 +100,10 @@
 // 64 is not a multiple of 3); schedule one of Schedules; boundaries and
 // balance not both; boundaries exactly S−1 entries, strictly increasing,
 // each a block name, a module name that starts a block, or a block index
-// in [1, blocks) — a name inside a block is refused naming the block and
-// the allowed names, as models.Partition does; workers = D × S; pipeline
+// in [1, blocks) (in models named by nn.Sequential indices a number is a
+// module name) — a name inside a block is refused naming the block and
+// the allowed names, as models.Partition does, with the same field paths;
+// workers = D × S; pipeline
 // jobs refuse, until they are implemented, the modes and options that do
 // not compose with them (ps and fedavg modes, compression across stages,
 // grad_clip_norm, which needs a norm over all stages).
