@@ -103,8 +103,8 @@
 // in [1, blocks) (in models named by nn.Sequential indices a number is a
 // module name) — a name inside a block is refused naming the block and
 // the allowed names, as models.Partition does, with the same field paths;
-// workers = D × S; pipeline
-// jobs refuse, until they are implemented, the modes and options that do
-// not compose with them (ps and fedavg modes, compression across stages,
-// grad_clip_norm, which needs a norm over all stages).
+// workers = D × S. Until they are implemented, pipeline jobs refuse the
+// modes and options that do not compose with them (ps and fedavg modes,
+// compression across stages, grad_clip_norm, which needs a norm over all
+// stages).
 package pipeline
