@@ -2,8 +2,10 @@ package models
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -53,45 +55,36 @@ func blockName(name string) string {
 // in exactly one; their parameter and buffer ranges are contiguous and in
 // order, so a run of blocks owns one contiguous range of each flat buffer.
 func (n *Network) Blocks() []Block {
-	params := n.segmentAddrs(n.params, n.segs)
-	bufs := n.segmentAddrs(n.bufs, n.bufSegs)
+	params := segmentAddrs(n.params, n.segs)
+	bufs := segmentAddrs(n.bufs, n.bufSegs)
 	var blocks []Block
+	paramEnd, bufEnd := 0, 0 // where the next layer's parameters and buffers must start
 	for i, l := range n.layers {
 		ps, bs := layerSegments(l, params), layerSegments(l, bufs)
-		if len(ps) == 0 {
-			if len(blocks) > 0 {
-				blocks[len(blocks)-1].End = i + 1
-			}
-			continue
-		}
-		name := blockName(n.segs[ps[0]].Name)
 		pOff, pLen := segRange(n.segs, ps)
 		bOff, bLen := segRange(n.bufSegs, bs)
-		if k := len(blocks) - 1; k >= 0 && blocks[k].Name == name {
-			b := &blocks[k]
-			b.End = i + 1
-			b.ParamLen += pLen
+		if pLen > 0 && pOff != paramEnd || bLen > 0 && bOff != bufEnd {
+			panic(fmt.Sprintf("models: %s: layer %d's parameters or buffers are not next in the flat buffers", n.name, i))
+		}
+		paramEnd, bufEnd = paramEnd+pLen, bufEnd+bLen
+		k := len(blocks) - 1
+		switch {
+		case len(ps) == 0 && k < 0:
+			// Leading layers without parameters (Flatten) join the first block.
 			if bLen > 0 {
-				if b.BufferLen == 0 {
-					b.BufferOffset = bOff
-				}
-				b.BufferLen += bLen
+				panic(fmt.Sprintf("models: %s: layer %d has buffers but no parameters", n.name, i))
 			}
-			continue
-		}
-		first := i
-		if len(blocks) == 0 {
-			first = 0 // leading layers without parameters (Flatten) join the first block
-		} else if bLen == 0 {
-			bOff = blocks[len(blocks)-1].BufferOffset + blocks[len(blocks)-1].BufferLen
-		}
-		blocks = append(blocks, Block{Name: name, First: first, End: i + 1,
-			ParamOffset: pOff, ParamLen: pLen, BufferOffset: bOff, BufferLen: bLen})
-	}
-	for i := range blocks {
-		if i > 0 && (blocks[i].ParamOffset != blocks[i-1].ParamOffset+blocks[i-1].ParamLen ||
-			blocks[i].BufferOffset != blocks[i-1].BufferOffset+blocks[i-1].BufferLen) {
-			panic(fmt.Sprintf("models: %s: block %s's parameters do not follow block %s's", n.name, blocks[i].Name, blocks[i-1].Name))
+		case k >= 0 && (len(ps) == 0 || blocks[k].Name == blockName(n.segs[ps[0]].Name)):
+			blocks[k].End = i + 1
+			blocks[k].ParamLen += pLen
+			blocks[k].BufferLen += bLen
+		default:
+			first := i
+			if k < 0 {
+				first = 0
+			}
+			blocks = append(blocks, Block{Name: blockName(n.segs[ps[0]].Name), First: first, End: i + 1,
+				ParamOffset: pOff, ParamLen: pLen, BufferOffset: bufEnd - bLen, BufferLen: bLen})
 		}
 	}
 	return blocks
@@ -99,7 +92,7 @@ func (n *Network) Blocks() []Block {
 
 // segmentAddrs maps the address of each segment's first element in buf to
 // the segment's index.
-func (n *Network) segmentAddrs(buf []float32, segs []Segment) map[uintptr]int {
+func segmentAddrs(buf []float32, segs []Segment) map[uintptr]int {
 	m := make(map[uintptr]int, len(segs))
 	if len(buf) == 0 {
 		return m
@@ -161,15 +154,7 @@ func layerSegments(l Layer, addrs map[uintptr]int) []int {
 		}
 	}
 	walk(reflect.ValueOf(l))
-	idx := make([]int, 0, len(found))
-	for i := range found {
-		idx = append(idx, i)
-	}
-	for i := 1; i < len(idx); i++ { // insertion sort: a layer holds a handful
-		for j := i; j > 0 && idx[j] < idx[j-1]; j-- {
-			idx[j], idx[j-1] = idx[j-1], idx[j]
-		}
-	}
+	idx := slices.Sorted(maps.Keys(found))
 	return idx
 }
 

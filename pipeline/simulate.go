@@ -180,19 +180,20 @@ func Simulate(p Plan, c SimConfig) (SimResult, error) {
 			st.Busy += cost
 			clock[s] = t + cost
 		case isComm && c.Capacity == 0:
+			// A rendezvous: both ends complete together.
 			peer := peerOf(s, l)
-			b := p.Actions[peer][pc[peer]]
+			pa := p.Actions[peer][pc[peer]]
 			pc[peer]++
 			done := t + c.Latency + jitter()
 			clock[s], clock[peer] = done, done
-			q := ch(l)
-			sender, sent := s, a
+			recvStage, recvAct, sentMB := peer, pa, a.MicroBatch
 			if !send {
-				sender, sent = peer, b
+				recvStage, recvAct, sentMB = s, a, pa.MicroBatch
 			}
+			q := ch(l)
 			q.visible = append(q.visible, done)
-			q.mbs = append(q.mbs, sent.MicroBatch)
-			if err := receive(peerOf(sender, l), p.Actions[peerOf(sender, l)][pc[peerOf(sender, l)]-1], q, done); err != nil {
+			q.mbs = append(q.mbs, sentMB)
+			if err := receive(recvStage, recvAct, q, done); err != nil {
 				return res, err
 			}
 		case isComm && send:
