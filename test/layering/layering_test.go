@@ -32,7 +32,7 @@ var layers = []struct {
 	{"shells (gRPC, processes, I/O)", []string{"server", "worker", "paramserver", "federation", "bench/…"}},
 	{"cores and domain packages", []string{
 		"coordinator", "aggregator", "aggregator/ringrpc", "aggregator/ringtest", "aggregator/shmring", "paramserver/psstep", "compress",
-		"federated", "models", "models/modeltest", "data", "checkpoint", "jobspec"}},
+		"federated", "models", "models/modeltest", "data", "checkpoint", "jobspec", "pipeline"}},
 	{"machinery (internal)", []string{"internal/…"}},
 	{"wire contract", []string{"proto/…"}},
 }

@@ -1,0 +1,110 @@
+// Package pipeline is the pure core of pipeline parallelism: a model
+// split by layers into S stages, one per worker, trained on M
+// micro-batches per step. It holds the schedules — in what order each
+// stage runs its forwards, backwards and transfers — as plans of
+// actions, separated from the stages that run them (as in
+// torch.distributed.pipelining, where a PipelineStage is what runs and a
+// Schedule in what order). Nothing here does I/O, reads the clock, draws
+// unseeded randomness or starts goroutines: a stage's shell walks its
+// list, and Simulate runs all lists together on a fake clock for tests
+// and cost estimates. How a model is cut into stages is
+// models.Partition.
+//
+// # Plans
+//
+// GPipe(S, M) and OneFOneB(S, M) return a Plan: for every stage s, an
+// ordered list of Forward(mb), Backward(mb) and the transfers they imply
+// — RecvActivation(mb) from s−1 before Forward(mb), SendActivation(mb) to
+// s+1 after it, RecvGrad(mb) from s+1 before Backward(mb), SendGrad(mb) to
+// s−1 after it (none on the side where a stage has no neighbour). The
+// last stage computes the loss of a micro-batch between its Forward and
+// its Backward. Both schedules flush: every micro-batch is backwarded
+// before the step ends and the optimiser steps once, on the whole
+// batch's gradient. Plans are valid for any S ≥ 1 and M ≥ 1, M < S
+// included (1F1B's warm-up is then cut to M forwards: min(S−1−s, M)).
+//
+// # Gradient accumulation order
+//
+// Every stage runs its backwards in micro-batch order 0, 1, …, M−1 under
+// both schedules, so the stage's gradient is ((g₀ + g₁) + g₂) + … in that
+// order, whatever the delays. That order decides the bits: a pipeline
+// step gives bit for bit the gradient of one worker that runs the same M
+// micro-batches one after another, accumulating into the same buffer,
+// and GPipe and 1F1B give the same bits. (It is not bit-identical to one
+// full-batch backward, whose GEMMs sum the batch in another order, nor
+// with batch norm, whose statistics are per micro-batch.)
+//
+// # Why no plan deadlocks
+//
+// Each direction of each link (activations s → s+1, gradients s+1 → s)
+// is a FIFO channel. Validate checks, and the tests prove for S 1..8 and
+// M 1..16, two properties:
+//
+//  1. On every channel, the sender's plan sends the micro-batches in the
+//     same order as the receiver's plan receives them, so the k-th send
+//     is the k-th receive's message.
+//  2. Taking each matched send/receive pair as one event shared by its two
+//     stages, the stages' orders together are acyclic: there is one
+//     global order of all events that every stage's list follows.
+//
+// With both, no capacity ≥ 0 can deadlock. Take any state where some
+// stage has not finished and, in the global order, the first event e not
+// yet completed. Every event before e has completed, so every stage
+// taking part in e is at e (its earlier actions precede e). A computation
+// can run. For a transfer, the receiver is at its receive; every earlier
+// message on that channel was sent and received by earlier events, so the
+// channel holds at most e's message. If it holds it, the receive
+// completes; if not, the sender is at its send and the channel is empty,
+// so a send with capacity ≥ 1 completes, and with capacity 0 (a
+// rendezvous) both ends are there and it completes. So some action can
+// always run, with any delays: bounded buffers suffice, down to none.
+// Validate checks property 2 by running the plan with rendezvous links,
+// which gets stuck exactly when there is a cycle.
+//
+// The one place the order needs care is 1F1B's steady phase. Stage s+1
+// sends gradient i before it receives activation w+i; if stage s sent
+// activation w+i right after computing it and only then waited for
+// gradient i, each would wait for the other on a rendezvous link (and
+// with one slot of buffer the order would be fine, which is how such
+// deadlocks hide until a link is full: pytorch#172668, Megatron-LM#5100).
+// OneFOneB therefore places SendActivation(w+i) after RecvGrad(i); it
+// costs nothing, since s+1 wants that activation only after it has sent
+// the gradient.
+//
+// # What the simulator shows
+//
+// Simulate counts, per stage, the micro-batches whose activations are
+// held (forwarded, not yet backwarded): the peak is M under GPipe and
+// min(M, S−s) on stage s under 1F1B. With forward f and backward b on
+// every stage and free transfers, a step lasts (M+S−1)(f+b) and each
+// stage is idle for (S−1)(f+b) of it: the bubble (S−1)/(M+S−1) of
+// Bubble, exactly, for both schedules and any link capacity.
+//
+// # The job spec (proposed, not wired yet)
+//
+// Pipeline jobs will be described by a parallelism block, to be added to
+// proto/ and jobspec/:
+//
+//	parallelism:
+//	  data: D                       # data-parallel replicas of the whole pipeline; default 1
+//	  pipeline:
+//	    stages: S                   # default 1 (no pipeline)
+//	    micro_batches: M            # default S; the batch is split into M equal parts
+//	    schedule: gpipe | 1f1b      # default 1f1b
+//	    boundaries: ["layer2.0"]    # or: the S−1 blocks where stages 1..S−1 start (repeated string)
+//	    balance: params | time      # or: split by parameter count (default) or measured time per block
+//
+// Validation (each a FieldError naming the field): data ≥ 1; stages ≥ 1
+// and ≤ the model's blocks (models.Blocks); micro_batches ≥ 1 and the
+// batch size divisible by it (parallelism.pipeline.micro_batches: batch
+// 64 is not a multiple of 3); schedule one of Schedules; boundaries and
+// balance not both; boundaries exactly S−1 entries, strictly increasing,
+// each a block name, a module name that starts a block, or a block index
+// in [1, blocks) (in models named by nn.Sequential indices a number is a
+// module name) — a name inside a block is refused naming the block and
+// the allowed names, as models.Partition does, with the same field paths;
+// workers = D × S. Until they are implemented, pipeline jobs refuse the
+// modes and options that do not compose with them (ps and fedavg modes,
+// compression across stages, grad_clip_norm, which needs a norm over all
+// stages).
+package pipeline
