@@ -159,7 +159,7 @@ func (d *Driver) send(stream pb.Federation_ParticipateServer, sp *wire.Splitter,
 type assembly struct {
 	hdr   *pb.ClientUpdate
 	delta []float32
-	next  int
+	asm   wire.Assembler
 }
 
 // receive reads a client's messages until the stream ends or a message is
@@ -180,28 +180,17 @@ func (d *Driver) receive(c *session, stream pb.Federation_ParticipateServer) err
 				return status.Errorf(codes.InvalidArgument, "client %d: update for round %d; rounds are numbered from 1", c.client, m.Update.Round)
 			}
 			r = assembly{hdr: m.Update, delta: make([]float32, d.params)}
+			r.asm.Start(wire.Expect{JobID: d.jobID, Generation: d.gen, Op: pb.Op_OP_PUSH_GRADIENT,
+				Step: int64(r.hdr.Round), Total: uint64(d.params)}, 0)
 		case *pb.ParticipateRequest_Delta:
 			if r.hdr == nil {
 				return status.Errorf(codes.InvalidArgument, "client %d: delta frame without an update header", c.client)
 			}
-			f := m.Delta
-			off, n, err := wire.Check(f, wire.Expect{JobID: d.jobID, Generation: d.gen, Op: pb.Op_OP_PUSH_GRADIENT,
-				Step: int64(r.hdr.Round), Total: uint64(d.params)})
-			if err != nil {
-				return status.Errorf(codes.InvalidArgument, "client %d: %v", c.client, err)
+			if err := r.asm.Copy(r.delta, m.Delta); err != nil {
+				return status.Errorf(codes.InvalidArgument, "client %d: delta: %v", c.client, err)
 			}
-			if off != r.next {
-				return status.Errorf(codes.InvalidArgument, "client %d: delta frame at offset %d, want %d (frames in order)", c.client, off, r.next)
-			}
-			if err := wire.GetF32(r.delta[off:off+n], f.Data); err != nil {
-				return status.Errorf(codes.InvalidArgument, "client %d: %v", c.client, err)
-			}
-			r.next += n
-			if !f.Last {
+			if !r.asm.Done() {
 				continue
-			}
-			if r.next != d.params {
-				return status.Errorf(codes.InvalidArgument, "client %d: last delta frame ends at %d of %d values", c.client, r.next, d.params)
 			}
 			hdr := r.hdr
 			hist, err := checkHistogram(hdr.LabelHistogram, hdr.NumExamples, d.classes)

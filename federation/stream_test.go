@@ -229,3 +229,83 @@ func TestParticipateStream(t *testing.T) {
 		t.Fatal("Run did not return after the job ended")
 	}
 }
+
+// TestParticipateRefusesBadDelta: a delta frame that is not the next
+// frame of the update (out of order, another job's, a phase the stream
+// does not use, past the last) ends the client's stream with
+// InvalidArgument saying what was wrong, and nothing of it is used.
+func TestParticipateRefusesBadDelta(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		name string
+		bad  func(p int) []*pb.TensorFrame
+		msg  string
+	}{
+		{"out of order", func(p int) []*pb.TensorFrame {
+			return []*pb.TensorFrame{{Offset: 1, Data: make([]byte, 4*(p-1)), Last: true}}
+		}, "frames in order"},
+		{"another job", func(p int) []*pb.TensorFrame {
+			return []*pb.TensorFrame{{JobId: "job-2", Data: make([]byte, 4*p), Last: true}}
+		}, "job-2"},
+		{"other phase", func(p int) []*pb.TensorFrame {
+			return []*pb.TensorFrame{{Phase: 1, Data: make([]byte, 4*p), Last: true}}
+		}, "phase"},
+		{"short last", func(p int) []*pb.TensorFrame {
+			return []*pb.TensorFrame{{Data: make([]byte, 4*(p-1)), Last: true}}
+		}, "last frame ends"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, testSpec(3), "")
+			ran := make(chan struct{})
+			go func() { // owned by the subtest: ends once the driver is aborted
+				defer close(ran)
+				h.d.Run()
+			}()
+			defer func() {
+				h.d.Abort(errors.New("test over"))
+				<-ran
+			}()
+			fed := startService(t, func(string) (*Driver, error) { return h.d, nil })
+			var streams []pb.Federation_ParticipateClient
+			for k := range 3 {
+				st, err := fed.Participate(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				j := &pb.FederationJoin{JobId: "job-1", Generation: 1, NumClients: 3, NumParams: int64(h.d.params), Client: int32(k)}
+				if err := st.Send(&pb.ParticipateRequest{Msg: &pb.ParticipateRequest_Join{Join: j}}); err != nil {
+					t.Fatal(err)
+				}
+				streams = append(streams, st)
+			}
+			st := streams[0]
+			for { // up to the end of round 1's model
+				m, err := st.Recv()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if m.GetModel().GetLast() {
+					break
+				}
+			}
+			if err := st.Send(&pb.ParticipateRequest{Msg: &pb.ParticipateRequest_Update{Update: &pb.ClientUpdate{Round: 1, NumExamples: 30}}}); err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range tc.bad(h.d.params) {
+				if f.JobId == "" {
+					f.JobId = "job-1"
+				}
+				f.Generation, f.Op, f.Step, f.Total, f.Dtype = 1, pb.Op_OP_PUSH_GRADIENT, 1, uint64(h.d.params), pb.DType_D_TYPE_F32
+				if err := st.Send(&pb.ParticipateRequest{Msg: &pb.ParticipateRequest_Delta{Delta: f}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var err error
+			for err == nil {
+				_, err = st.Recv()
+			}
+			wantCode(t, tc.name, err, codes.InvalidArgument, tc.msg)
+		})
+	}
+}

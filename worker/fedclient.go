@@ -174,8 +174,9 @@ func (c *fedClient) session(ctx context.Context) (done bool, err error) {
 // receiveModel reads the model frames that follow a round start (phase 0)
 // or an evaluation request (phase 1) into c.global.
 func (c *fedClient) receiveModel(recv func() (*pb.ParticipateResponse, error), step int64, phase uint32) error {
-	want := wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_BROADCAST, Step: step, Total: uint64(len(c.global))}
-	for next := 0; ; {
+	var asm wire.Assembler
+	asm.Start(wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_BROADCAST, Step: step, Total: uint64(len(c.global))}, phase)
+	for {
 		m, err := recv()
 		if err != nil {
 			return err
@@ -184,21 +185,10 @@ func (c *fedClient) receiveModel(recv func() (*pb.ParticipateResponse, error), s
 		if f == nil {
 			return fmt.Errorf("expected a model frame, got %T", m.Msg)
 		}
-		off, n, err := wire.Check(f, want)
-		if err != nil {
-			return err
+		if err := asm.Copy(c.global, f); err != nil {
+			return fmt.Errorf("model frame: %w", err)
 		}
-		if f.Phase != phase || off != next {
-			return fmt.Errorf("model frame of phase %d at offset %d, want phase %d at %d", f.Phase, off, phase, next)
-		}
-		if err := wire.GetF32(c.global[off:off+n], f.Data); err != nil {
-			return err
-		}
-		next += n
-		if f.Last {
-			if next != len(c.global) {
-				return fmt.Errorf("last model frame ends at %d of %d values", next, len(c.global))
-			}
+		if asm.Done() {
 			return nil
 		}
 	}
