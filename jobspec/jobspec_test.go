@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/gradsync/gradsync/internal/optim"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -363,7 +364,7 @@ func TestLearningRate(t *testing.T) {
 		{"constant", constant, 77, 100, base},
 	}
 	for _, c := range cases {
-		got := LearningRate(c.spec, c.step, c.total)
+		got := optim.LearningRate(c.spec, c.step, c.total)
 		if math.Abs(got-c.want) > 1e-12 {
 			t.Errorf("%s: LearningRate(step %d of %d) = %v, want %v", c.name, c.step, c.total, got, c.want)
 		}
@@ -371,7 +372,7 @@ func TestLearningRate(t *testing.T) {
 	// Cosine decreases monotonically.
 	prev := math.Inf(1)
 	for s := int64(0); s <= 100; s++ {
-		lr := LearningRate(cosine, s, 100)
+		lr := optim.LearningRate(cosine, s, 100)
 		if lr > prev {
 			t.Fatalf("cosine increased at step %d: %v > %v", s, lr, prev)
 		}
@@ -382,7 +383,7 @@ func TestLearningRate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := LearningRate(n, 0, 10); got != DefaultLR {
+	if got := optim.LearningRate(n, 0, 10); got != DefaultLR {
 		t.Errorf("default spec at step 0: %v, want %v", got, DefaultLR)
 	}
 }

@@ -10,9 +10,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/internal/wire/framecodec"
-	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/paramserver/psstep"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -92,7 +92,7 @@ func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
 		}
 		// Each rank's gradient is applied at the learning rate of the
 		// step it was computed for.
-		p.opt.SetLR(float32(jobspec.LearningRate(p.spec, step, p.totalSteps)))
+		p.opt.SetLR(float32(optim.LearningRate(p.spec, step, p.totalSteps)))
 		rc, complete, err := p.async.Add(rank, step, off, n, func(dst []float32) error { return h.decodeAdd(dst, f, ph) })
 		if complete {
 			p.signalLocked()

@@ -18,6 +18,7 @@ import (
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/internal/metrics"
+	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/internal/rpc"
 	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/internal/wire/framecodec"
@@ -46,7 +47,7 @@ type jobShard struct {
 	rng              aggregator.Range
 
 	spec *pb.JobSpec
-	opt  jobspec.Stepper
+	opt  optim.Stepper
 	ckpt *psCheckpointer // nil: the job writes no checkpoints
 
 	mu         sync.Mutex             // guards shard, async, opt, recv, grad, pFactor, qFactor, gather, done, joined, totalSteps, trainN, stopped
@@ -144,7 +145,7 @@ func newJobShard(env Env, jobID string, gen uint64, world int, net *models.Netwo
 		// needs the range's length.
 		segs = []models.Segment{{Name: fmt.Sprintf("shard%d", index), Shape: []int{rng.Len()}, Len: rng.Len()}}
 	}
-	opt := jobspec.NewOptimizer(spec)
+	opt := optim.FromSpec(spec)
 	var start struct {
 		checkpoint.Meta
 		Extra map[string]checkpoint.Tensor
@@ -578,7 +579,7 @@ func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, er
 			return nil, abortedStatus(p.abortErr)
 		}
 		done := p.done
-		p.opt.SetLR(float32(jobspec.LearningRate(p.spec, step, p.totalSteps)))
+		p.opt.SetLR(float32(optim.LearningRate(p.spec, step, p.totalSteps)))
 		skipped := p.shard.Skipped()
 		decode := func(dst []float32) error { return h.decodeAdd(dst, f, ph) }
 		var applied, combined bool

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/gradsync/gradsync/checkpoint"
+	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -34,7 +35,7 @@ func (c *checkpointer) due(step int64, epochEnd bool, epoch int, now time.Time) 
 // epoch is the epoch in progress and consumed the leading positions of its
 // global order trained on (0 with epoch+1 at an epoch's end). extra is
 // written to extra.safetensors (ring mode: the compression state).
-func (c *checkpointer) save(net *models.Network, opt jobspec.Stepper, step int64, epoch int, consumed int64, extra map[string]models.Tensor, now time.Time) (string, error) {
+func (c *checkpointer) save(net *models.Network, opt optim.Stepper, step int64, epoch int, consumed int64, extra map[string]models.Tensor, now time.Time) (string, error) {
 	st := &checkpoint.State{
 		Meta: checkpoint.Meta{JobID: c.jobID, SpecHash: specHash(c.spec), Step: step, Epoch: epoch,
 			EpochConsumed: consumed, WorldSize: c.world, Seed: c.spec.GetSeed()},
@@ -52,7 +53,7 @@ func (c *checkpointer) save(net *models.Network, opt jobspec.Stepper, step int64
 
 // restoreCheckpoint loads st, the checkpoint read from path, into net and
 // opt, once it has checked that st was written for spec.
-func restoreCheckpoint(st *checkpoint.State, path string, spec *pb.JobSpec, net *models.Network, opt jobspec.Stepper) error {
+func restoreCheckpoint(st *checkpoint.State, path string, spec *pb.JobSpec, net *models.Network, opt optim.Stepper) error {
 	if st.Meta.SpecHash != specHash(spec) {
 		return fmt.Errorf("checkpoint %s was written for another spec", path)
 	}

@@ -450,7 +450,7 @@ func BenchmarkSnapshotTake(b *testing.B) {
 
 // resume loads a checkpoint into net and opt and returns where training
 // stopped.
-func resume(path string, spec *pb.JobSpec, net *models.Network, opt jobspec.Stepper) (checkpoint.Meta, error) {
+func resume(path string, spec *pb.JobSpec, net *models.Network, opt optim.Stepper) (checkpoint.Meta, error) {
 	st, err := checkpoint.Load(path)
 	if err != nil {
 		return checkpoint.Meta{}, err

@@ -7,7 +7,6 @@ import (
 
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/internal/optim"
-	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 )
 
@@ -81,7 +80,7 @@ func (j *jobSnapshots) olderStep() int64 {
 // take copies the state after a completed step into the older slot,
 // which becomes the newest. The copies are plain memory copies into
 // buffers allocated at the first snapshot.
-func (j *jobSnapshots) take(gen uint64, step int64, epoch int, consumed int64, net *models.Network, opt jobspec.Stepper, red compress.Stateful) {
+func (j *jobSnapshots) take(gen uint64, step int64, epoch int, consumed int64, net *models.Network, opt optim.Stepper, red compress.Stateful) {
 	t0 := time.Now()
 	i := 1 - j.newest
 	if !j.valid[j.newest] {
@@ -114,7 +113,7 @@ func (j *jobSnapshots) take(gen uint64, step int64, epoch int, consumed int64, n
 
 // restore loads s's model and optimiser state into net and opt (the
 // reducer's state is restored separately: its own part is per rank).
-func (s *snapshot) restore(net *models.Network, opt jobspec.Stepper) error {
+func (s *snapshot) restore(net *models.Network, opt optim.Stepper) error {
 	if len(s.params) != len(net.Params()) || len(s.bufs) != len(net.Buffers()) {
 		return fmt.Errorf("snapshot holds %d parameters and %d buffer values, the model %d and %d",
 			len(s.params), len(s.bufs), len(net.Params()), len(net.Buffers()))

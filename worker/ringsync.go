@@ -11,7 +11,7 @@ import (
 	"github.com/gradsync/gradsync/aggregator"
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/internal/metrics"
-	"github.com/gradsync/gradsync/jobspec"
+	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -47,7 +47,7 @@ type ringSync struct {
 	world   int
 	spec    *pb.JobSpec
 	total   int64
-	optim   jobspec.Stepper
+	optim   optim.Stepper
 	opt     aggregator.Options
 	reducer compress.Reducer
 	state   compress.Stateful // the reducer's state
@@ -78,7 +78,7 @@ func newRingSync(ctx context.Context, ring aggregator.Ring, closeFn func(), a *p
 	}
 	r := &ringSync{
 		ring: ring, closeFn: closeFn, world: ring.Size(), spec: spec, total: totalSteps, metrics: reg, jobID: a.JobId,
-		optim:   jobspec.NewOptimizer(spec),
+		optim:   optim.FromSpec(spec),
 		opt:     aggregator.Options{Generation: a.Generation},
 		timeout: time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second)),
 		skipBad: spec.GetNonfinitePolicy() == "skip",
@@ -166,7 +166,7 @@ func (r *ringSync) apply(ctx context.Context, grads, params []float32) error {
 	}
 	switch {
 	case finite:
-		r.optim.SetLR(float32(jobspec.LearningRate(r.spec, r.steps, r.total)))
+		r.optim.SetLR(float32(optim.LearningRate(r.spec, r.steps, r.total)))
 		r.optim.Step(params, grads)
 	case r.skipBad:
 		r.skipped++

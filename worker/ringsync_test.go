@@ -75,7 +75,7 @@ func TestRingAndPSMatchSingleWorker(t *testing.T) {
 	sgd := newSGD()
 	for s := 0; s < steps; s++ {
 		g := grad(single, s, 0, global)
-		sgd.SetLR(float32(jobspec.LearningRate(spec, int64(s), steps)))
+		sgd.SetLR(float32(optim.LearningRate(spec, int64(s), steps)))
 		sgd.Step(single.Params(), g)
 	}
 
@@ -84,7 +84,7 @@ func TestRingAndPSMatchSingleWorker(t *testing.T) {
 	shardOpt := newSGD()
 	shard := aggregator.NewSyncShard(append([]float32(nil), psNets[0].Params()...), world, shardOpt, false)
 	for s := 0; s < steps; s++ {
-		shardOpt.SetLR(float32(jobspec.LearningRate(spec, int64(s), steps)))
+		shardOpt.SetLR(float32(optim.LearningRate(spec, int64(s), steps)))
 		for r, net := range psNets {
 			g := grad(net, s, r*global/world, (r+1)*global/world)
 			if _, err := shard.Add(r, int64(s), 0, len(g), func(dst []float32) error {

@@ -8,6 +8,7 @@ import (
 	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/internal/kernels"
+	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -239,7 +240,7 @@ func (t *Trainer) report(epoch int) {
 	p := &pb.Progress{
 		Epoch: int32(epoch + 1), Step: step, TotalSteps: total, Loss: t.lossSum / float64(t.lossN),
 		ImagesPerSecond: float64(t.images) / now.Sub(t.lastReport).Seconds(),
-		LearningRate:    jobspec.LearningRate(t.spec, step-1, total), ElapsedSeconds: elapsed,
+		LearningRate:    optim.LearningRate(t.spec, step-1, total), ElapsedSeconds: elapsed,
 		EtaSeconds: elapsed / float64(step-t.from.step) * float64(total-step),
 	}
 	st := t.sync.stats()
