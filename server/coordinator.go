@@ -211,22 +211,12 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		}
 		p := m.Progress.Progress
 		r := m.Progress.Rank
-		if rc := e.recovering; rc != nil {
-			e.recovering = nil
-			took := now.Sub(rc.lostAt).Seconds()
-			msg := fmt.Sprintf("recovered from the loss of %s in %.1fs: generation %d training again from step %d (about %d steps redone)",
-				rc.lost, took, e.job.Generation, rc.fromStep, max(rc.lastStep-rc.fromStep, 0))
-			if rc.lost == "" {
-				msg = fmt.Sprintf("grew to %d workers in %.1fs: generation %d training again from step %d (about %d steps redone)",
-					len(e.job.WorkerIds), took, e.job.Generation, rc.fromStep, max(rc.lastStep-rc.fromStep, 0))
-			}
+		if out, ended := e.recovery.Progressed(now, e.job.Generation, len(e.job.WorkerIds)); ended {
 			if e.run != nil {
-				_ = e.run.Log(map[string]any{"kind": "recovered", "time": now.UTC().Format(time.RFC3339Nano), "lost_worker": rc.lost,
-					"recovery_seconds": took, "generation": e.job.Generation, "last_step_before": rc.lastStep, "checkpoint": rc.from,
-					"steps_redone": max(rc.lastStep-rc.fromStep, 0)})
+				_ = e.run.Log(out.Record)
 			}
-			s.log.Info("job recovered", "job", e.job.Id, "seconds", took, "generation", e.job.Generation)
-			s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, msg, nil)
+			s.log.Info("job recovered", "job", e.job.Id, "seconds", out.Seconds, "generation", e.job.Generation)
+			s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, out.Message, nil)
 		}
 		e.rankIPS[r] = p.ImagesPerSecond
 		s.cfg.Metrics.SetImagesPerSecond(e.job.Id, int(r), p.ImagesPerSecond)
@@ -281,9 +271,7 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 				// worker (or, for an elastic job, recovers). Fail with the
 				// rank's own error only if nothing else happens within the
 				// heartbeat timeout.
-				if e.failAt.IsZero() {
-					e.failAt, e.failMsg, e.failGen = now.Add(s.cfg.HeartbeatTimeout), msg, e.job.Generation
-				}
+				e.recovery.RankFailed(now, e.job.Generation, msg, s.cfg.HeartbeatTimeout)
 				return
 			}
 			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg)

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/gradsync/gradsync/checkpoint"
+	"github.com/gradsync/gradsync/coordinator"
 	"github.com/gradsync/gradsync/internal/runlog"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
@@ -44,45 +45,18 @@ type jobEntry struct {
 	results   []*pb.JobResult
 	lastEval  *pb.TaskEval
 	started   time.Time
-	// recovering is set between a lost worker and the new generation's
-	// first progress report.
-	recovering *recovery
-	// failAt: an elastic job whose rank failed ends FAILED (failMsg) then,
-	// unless a recovery to a generation after failGen happened first.
-	failAt  time.Time
-	failMsg string
-	failGen uint64
-	// trainedSteps is the most steps the job is known to have trained
-	// (progress, and where generations started), told to new generations
-	// so that one that finds no state fails instead of starting over.
-	trainedSteps int64
+	// recovery is the elastic-recovery state machine (coordinator.Recovery):
+	// its phase, the steps known trained, the workers evicted.
+	recovery coordinator.Recovery
 	// stragglers finds slow ranks from the progress reports (straggler.go).
-	stragglers *stragglerDetector
-	// ringLinks are the failure reports of generation ringLinksGen's
-	// ranks (ringfault.go); evicted workers were cut off from this job's
-	// ring and are not taken back into it.
-	ringLinks    []*pb.RingLinks
-	ringLinksGen uint64
-	evicted      map[string]bool
-}
-
-// elastic reports whether a job recovers from lost workers: a ring job
-// with min_workers < workers. Its ranks keep in-memory snapshots, so it
-// needs no checkpoints (they are a fallback when no survivor holds a
-// snapshot).
-func elastic(spec *pb.JobSpec) bool {
-	return spec.GetMode() == "ring" && spec.GetMinWorkers() < spec.GetWorkers()
+	stragglers *coordinator.Stragglers
 }
 
 func newJobEntry(j *pb.Job) *jobEntry {
 	return &jobEntry{job: j, notify: make(chan struct{})}
 }
 
-func (e *jobEntry) final() bool { return isFinal(e.job.State) }
-
-func isFinal(s pb.JobState) bool {
-	return s == pb.JobState_JOB_STATE_SUCCEEDED || s == pb.JobState_JOB_STATE_FAILED || s == pb.JobState_JOB_STATE_CANCELLED
-}
+func (e *jobEntry) final() bool { return coordinator.Final(e.job.State) }
 
 // abort stops the job's parameter server (if any) so every stream waiting on
 // it returns.
@@ -182,7 +156,7 @@ func (s *Server) setStateLocked(e *jobEntry, st pb.JobState, msg string) {
 	}
 	if e.run != nil {
 		_ = e.run.Log(map[string]any{"kind": "state", "time": now.UTC().Format(time.RFC3339Nano), "state": runlog.StateName(st), "message": msg})
-		if isFinal(st) {
+		if coordinator.Final(st) {
 			if err := e.run.Finish(runlog.SummaryOf(j)); err != nil {
 				s.log.Error("writing summary failed", "job", j.Id, "err", err)
 			}
@@ -191,7 +165,7 @@ func (s *Server) setStateLocked(e *jobEntry, st pb.JobState, msg string) {
 		}
 	}
 	s.countJobsLocked()
-	if isFinal(st) {
+	if coordinator.Final(st) {
 		s.cfg.Metrics.ForgetJob(j.Id)
 	}
 	s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, msg, nil)
@@ -388,10 +362,29 @@ func (s *Server) scheduleLocked() {
 	if s.closed {
 		return
 	}
-	var q []pendingJob
+	var q []coordinator.Pending
 	for _, id := range s.queue {
-		q = append(q, pendingJob{id: id, workers: int(s.jobs[id].job.Spec.GetWorkers())})
+		q = append(q, coordinator.Pending{Job: id, Workers: int(s.jobs[id].job.Spec.GetWorkers())})
 	}
+	for _, p := range coordinator.Schedule(q, s.idleLocked()) {
+		s.queue = s.queue[1:]
+		s.startJobLocked(s.jobs[p.Job], p.Workers)
+	}
+	// Idle workers nobody queued for: elastic jobs running below their
+	// size grow onto them (from their latest checkpoint).
+	if len(s.queue) == 0 {
+		for _, e := range s.jobs {
+			if e.job.State == pb.JobState_JOB_STATE_RUNNING && !e.recovery.Rejoining() && !slices.Contains(e.ranksDone, true) &&
+				len(e.job.WorkerIds) < int(e.job.Spec.GetWorkers()) && coordinator.Elastic(e.job.Spec) {
+				s.recoverLocked(e, nil, "")
+			}
+		}
+	}
+}
+
+// idleLocked lists the idle workers in the order they are picked: by
+// connection time, then id.
+func (s *Server) idleLocked() []string {
 	var idle []*workerEntry
 	for _, w := range s.workers {
 		if w.info.State == pb.WorkerState_WORKER_STATE_IDLE {
@@ -408,20 +401,7 @@ func (s *Server) scheduleLocked() {
 	for i, w := range idle {
 		ids[i] = w.info.Id
 	}
-	for _, p := range schedule(q, ids) {
-		s.queue = s.queue[1:]
-		s.startJobLocked(s.jobs[p.jobID], p.workers)
-	}
-	// Idle workers nobody queued for: elastic jobs running below their
-	// size grow onto them (from their latest checkpoint).
-	if len(s.queue) == 0 {
-		for _, e := range s.jobs {
-			if e.job.State == pb.JobState_JOB_STATE_RUNNING && e.recovering == nil && !slices.Contains(e.ranksDone, true) &&
-				len(e.job.WorkerIds) < int(e.job.Spec.GetWorkers()) && elastic(e.job.Spec) {
-				s.recoverLocked(e, nil, "")
-			}
-		}
-	}
+	return ids
 }
 
 // startJobLocked builds the job's initial parameters and parameter server,
@@ -503,7 +483,7 @@ func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
 		w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Assignment{Assignment: &pb.Assignment{
 			JobId: j.Id, Generation: j.Generation, Rank: int32(r), WorldSize: int32(world),
 			Spec: spec, Peers: peers, PsAddresses: psAddrs, NumParams: int64(net.NumParams()),
-			CheckpointDir: ckptDir, ResumeFrom: j.ResumeFrom, TrainedSteps: e.trainedSteps,
+			CheckpointDir: ckptDir, ResumeFrom: j.ResumeFrom, TrainedSteps: e.recovery.Trained(),
 		}}})
 	}
 }
@@ -518,7 +498,7 @@ func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
 func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bool {
 	j := e.job
 	spec := j.Spec
-	if !elastic(spec) {
+	if !coordinator.Elastic(spec) {
 		return false
 	}
 	// The checkpoint is the fallback when no rank holds a snapshot. The
@@ -537,22 +517,15 @@ func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bo
 	if lost != nil {
 		lostID = lost.info.Id
 	}
-	var ids []string
+	var survivors []string
 	for _, id := range j.WorkerIds {
 		if w := s.workers[id]; w != nil && id != lostID && w.info.State != pb.WorkerState_WORKER_STATE_LOST {
-			ids = append(ids, id)
+			survivors = append(survivors, id)
 		}
 	}
-	before := len(ids)
-	for _, w := range s.workers { // idle workers may take the lost one's place
-		if len(ids) >= int(spec.GetWorkers()) {
-			break
-		}
-		if w.info.State == pb.WorkerState_WORKER_STATE_IDLE && !slices.Contains(ids, w.info.Id) && !e.evicted[w.info.Id] {
-			ids = append(ids, w.info.Id)
-		}
-	}
-	if len(ids) < int(spec.GetMinWorkers()) || (lost == nil && len(ids) == before) {
+	before := len(survivors)
+	ids, ok := e.recovery.Plan(survivors, s.idleLocked(), int(spec.GetWorkers()), int(spec.GetMinWorkers()), lost == nil)
+	if !ok {
 		return false
 	}
 	now := s.cfg.Now()
@@ -560,7 +533,6 @@ func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bo
 	for _, p := range j.Ranks {
 		lastStep = max(lastStep, p.GetStep())
 	}
-	e.trainedSteps = max(e.trainedSteps, lastStep)
 	for _, id := range j.WorkerIds { // stop the current generation's tasks
 		if w := s.workers[id]; w != nil && id != lostID {
 			w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: j.Id,
@@ -569,13 +541,11 @@ func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bo
 	}
 	j.Generation++
 	j.ResumeFrom = path
-	e.failAt = time.Time{}
-	var fromStep int64
-	fmt.Sscanf(filepath.Base(path), "ckpt-%d", &fromStep)
-	e.recovering = &recovery{lost: lostID, lostAt: now, lastStep: lastStep, from: path, fromStep: fromStep}
+	var silent time.Duration
 	if lost != nil {
-		e.recovering.detectSeconds = now.Sub(lost.lastSeen).Seconds()
+		silent = now.Sub(lost.lastSeen)
 	}
+	e.recovery.Begin(now, lostID, silent, lastStep, path)
 	from := "the ranks' in-memory snapshots (no checkpoint)"
 	if path != "" {
 		from = "the ranks' in-memory snapshots or " + path
@@ -603,19 +573,6 @@ func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bo
 	return true
 }
 
-// recovery is an elastic recovery in progress, until the new generation
-// reports the state it starts from (TaskStarted), or its first progress.
-type recovery struct {
-	lost     string
-	lostAt   time.Time
-	lastStep int64
-	from     string
-	fromStep int64
-	// detectSeconds is how long the lost worker had been silent when it
-	// was declared lost (since its last message).
-	detectSeconds float64
-}
-
 // taskStartedLocked records where a ring generation's state came from
 // (rank 0's TaskStarted) and, for a recovery or growth, ends it: the time
 // it took, the steps done again, and the source are logged to the run's
@@ -625,39 +582,19 @@ func (s *Server) taskStartedLocked(w *workerEntry, st *pb.TaskStarted) {
 	if e == nil || st.Generation != e.job.Generation {
 		return
 	}
-	e.trainedSteps = max(e.trainedSteps, st.Step)
-	from := "scratch"
-	switch st.Source {
-	case "memory":
-		from = fmt.Sprintf("the in-memory snapshot of rank %d at step %d", st.SourceRank, st.Step)
-	case "checkpoint":
-		from = fmt.Sprintf("checkpoint %s (step %d)", st.Checkpoint, st.Step)
-	}
-	rc := e.recovering
-	if rc == nil {
+	out, ended := e.recovery.Started(s.cfg.Now(), st, len(e.job.WorkerIds))
+	if !ended {
 		if st.Source != "scratch" {
-			s.log.Info("job starting", "job", e.job.Id, "generation", st.Generation, "from", from)
+			s.log.Info("job starting", "job", e.job.Id, "generation", st.Generation, "from", coordinator.StartedFrom(st))
 		}
 		return
 	}
-	e.recovering = nil
-	now := s.cfg.Now()
-	took := now.Sub(rc.lostAt).Seconds()
-	redone := max(max(rc.lastStep, st.NewestStep)-st.Step, 0)
-	msg := fmt.Sprintf("recovered from the loss of %s in %.1fs (silent %.1fs before it was declared lost): generation %d on %d worker(s) starts from %s; %d step(s) redone",
-		rc.lost, took, rc.detectSeconds, e.job.Generation, len(e.job.WorkerIds), from, redone)
-	if rc.lost == "" {
-		msg = fmt.Sprintf("grew to %d workers in %.1fs: generation %d starts from %s; %d step(s) redone",
-			len(e.job.WorkerIds), took, e.job.Generation, from, redone)
-	}
 	if e.run != nil {
-		_ = e.run.Log(map[string]any{"kind": "recovered", "time": now.UTC().Format(time.RFC3339Nano), "lost_worker": rc.lost,
-			"detect_seconds": rc.detectSeconds, "recovery_seconds": took, "agree_seconds": st.AgreeSeconds,
-			"generation": e.job.Generation, "workers": len(e.job.WorkerIds), "last_step_before": max(rc.lastStep, st.NewestStep),
-			"source": st.Source, "source_rank": st.SourceRank, "checkpoint": st.Checkpoint, "start_step": st.Step, "steps_redone": redone})
+		_ = e.run.Log(out.Record)
 	}
-	s.log.Info("job recovered", "job", e.job.Id, "seconds", took, "generation", e.job.Generation, "from", from, "steps_redone", redone)
-	s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, msg, nil)
+	s.log.Info("job recovered", "job", e.job.Id, "seconds", out.Seconds, "generation", e.job.Generation, "from", coordinator.StartedFrom(st),
+		"steps_redone", out.Record["steps_redone"])
+	s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, out.Message, nil)
 }
 
 // checkpointDir is where a job's checkpoints go.
@@ -680,7 +617,7 @@ func (s *Server) resumeSpec(req *pb.SubmitJobRequest) (*pb.JobSpec, string, erro
 	if old == nil {
 		return nil, "", status.Errorf(codes.NotFound, "job %q not found", req.ResumeJobId)
 	}
-	if !isFinal(old.State) {
+	if !coordinator.Final(old.State) {
 		return nil, "", status.Errorf(codes.FailedPrecondition, "job %s is %s; only an ended job can be resumed", old.Id, runlog.StateName(old.State))
 	}
 	if !jobspec.CheckpointsOn(old.Spec) {

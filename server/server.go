@@ -326,11 +326,7 @@ func (s *Server) monitor(ctx context.Context) {
 			}
 		}
 		for _, e := range s.jobs {
-			if !e.failAt.IsZero() && now.After(e.failAt) && !e.final() {
-				msg := e.failMsg
-				if e.job.Generation != e.failGen {
-					msg += " (no recovery)"
-				}
+			if msg, due := e.recovery.Due(now, e.job.Generation); due && !e.final() {
 				s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg)
 			}
 		}
