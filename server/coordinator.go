@@ -165,6 +165,9 @@ func (s *Server) loseWorkerLocked(w *workerEntry, reason string) {
 	}
 	w.info.State = pb.WorkerState_WORKER_STATE_LOST
 	w.close()
+	for _, e := range s.jobs { // an ended job waits no more for its task
+		e.taskStoppedLocked(w.info.Id)
+	}
 	if s.closed {
 		s.log.Debug("worker disconnected at shutdown", "worker", w.info.Id)
 	} else {
@@ -252,15 +255,28 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		}
 		s.recordEvalLocked(e, ev, now)
 	case *pb.ConnectRequest_Done:
+		d := m.Done
+		if e := s.jobs[d.GetJobId()]; e != nil && e.final() {
+			if d.Generation == e.stopGen {
+				e.taskStoppedLocked(w.info.Id)
+			}
+			return
+		}
 		if s.closed {
 			return // the job stays RUNNING in the store; the next start decides
 		}
-		d := m.Done
+		if e := s.jobs[d.GetJobId()]; e != nil && d.Generation != e.job.Generation {
+			return // a task of a generation left behind (it was told to stop)
+		}
 		e := s.runningJobLocked(w, d.GetJobId(), d.GetRank())
 		if e == nil || d.Generation != e.job.Generation {
 			return
 		}
 		if d.Error != "" {
+			if e.failed == nil {
+				e.failed = map[string]bool{}
+			}
+			e.failed[w.info.Id] = true // its task is over: nothing to stop
 			msg := fmt.Sprintf("rank %d (worker %s): %s", d.Rank, w.info.Id, d.Error)
 			if e.job.Spec.GetMode() == "ring" {
 				if s.ringFailedLocked(e, d) {

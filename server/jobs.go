@@ -50,6 +50,17 @@ type jobEntry struct {
 	recovery coordinator.Recovery
 	// stragglers finds slow ranks from the progress reports (straggler.go).
 	stragglers *coordinator.Stragglers
+	// Once a running job has ended: stopping holds the workers told to
+	// stop its generation stopGen that have not yet said their task
+	// stopped (or been lost); stopped is closed when none is left (see
+	// awaitStopped). A ring job's rank 0 writes the checkpoint a resume
+	// starts from as its task stops.
+	stopping map[string]bool
+	stopGen  uint64
+	stopped  chan struct{}
+	// failed holds the workers whose task of the current generation
+	// ended with an error: they have nothing left to stop.
+	failed map[string]bool
 }
 
 func newJobEntry(j *pb.Job) *jobEntry {
@@ -57,6 +68,27 @@ func newJobEntry(j *pb.Job) *jobEntry {
 }
 
 func (e *jobEntry) final() bool { return coordinator.Final(e.job.State) }
+
+// taskStoppedLocked notes that worker id's task of the ended job has
+// stopped (it said so, or it is gone).
+func (e *jobEntry) taskStoppedLocked(id string) {
+	if !e.stopping[id] {
+		return
+	}
+	delete(e.stopping, id)
+	if len(e.stopping) == 0 {
+		close(e.stopped)
+	}
+}
+
+// stopAllLocked gives up waiting for the ended job's tasks (the server
+// is shutting down).
+func (e *jobEntry) stopAllLocked() {
+	if len(e.stopping) > 0 {
+		clear(e.stopping)
+		close(e.stopped)
+	}
+}
 
 // abort stops the job's parameter server (if any) so every stream waiting on
 // it returns.
@@ -190,10 +222,14 @@ func (s *Server) endJobLocked(e *jobEntry, st pb.JobState, msg string) {
 		s.checkpointStoppedLocked(e)
 	}
 	if wasRunning {
+		e.stopping, e.stopGen, e.stopped = map[string]bool{}, e.job.Generation, make(chan struct{})
 		for _, id := range e.job.WorkerIds {
 			w := s.workers[id]
 			if w == nil || w.info.JobId != e.job.Id {
 				continue
+			}
+			if st != pb.JobState_JOB_STATE_SUCCEEDED && w.info.State != pb.WorkerState_WORKER_STATE_LOST && !e.failed[id] {
+				e.stopping[id] = true
 			}
 			w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: e.job.Id, Reason: msg}}})
 			w.info.JobId = ""
@@ -201,6 +237,9 @@ func (s *Server) endJobLocked(e *jobEntry, st pb.JobState, msg string) {
 				w.info.State = pb.WorkerState_WORKER_STATE_IDLE
 			}
 		}
+	}
+	if e.stopped != nil && len(e.stopping) == 0 {
+		close(e.stopped)
 	}
 	for i, id := range s.queue {
 		if id == e.job.Id {
@@ -213,7 +252,7 @@ func (s *Server) endJobLocked(e *jobEntry, st pb.JobState, msg string) {
 
 // SubmitJob validates the spec, stores the job as PENDING and schedules.
 func (s *Server) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*pb.SubmitJobResponse, error) {
-	in, resumeFrom, err := s.resumeSpec(req)
+	in, resumeFrom, err := s.resumeSpec(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -284,20 +323,53 @@ func (s *Server) ListJobs(ctx context.Context, req *pb.ListJobsRequest) (*pb.Lis
 // CancelJob cancels a pending or running job.
 func (s *Server) CancelJob(ctx context.Context, req *pb.CancelJobRequest) (*pb.CancelJobResponse, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	e, err := s.jobLocked(req.JobId)
-	if err != nil {
-		return nil, err
+	if err == nil && e.final() {
+		err = status.Errorf(codes.FailedPrecondition, "job %s already ended (%s)", req.JobId, runlog.StateName(e.job.State))
 	}
-	if e.final() {
-		return nil, status.Errorf(codes.FailedPrecondition, "job %s already ended (%s)", req.JobId, runlog.StateName(e.job.State))
+	if err != nil {
+		s.mu.Unlock()
+		return nil, err
 	}
 	reason := "cancelled by user"
 	if req.Reason != "" {
 		reason += ": " + req.Reason
 	}
 	s.endJobLocked(e, pb.JobState_JOB_STATE_CANCELLED, reason)
-	return &pb.CancelJobResponse{Job: proto.Clone(e.job).(*pb.Job)}, nil
+	job, stopped := proto.Clone(e.job).(*pb.Job), e.stopped
+	s.mu.Unlock()
+	// CancelJob returns once the job has stopped: every task of it has
+	// said so (a ring job's rank 0 writes its checkpoint at cancellation
+	// before it does; a ps job's is written above), so `cancel` then
+	// `submit --resume` back to back resumes from where it stopped, and
+	// the workers are free when the call returns. Waiting here rather
+	// than in the resume keeps the answer truthful for every client (a
+	// script that cancels and then reads the run directory) and costs a
+	// cancel no more than one step. The wait is bounded (StopTimeout,
+	// the call's deadline): a worker that never says so — lost, or too
+	// old to — does not hold the call.
+	if !s.awaitStopped(ctx, stopped) {
+		s.log.Warn("cancelled job's tasks did not all report stopping in time", "job", job.Id, "timeout", s.cfg.StopTimeout)
+	}
+	return &pb.CancelJobResponse{Job: job}, nil
+}
+
+// awaitStopped waits until an ended job's tasks have stopped (stopped is
+// closed; nil: nothing to wait for), at most StopTimeout and ctx's
+// deadline; it reports whether they did.
+func (s *Server) awaitStopped(ctx context.Context, stopped <-chan struct{}) bool {
+	if stopped == nil {
+		return true
+	}
+	t := time.NewTimer(s.cfg.StopTimeout)
+	defer t.Stop()
+	select {
+	case <-stopped:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
 }
 
 // WatchJob streams a job's events from its first kept one until the job
@@ -435,6 +507,7 @@ func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
 		return
 	}
 	j.WorkerIds = workerIDs
+	e.failed = nil
 	world := len(workerIDs)
 	e.ranksDone = make([]bool, world)
 	e.rankIPS = make([]float64, world)
@@ -603,19 +676,26 @@ func checkpointDir(runDir string) string { return filepath.Join(runDir, "checkpo
 // resumeSpec returns the spec to submit and, for a resume, the checkpoint
 // to start from: the old job's spec (its workers may be changed) and its
 // latest checkpoint that verifies.
-func (s *Server) resumeSpec(req *pb.SubmitJobRequest) (*pb.JobSpec, string, error) {
+func (s *Server) resumeSpec(ctx context.Context, req *pb.SubmitJobRequest) (*pb.JobSpec, string, error) {
 	if req.GetResumeJobId() == "" {
 		return req.GetSpec(), "", nil
 	}
 	s.mu.Lock()
 	e := s.jobs[req.ResumeJobId]
 	var old *pb.Job
+	var stopped chan struct{}
 	if e != nil {
-		old = proto.Clone(e.job).(*pb.Job)
+		old, stopped = proto.Clone(e.job).(*pb.Job), e.stopped
 	}
 	s.mu.Unlock()
 	if old == nil {
 		return nil, "", status.Errorf(codes.NotFound, "job %q not found", req.ResumeJobId)
+	}
+	// A job that just ended (cancelled by a call that gave up waiting,
+	// or failed) may still be writing its last checkpoint: wait for its
+	// tasks the same bounded way CancelJob does.
+	if coordinator.Final(old.State) {
+		s.awaitStopped(ctx, stopped)
 	}
 	if !coordinator.Final(old.State) {
 		return nil, "", status.Errorf(codes.FailedPrecondition, "job %s is %s; only an ended job can be resumed", old.Id, runlog.StateName(old.State))

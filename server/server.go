@@ -45,6 +45,10 @@ type Config struct {
 	// HeartbeatTimeout is how long a silent worker is kept before it is
 	// declared lost and its job fails. Default 5s.
 	HeartbeatTimeout time.Duration
+	// StopTimeout bounds how long CancelJob (and a resume of a job that
+	// has just ended) waits for the job's tasks to say they stopped,
+	// after which a ring job's final checkpoint is on disk. Default 20s.
+	StopTimeout time.Duration
 	// Logger receives structured logs. Default slog.Default().
 	Logger *slog.Logger
 	// Now is the clock. Default time.Now.
@@ -81,6 +85,9 @@ func (c *Config) Validate() error {
 	}
 	if c.HeartbeatTimeout == 0 {
 		c.HeartbeatTimeout = 5 * time.Second
+	}
+	if c.StopTimeout <= 0 {
+		c.StopTimeout = 20 * time.Second
 	}
 	if c.APIRate == 0 {
 		c.APIRate = 50
@@ -282,7 +289,8 @@ func (s *Server) shutdown() {
 		w.close()
 	}
 	for _, e := range s.jobs {
-		close(e.notify) // wake watchers: they see closed and leave
+		e.stopAllLocked() // wake CancelJob calls: no task reports any more
+		close(e.notify)   // wake watchers: they see closed and leave
 		e.notify = make(chan struct{})
 	}
 	s.mu.Unlock()
