@@ -15,6 +15,11 @@ type Phase int
 const (
 	// Steady: nothing is being recovered.
 	Steady Phase = iota
+	// Pinning: a recovery (or growth) is decided and waits for the shell
+	// to pin the checkpoint its new generation falls back to (disk work
+	// done outside the server's lock); Pinned then plans it again with
+	// the workers there are by then.
+	Pinning
 	// Rejoining: a new generation was assigned after a lost worker (or
 	// to grow the job) and has not yet said where its state comes from
 	// (TaskStarted) or reported progress.
@@ -30,6 +35,8 @@ func (p Phase) String() string {
 	switch p {
 	case Steady:
 		return "steady"
+	case Pinning:
+		return "pinning"
 	case Rejoining:
 		return "rejoining"
 	case Failing:
@@ -51,6 +58,7 @@ type Recovery struct {
 	// evicted workers were cut off from this job's ring and are not
 	// taken back into it.
 	evicted map[string]bool
+	pin     *Pin
 	rejoin  *rejoin
 	fail    *failing
 	links   RingLinks
@@ -68,6 +76,20 @@ type rejoin struct {
 	silent float64
 }
 
+// Pin is a recovery waiting for its checkpoint pin.
+type Pin struct {
+	// Gen is the generation being recovered from: a pin that comes back
+	// after the job moved on is dropped.
+	Gen uint64
+	// Lost is the worker lost ("" for growth), Address where it was,
+	// Reason why, and Silent how long it had been silent.
+	Lost, Address, Reason string
+	Silent                time.Duration
+	// FailMsg is what the job fails with if the recovery cannot go on
+	// ("" for growth, which is then just not done).
+	FailMsg string
+}
+
 // failing is a rank's failure waiting for its deadline.
 type failing struct {
 	at  time.Time
@@ -81,6 +103,8 @@ func (r *Recovery) Phase() Phase {
 	switch {
 	case r.fail != nil:
 		return Failing
+	case r.pin != nil:
+		return Pinning
 	case r.rejoin != nil:
 		return Rejoining
 	}
@@ -90,6 +114,27 @@ func (r *Recovery) Phase() Phase {
 // Rejoining reports whether a new generation has yet to start (even
 // while a failure also waits for its deadline).
 func (r *Recovery) Rejoining() bool { return r.rejoin != nil }
+
+// AwaitPin enters the Pinning phase with p; a recovery already waiting
+// keeps its own (it plans without every worker lost meanwhile).
+func (r *Recovery) AwaitPin(p Pin) {
+	if r.pin == nil {
+		r.pin = &p
+	}
+}
+
+// Pinning reports whether a recovery waits for its checkpoint pin.
+func (r *Recovery) Pinning() bool { return r.pin != nil }
+
+// Pinned ends the Pinning phase, returning the recovery that waited.
+func (r *Recovery) Pinned() (Pin, bool) {
+	if r.pin == nil {
+		return Pin{}, false
+	}
+	p := *r.pin
+	r.pin = nil
+	return p, true
+}
 
 // Trained is the most steps the job is known to have trained.
 func (r *Recovery) Trained() int64 { return r.trained }

@@ -217,3 +217,22 @@ func TestLifecycle(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestRecoveryPinning: a decided recovery waits in the Pinning phase for
+// its checkpoint pin; a second loss meanwhile keeps the first's record;
+// Pinned hands it back once, and the recovery goes on to Rejoining.
+func TestRecoveryPinning(t *testing.T) {
+	var r coordinator.Recovery
+	r.AwaitPin(coordinator.Pin{Gen: 1, Lost: "w2", Reason: "no heartbeat", FailMsg: "worker w2 lost", Silent: 5 * time.Second})
+	wantPhase(t, &r, coordinator.Pinning)
+	r.AwaitPin(coordinator.Pin{Gen: 1, Lost: "w1"})
+	p, ok := r.Pinned()
+	if !ok || p.Lost != "w2" || p.FailMsg != "worker w2 lost" {
+		t.Fatalf("pinned %+v %v; want the first loss", p, ok)
+	}
+	if _, again := r.Pinned(); again {
+		t.Fatal("Pinned twice")
+	}
+	r.Begin(at(6), p.Lost, p.Silent, 10, "")
+	wantPhase(t, &r, coordinator.Rejoining)
+}

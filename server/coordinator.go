@@ -180,17 +180,17 @@ func (s *Server) loseWorkerLocked(w *workerEntry, reason string) {
 				e.fed.workerLostLocked(w, reason)
 				return
 			}
-			if s.recoverLocked(e, w, reason) {
-				return
-			}
 			rank := -1
 			for r, id := range e.job.WorkerIds {
 				if id == w.info.Id {
 					rank = r
 				}
 			}
-			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED,
-				fmt.Sprintf("worker %s (rank %d, %s) lost: %s", w.info.Id, rank, w.info.Address, reason))
+			msg := fmt.Sprintf("worker %s (rank %d, %s) lost: %s", w.info.Id, rank, w.info.Address, reason)
+			if s.recoverLocked(e, w, reason, msg) {
+				return
+			}
+			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg)
 		}
 	}
 }
@@ -215,23 +215,21 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		p := m.Progress.Progress
 		r := m.Progress.Rank
 		if out, ended := e.recovery.Progressed(now, e.job.Generation, len(e.job.WorkerIds)); ended {
-			if e.run != nil {
-				_ = e.run.Log(out.Record)
-			}
+			s.runLogLocked(e, out.Record)
 			s.log.Info("job recovered", "job", e.job.Id, "seconds", out.Seconds, "generation", e.job.Generation)
 			s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, out.Message, nil)
 		}
 		e.rankIPS[r] = p.ImagesPerSecond
 		s.cfg.Metrics.SetImagesPerSecond(e.job.Id, int(r), p.ImagesPerSecond)
 		e.job.Ranks[r] = proto.Clone(p).(*pb.Progress)
-		if e.run != nil {
+		{
 			rec := map[string]any{"kind": "progress", "time": now.UTC().Format(time.RFC3339Nano), "rank": r,
 				"epoch": p.Epoch, "step": p.Step, "total_steps": p.TotalSteps, "loss": p.Loss,
 				"images_per_second": p.ImagesPerSecond, "learning_rate": p.LearningRate, "elapsed_seconds": p.ElapsedSeconds,
 				"sent_bytes_per_step": p.SentBytesPerStep, "compression_ratio": p.CompressionRatio,
 				"compute_seconds": p.ComputeSeconds, "left_wait_seconds": p.LeftWaitSeconds}
 			addPSStaleness(rec, e.job.Spec, p)
-			_ = e.run.Log(rec)
+			s.runLogLocked(e, rec)
 		}
 		s.noteDelayLocked(e, int(r), p, now)
 		if r != 0 {
@@ -326,7 +324,7 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 // (with the round's participants for fedavg), the charts, and an event.
 func (s *Server) recordEvalLocked(e *jobEntry, ev *pb.TaskEval, now time.Time) {
 	e.lastEval = ev
-	if e.run != nil {
+	{
 		rec := map[string]any{"kind": "eval", "time": now.UTC().Format(time.RFC3339Nano),
 			"epoch": ev.Epoch, "step": ev.Step, "test_accuracy": ev.TestAccuracy, "test_loss": ev.TestLoss, "train_loss": ev.TrainLoss}
 		if ev.MicroF1 != 0 || ev.MeanAveragePrecision != 0 { // multi-label
@@ -341,7 +339,7 @@ func (s *Server) recordEvalLocked(e *jobEntry, ev *pb.TaskEval, now time.Time) {
 			rec["round"], rec["participants"], rec["missing"] = r.Round, r.Participants, r.Missing
 			rec["update_norm"], rec["label_histograms"] = r.UpdateNorm, hists
 		}
-		_ = e.run.Log(rec)
+		s.runLogLocked(e, rec)
 	}
 	s.replotLocked(e.job.RunDir)
 	what := "epoch"

@@ -31,6 +31,8 @@ const maxEvents = 4096
 // Server.mu.
 type jobEntry struct {
 	job *pb.Job
+	// version counts the job's store writes (persistLocked).
+	version uint64
 	// events[i] is event number base+i; notify is closed (and replaced)
 	// whenever an event is appended.
 	events []*pb.WatchJobResponse
@@ -109,16 +111,27 @@ func (e *jobEntry) abort(err error) {
 // outcome is logged and announced as a job event: a failed write is not
 // silent, but does not change how the job ended.
 func (s *Server) checkpointStoppedLocked(e *jobEntry) {
-	var path string
-	var err error
+	now := s.cfg.Now()
 	switch {
 	case e.ps != nil:
-		path, err = e.ps.saveStopped(s.cfg.Now())
+		// The shard has its own lock: write off the server's, then say so.
+		ps := e.ps
+		s.mu.later(func() {
+			s.mu.offLock("a checkpoint save")
+			path, err := ps.saveStopped(now)
+			s.mu.Lock()
+			s.stopCheckpointedLocked(e, path, err)
+			s.mu.Unlock()
+		})
 	case e.fed != nil:
-		path, err = e.fed.saveStoppedLocked(s.cfg.Now())
-	default:
-		return
+		// The round driver's state is guarded by the server's lock.
+		path, err := e.fed.saveStoppedLocked(now)
+		s.stopCheckpointedLocked(e, path, err)
 	}
+}
+
+// stopCheckpointedLocked logs and announces how the checkpoint at stop went.
+func (s *Server) stopCheckpointedLocked(e *jobEntry, path string, err error) {
 	switch {
 	case err != nil:
 		s.log.Warn("checkpoint at stop failed", "job", e.job.Id, "err", err)
@@ -164,8 +177,40 @@ func (s *Server) emitLocked(e *jobEntry, kind pb.EventKind, msg string, fill fun
 	e.notify = make(chan struct{})
 }
 
+// persistLocked queues a write of the job's current state to the store.
+func (s *Server) persistLocked(e *jobEntry) {
+	e.version++
+	j, v := proto.Clone(e.job).(*pb.Job), e.version
+	s.mu.later(func() {
+		if err := s.putJob(j, v); err != nil {
+			s.log.Error("job store write failed", "job", j.Id, "err", err)
+		}
+	})
+}
+
+// putJob writes a job to the store; never under the lock.
+func (s *Server) putJob(j *pb.Job, version uint64) error {
+	s.mu.offLock("a job store write")
+	return s.store.putJob(j, version)
+}
+
+// runLogLocked queues a record for the job's metrics.jsonl (nothing once
+// the run is finished). Records queued by one goroutine keep their order.
+func (s *Server) runLogLocked(e *jobEntry, rec map[string]any) {
+	if e.run == nil {
+		return
+	}
+	run := e.run
+	s.mu.later(func() {
+		s.mu.offLock("a run-log append")
+		_ = run.Log(rec)
+	})
+}
+
 // setStateLocked moves a job to a new state, stores it, and announces it.
-// The store write comes first: what watchers see is durable.
+// The store write runs as the lock is released, before the call that
+// caused it returns: a client's answer is durable (a watcher may see the
+// state an instant before it is).
 func (s *Server) setStateLocked(e *jobEntry, st pb.JobState, msg string) {
 	j := e.job
 	j.State = st
@@ -183,18 +228,20 @@ func (s *Server) setStateLocked(e *jobEntry, st pb.JobState, msg string) {
 			j.Result.WallSeconds = now.Sub(j.StartedAt.AsTime()).Seconds()
 		}
 	}
-	if err := s.store.putJob(j); err != nil {
-		s.log.Error("job store write failed", "job", j.Id, "err", err)
-	}
-	if e.run != nil {
-		_ = e.run.Log(map[string]any{"kind": "state", "time": now.UTC().Format(time.RFC3339Nano), "state": runlog.StateName(st), "message": msg})
-		if coordinator.Final(st) {
-			if err := e.run.Finish(runlog.SummaryOf(j)); err != nil {
+	s.persistLocked(e)
+	s.runLogLocked(e, map[string]any{"kind": "state", "time": now.UTC().Format(time.RFC3339Nano), "state": runlog.StateName(st), "message": msg})
+	if e.run != nil && coordinator.Final(st) {
+		run, sum, dir := e.run, runlog.SummaryOf(proto.Clone(j).(*pb.Job)), j.RunDir
+		e.run = nil
+		s.mu.later(func() {
+			s.mu.offLock("writing a run summary")
+			if err := run.Finish(sum); err != nil {
 				s.log.Error("writing summary failed", "job", j.Id, "err", err)
 			}
-			e.run = nil
-			s.replotLocked(j.RunDir)
-		}
+			s.mu.Lock()
+			s.replotLocked(dir)
+			s.mu.Unlock()
+		})
 	}
 	s.countJobsLocked()
 	if coordinator.Final(st) {
@@ -263,13 +310,14 @@ func (s *Server) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*pb.S
 	now := s.cfg.Now()
 	j := &pb.Job{Id: newJobID(now), Spec: spec, State: pb.JobState_JOB_STATE_PENDING, CreatedAt: tsNow(now), ResumeFrom: resumeFrom}
 	j.RunDir = s.runDir(j.Id)
+	// Stored before anyone can see it, so off the lock.
+	if err := s.putJob(j, 0); err != nil {
+		return nil, status.Errorf(codes.Internal, "storing job: %v", err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return nil, status.Error(codes.Unavailable, "server is shutting down")
-	}
-	if err := s.store.putJob(j); err != nil {
-		return nil, status.Errorf(codes.Internal, "storing job: %v", err)
 	}
 	e := newJobEntry(j)
 	s.jobs[j.Id] = e
@@ -446,9 +494,9 @@ func (s *Server) scheduleLocked() {
 	// size grow onto them (from their latest checkpoint).
 	if len(s.queue) == 0 {
 		for _, e := range s.jobs {
-			if e.job.State == pb.JobState_JOB_STATE_RUNNING && !e.recovery.Rejoining() && !slices.Contains(e.ranksDone, true) &&
+			if e.job.State == pb.JobState_JOB_STATE_RUNNING && !e.recovery.Rejoining() && !e.recovery.Pinning() && !slices.Contains(e.ranksDone, true) &&
 				len(e.job.WorkerIds) < int(e.job.Spec.GetWorkers()) && coordinator.Elastic(e.job.Spec) {
-				s.recoverLocked(e, nil, "")
+				s.recoverLocked(e, nil, "", "")
 			}
 		}
 	}
@@ -567,83 +615,134 @@ func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
 // generation's ranks agree on the newest state one of them holds in
 // memory (worker/agree.go), or else resume from the latest checkpoint.
 // With lost nil it grows a job that runs below its size onto idle
-// workers the same way. It reports whether it did.
-func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bool {
+// workers the same way. It reports whether it will (false: the job
+// cannot, and the caller fails it with failMsg).
+//
+// It runs in two halves: this one decides (the job can recover with the
+// workers there are) and enters the Pinning phase; the latest checkpoint
+// is found and pinned off the lock; recoverPinnedLocked then plans the
+// new generation again with the workers there are by then, or fails
+// the job with failMsg.
+func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason, failMsg string) bool {
 	j := e.job
 	spec := j.Spec
 	if !coordinator.Elastic(spec) {
 		return false
 	}
-	// The checkpoint is the fallback when no rank holds a snapshot. The
-	// new generation's ranks load a pinned copy: the old generation's
-	// rank 0 may still be writing or replacing checkpoints.
-	path := j.ResumeFrom
-	if latest := latestCheckpoint(j); latest != "" {
-		pinned, err := checkpoint.Pin(checkpointDir(j.RunDir), latest, fmt.Sprintf("g%d", j.Generation+1), 4)
-		if err != nil {
-			s.log.Warn("pinning the checkpoint to resume from failed", "job", j.Id, "err", err)
-			return false
-		}
-		path = pinned
+	if e.recovery.Pinning() {
+		// A recovery is already on its way; it leaves out every worker
+		// lost by then. Growth waits for it.
+		return lost != nil
 	}
 	lostID := ""
 	if lost != nil {
 		lostID = lost.info.Id
 	}
-	var survivors []string
-	for _, id := range j.WorkerIds {
-		if w := s.workers[id]; w != nil && id != lostID && w.info.State != pb.WorkerState_WORKER_STATE_LOST {
-			survivors = append(survivors, id)
+	if _, ok := e.recovery.Plan(s.survivorsLocked(e, lostID), s.idleLocked(), int(spec.GetWorkers()), int(spec.GetMinWorkers()), lost == nil); !ok {
+		return false
+	}
+	p := coordinator.Pin{Gen: j.Generation, Reason: reason, FailMsg: failMsg}
+	if lost != nil {
+		p.Lost, p.Address, p.Silent = lost.info.Id, lost.info.Address, s.cfg.Now().Sub(lost.lastSeen)
+	}
+	e.recovery.AwaitPin(p)
+	// The checkpoint is the fallback when no rank holds a snapshot. The
+	// new generation's ranks load a pinned copy: the old generation's
+	// rank 0 may still be writing or replacing checkpoints.
+	job := proto.Clone(j).(*pb.Job)
+	tag := fmt.Sprintf("g%d", j.Generation+1)
+	s.mu.later(func() {
+		path, err := "", error(nil)
+		if latest := latestCheckpoint(job); latest != "" {
+			s.mu.offLock("a checkpoint pin")
+			path, err = checkpoint.Pin(checkpointDir(job.RunDir), latest, tag, 4)
+		}
+		s.mu.Lock()
+		s.recoverPinnedLocked(e, path, err)
+		s.mu.Unlock()
+	})
+	return true
+}
+
+// survivorsLocked lists the job's workers that are still there, but
+// lost and those evicted from its ring.
+func (s *Server) survivorsLocked(e *jobEntry, lost string) []string {
+	var ids []string
+	for _, id := range e.job.WorkerIds {
+		if w := s.workers[id]; w != nil && id != lost && w.info.State != pb.WorkerState_WORKER_STATE_LOST && !e.recovery.Evicted(id) {
+			ids = append(ids, id)
 		}
 	}
+	return ids
+}
+
+// recoverPinnedLocked is recoverLocked's second half, once the checkpoint
+// to fall back to is pinned (path; "" when the job has none).
+func (s *Server) recoverPinnedLocked(e *jobEntry, path string, pinErr error) {
+	p, ok := e.recovery.Pinned()
+	j := e.job
+	if !ok || s.closed || j.State != pb.JobState_JOB_STATE_RUNNING || j.Generation != p.Gen {
+		return // the job ended or moved on meanwhile
+	}
+	spec := j.Spec
+	fail := func() {
+		if p.FailMsg != "" {
+			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, p.FailMsg)
+		}
+	}
+	if pinErr != nil {
+		s.log.Warn("pinning the checkpoint to resume from failed", "job", j.Id, "err", pinErr)
+		fail()
+		return
+	}
+	if path == "" {
+		path = j.ResumeFrom
+	}
+	survivors := s.survivorsLocked(e, p.Lost)
 	before := len(survivors)
-	ids, ok := e.recovery.Plan(survivors, s.idleLocked(), int(spec.GetWorkers()), int(spec.GetMinWorkers()), lost == nil)
+	ids, ok := e.recovery.Plan(survivors, s.idleLocked(), int(spec.GetWorkers()), int(spec.GetMinWorkers()), p.Lost == "")
 	if !ok {
-		return false
+		fail()
+		return
 	}
 	now := s.cfg.Now()
 	var lastStep int64
-	for _, p := range j.Ranks {
-		lastStep = max(lastStep, p.GetStep())
+	for _, r := range j.Ranks {
+		lastStep = max(lastStep, r.GetStep())
 	}
 	for _, id := range j.WorkerIds { // stop the current generation's tasks
-		if w := s.workers[id]; w != nil && id != lostID {
+		if w := s.workers[id]; w != nil && id != p.Lost {
 			w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: j.Id,
 				Reason: "recovering: generation " + fmt.Sprint(j.Generation+1), KeepState: true}}})
 		}
 	}
 	j.Generation++
 	j.ResumeFrom = path
-	var silent time.Duration
-	if lost != nil {
-		silent = now.Sub(lost.lastSeen)
-	}
-	e.recovery.Begin(now, lostID, silent, lastStep, path)
+	e.recovery.Begin(now, p.Lost, p.Silent, lastStep, path)
 	from := "the ranks' in-memory snapshots (no checkpoint)"
 	if path != "" {
 		from = "the ranks' in-memory snapshots or " + path
 	}
 	var msg string
-	if lost != nil {
+	if p.Lost != "" {
 		msg = fmt.Sprintf("worker %s (%s) lost: %s; recovering on %d worker(s) from %s (generation %d)",
-			lost.info.Id, lost.info.Address, reason, len(ids), from, j.Generation)
-		s.log.Warn("job recovering", "job", j.Id, "lost", lostID, "workers", len(ids), "from", from, "generation", j.Generation)
+			p.Lost, p.Address, p.Reason, len(ids), from, j.Generation)
+		s.log.Warn("job recovering", "job", j.Id, "lost", p.Lost, "workers", len(ids), "from", from, "generation", j.Generation)
 		s.cfg.Metrics.Recovered()
 	} else {
 		msg = fmt.Sprintf("growing from %d to %d worker(s) from %s (generation %d)", before, len(ids), from, j.Generation)
 		s.log.Info("job growing", "job", j.Id, "workers", len(ids), "from", from, "generation", j.Generation)
 	}
-	if e.run != nil {
+	{
 		kind := "recovery"
-		if lost == nil {
+		if p.Lost == "" {
 			kind = "grow"
 		}
-		_ = e.run.Log(map[string]any{"kind": kind, "time": now.UTC().Format(time.RFC3339Nano), "lost_worker": lostID,
-			"reason": reason, "generation": j.Generation, "workers": len(ids), "checkpoint": path, "last_step": lastStep})
+		s.runLogLocked(e, map[string]any{"kind": kind, "time": now.UTC().Format(time.RFC3339Nano), "lost_worker": p.Lost,
+			"reason": p.Reason, "generation": j.Generation, "workers": len(ids), "checkpoint": path, "last_step": lastStep})
 	}
 	s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, msg, nil)
 	s.assignLocked(e, ids)
-	return true
 }
 
 // taskStartedLocked records where a ring generation's state came from
@@ -662,9 +761,7 @@ func (s *Server) taskStartedLocked(w *workerEntry, st *pb.TaskStarted) {
 		}
 		return
 	}
-	if e.run != nil {
-		_ = e.run.Log(out.Record)
-	}
+	s.runLogLocked(e, out.Record)
 	s.log.Info("job recovered", "job", e.job.Id, "seconds", out.Seconds, "generation", e.job.Generation, "from", coordinator.StartedFrom(st),
 		"steps_redone", out.Record["steps_redone"])
 	s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, out.Message, nil)

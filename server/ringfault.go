@@ -28,16 +28,14 @@ func (s *Server) ringFailedLocked(e *jobEntry, d *pb.TaskDone) bool {
 	reason := fmt.Sprintf("cut off from the ring (rank %d): %s", rank, why)
 	now := s.cfg.Now()
 	s.log.Warn("ring link broken", "job", j.Id, "rank", rank, "worker", id, "address", w.info.Address, "evidence", why)
-	if e.run != nil {
-		_ = e.run.Log(map[string]any{"kind": "ring_cut", "time": now.UTC().Format(time.RFC3339Nano), "rank": rank, "worker": id,
-			"address": w.info.Address, "evidence": why, "generation": j.Generation})
-	}
+	s.runLogLocked(e, map[string]any{"kind": "ring_cut", "time": now.UTC().Format(time.RFC3339Nano), "rank": rank, "worker": id,
+		"address": w.info.Address, "evidence": why, "generation": j.Generation})
 	e.recovery.Evict(id) // never taken back into this job
 	// The worker is still connected (its heartbeats arrive) and BUSY, so
 	// recovery neither keeps it nor takes it as an idle worker.
-	recovered := s.recoverLocked(e, w, reason)
-	if !recovered {
-		s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("worker %s (%s) %s", id, w.info.Address, reason))
+	failMsg := fmt.Sprintf("worker %s (%s) %s", id, w.info.Address, reason)
+	if !s.recoverLocked(e, w, reason, failMsg) {
+		s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, failMsg)
 	}
 	if w.info.JobId == j.Id {
 		w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: j.Id, Reason: "evicted: " + reason}}})

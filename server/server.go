@@ -1,8 +1,11 @@
-// Package server is the gradsync coordinator: the public JobService and
-// ClusterService, the worker-facing Coordinator stream, and aggregator shard
-// 0 (the ParameterServer). Thin gRPC handlers sit over a core guarded by one
-// mutex: the job table with its durable store, the worker registry with
-// heartbeats, and the FIFO gang scheduler (a pure function).
+// Package server is the gradsync coordinator's shell: the public
+// JobService and ClusterService, the worker-facing Coordinator stream, and
+// aggregator shard 0 (the ParameterServer). Thin gRPC handlers validate
+// input and apply the rules of package coordinator (lifecycle, gang
+// scheduling, recovery, stragglers, cut links) to the job table and
+// worker registry under one lock; the disk work those decisions call for
+// — job store writes, run-log records, checkpoint pins — runs after the
+// lock is released (lock.go).
 package server
 
 import (
@@ -120,7 +123,9 @@ type Server struct {
 	grpc   *grpc.Server
 	health *health.Server
 
-	mu sync.Mutex // guards everything below
+	// mu guards everything below; the disk work decided under it runs
+	// once it is released (lock.go).
+	mu shellLock
 	// jobs by id; queue holds pending job ids in submission order.
 	jobs    map[string]*jobEntry
 	queue   []string
@@ -188,7 +193,7 @@ func New(cfg Config) (*Server, error) {
 				j.Message = "the server stopped while the job was running, and the job has no checkpoint to resume from"
 				j.FinishedAt = tsNow(cfg.Now())
 			}
-			if err := st.putJob(j); err != nil {
+			if err := st.putJob(j, 0); err != nil {
 				st.close()
 				return nil, err
 			}

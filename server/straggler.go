@@ -65,12 +65,12 @@ func (s *Server) noteDelayLocked(e *jobEntry, r int, p *pb.Progress, now time.Ti
 		msg = fmt.Sprintf("straggler rank %d (worker %s, %s) keeps up again: %.3fs per step", culprit, id, addr, delay)
 		s.log.Info("straggler keeps up again", "job", j.Id, "rank", culprit, "worker", id)
 	}
-	if e.run != nil {
+	{
 		kind := "straggler"
 		if ends {
 			kind = "straggler_end"
 		}
-		_ = e.run.Log(map[string]any{"kind": kind, "time": now.UTC().Format(time.RFC3339Nano), "rank": culprit, "worker": id,
+		s.runLogLocked(e, map[string]any{"kind": kind, "time": now.UTC().Format(time.RFC3339Nano), "rank": culprit, "worker": id,
 			"address": addr, "delay_seconds": delay, "median_others_seconds": median, "compute_seconds": compute,
 			"step": p.Step, "generation": j.Generation, "mode": j.Spec.GetMode()})
 	}
