@@ -66,6 +66,13 @@ func TestCancelThenResume(t *testing.T) {
 // that step; the job ending first fails the test.
 func (c *cluster) waitStep(ctx context.Context, id string) int64 {
 	c.t.Helper()
+	return c.waitProgress(ctx, id, func(p *pb.Progress) bool { return p.Step > 0 }).GetProgress().GetStep()
+}
+
+// waitProgress follows a job's events until a progress report satisfies
+// ok and returns the job then; the job ending first fails the test.
+func (c *cluster) waitProgress(ctx context.Context, id string, ok func(*pb.Progress) bool) *pb.Job {
+	c.t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := c.jobs.WatchJob(ctx, &pb.WatchJobRequest{JobId: id})
@@ -79,10 +86,10 @@ func (c *cluster) waitStep(ctx context.Context, id string) int64 {
 		}
 		j := ev.GetJob()
 		if coordinator.Final(j.GetState()) {
-			c.t.Fatalf("job %s ended %v before it made progress: %q", id, j.GetState(), j.GetMessage())
+			c.t.Fatalf("job %s ended %v before the progress waited for: %q", id, j.GetState(), j.GetMessage())
 		}
-		if ev.Kind == pb.EventKind_EVENT_KIND_PROGRESS && j.GetProgress().GetStep() > 0 {
-			return j.GetProgress().GetStep()
+		if ev.Kind == pb.EventKind_EVENT_KIND_PROGRESS && ok(j.GetProgress()) {
+			return j
 		}
 	}
 }
