@@ -341,7 +341,13 @@ func (s *Server) recordEvalLocked(e *jobEntry, ev *pb.TaskEval, now time.Time) {
 		}
 		s.runLogLocked(e, rec)
 	}
-	s.replotLocked(e.job.RunDir)
+	// Redraw once the record is written (after the lock is released).
+	dir := e.job.RunDir
+	s.mu.later(func() {
+		s.mu.Lock()
+		s.replotLocked(dir)
+		s.mu.Unlock()
+	})
 	what := "epoch"
 	if ev.Round != nil {
 		what = "round"

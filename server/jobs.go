@@ -37,6 +37,8 @@ type jobEntry struct {
 	events []*pb.WatchJobResponse
 	base   int
 	notify chan struct{}
+	// announced: the final state's event is in events (watches end).
+	announced bool
 	// While RUNNING:
 	ps        *psGroup
 	fed       *fedJob // fedavg with real clients: the round driver (federation.go)
@@ -167,6 +169,9 @@ func (s *Server) emitLocked(e *jobEntry, kind pb.EventKind, msg string, fill fun
 		fill(ev)
 	}
 	e.events = append(e.events, ev)
+	if kind == pb.EventKind_EVENT_KIND_STATE && e.final() {
+		e.announced = true
+	}
 	if len(e.events) > maxEvents {
 		drop := len(e.events) - maxEvents
 		e.events = append(e.events[:0:0], e.events[drop:]...)
@@ -208,9 +213,31 @@ func (s *Server) runLogLocked(e *jobEntry, rec map[string]any) {
 
 // setStateLocked moves a job to a new state, stores it, and announces it.
 // The store write runs as the lock is released, before the call that
-// caused it returns: a client's answer is durable (a watcher may see the
-// state an instant before it is).
+// caused it returns: a client's answer is durable. A final state is
+// announced (the event that ends every watch) only after its store
+// write and the run's summary.json: what watchers see at the end is on
+// disk.
 func (s *Server) setStateLocked(e *jobEntry, st pb.JobState, msg string) {
+	s.changeStateLocked(e, st, msg)
+	if coordinator.Final(st) {
+		s.announceLocked(e, msg)
+	} else {
+		s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, msg, nil)
+	}
+}
+
+// announceLocked queues the event of a job's final state, behind the
+// disk work queued before it.
+func (s *Server) announceLocked(e *jobEntry, msg string) {
+	s.mu.later(func() {
+		s.mu.Lock()
+		s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, msg, nil)
+		s.mu.Unlock()
+	})
+}
+
+// changeStateLocked is setStateLocked without the announcement.
+func (s *Server) changeStateLocked(e *jobEntry, st pb.JobState, msg string) {
 	j := e.job
 	if err := coordinator.Transition(j.State, st); err != nil {
 		s.log.Error("job lifecycle broken (a bug)", "job", j.Id, "err", err)
@@ -249,7 +276,6 @@ func (s *Server) setStateLocked(e *jobEntry, st pb.JobState, msg string) {
 	if coordinator.Final(st) {
 		s.cfg.Metrics.ForgetJob(j.Id)
 	}
-	s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, msg, nil)
 	if st == pb.JobState_JOB_STATE_FAILED {
 		s.log.Warn("job state", "job", j.Id, "state", runlog.StateName(st), "message", msg)
 	} else {
@@ -265,11 +291,12 @@ func (s *Server) endJobLocked(e *jobEntry, st pb.JobState, msg string) {
 		return
 	}
 	wasRunning := e.job.State == pb.JobState_JOB_STATE_RUNNING
-	s.setStateLocked(e, st, msg)
+	s.changeStateLocked(e, st, msg)
 	e.abort(errors.New(msg))
 	if st != pb.JobState_JOB_STATE_SUCCEEDED {
 		s.checkpointStoppedLocked(e)
 	}
+	s.announceLocked(e, msg) // after the checkpoint at stop, too
 	if wasRunning {
 		e.stopping, e.stopGen, e.stopped = map[string]bool{}, e.job.Generation, make(chan struct{})
 		for _, id := range e.job.WorkerIds {
@@ -444,7 +471,7 @@ func (s *Server) WatchJob(req *pb.WatchJobRequest, stream pb.JobService_WatchJob
 		}
 		batch := append([]*pb.WatchJobResponse(nil), e.events[next-e.base:]...)
 		next += len(batch)
-		final := e.final()
+		final := e.announced
 		notify := e.notify
 		closed := s.closed
 		s.mu.Unlock()
