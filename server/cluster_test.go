@@ -385,15 +385,30 @@ func (c *cluster) connectFake(ctx context.Context, id string, heartbeats bool) *
 	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Hello{Hello: &pb.Hello{WorkerId: id, Address: id + ".fake:1"}}}); err != nil {
 		c.t.Fatal(err)
 	}
+	// stops carries the tasks the coordinator cancelled to the sender,
+	// which says they stopped as a real worker does (only a fake that
+	// sends heartbeats: a silent one says nothing).
+	stops := make(chan *pb.TaskDone, 64)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { // owned by f: ends when the stream does
 		defer wg.Done()
 		defer close(f.msgs)
+		gens := map[string]*pb.Assignment{}
 		for {
 			m, err := stream.Recv()
 			if err != nil {
 				return
+			}
+			if a := m.GetAssignment(); a != nil {
+				gens[a.JobId] = a
+			}
+			if cn := m.GetCancel(); cn != nil && gens[cn.JobId] != nil {
+				a := gens[cn.JobId]
+				select {
+				case stops <- &pb.TaskDone{JobId: a.JobId, Rank: a.Rank, Generation: a.Generation, Error: "stopped: " + cn.Reason}:
+				default:
+				}
 			}
 			select {
 			case f.msgs <- m:
@@ -414,6 +429,10 @@ func (c *cluster) connectFake(ctx context.Context, id string, heartbeats bool) *
 					return
 				case <-tk.C:
 					if stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: &pb.Heartbeat{}}}) != nil {
+						return
+					}
+				case d := <-stops:
+					if stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Done{Done: d}}) != nil {
 						return
 					}
 				}

@@ -165,6 +165,9 @@ func (s *Server) loseWorkerLocked(w *workerEntry, reason string) {
 	}
 	w.info.State = pb.WorkerState_WORKER_STATE_LOST
 	w.close()
+	for _, e := range s.jobs { // an ended job waits no more for its task
+		e.taskStoppedLocked(w.info.Id)
+	}
 	if s.closed {
 		s.log.Debug("worker disconnected at shutdown", "worker", w.info.Id)
 	} else {
@@ -177,17 +180,17 @@ func (s *Server) loseWorkerLocked(w *workerEntry, reason string) {
 				e.fed.workerLostLocked(w, reason)
 				return
 			}
-			if s.recoverLocked(e, w, reason) {
-				return
-			}
 			rank := -1
 			for r, id := range e.job.WorkerIds {
 				if id == w.info.Id {
 					rank = r
 				}
 			}
-			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED,
-				fmt.Sprintf("worker %s (rank %d, %s) lost: %s", w.info.Id, rank, w.info.Address, reason))
+			msg := fmt.Sprintf("worker %s (rank %d, %s) lost: %s", w.info.Id, rank, w.info.Address, reason)
+			if s.recoverLocked(e, w, reason, msg) {
+				return
+			}
+			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg)
 		}
 	}
 }
@@ -211,34 +214,22 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		}
 		p := m.Progress.Progress
 		r := m.Progress.Rank
-		if rc := e.recovering; rc != nil {
-			e.recovering = nil
-			took := now.Sub(rc.lostAt).Seconds()
-			msg := fmt.Sprintf("recovered from the loss of %s in %.1fs: generation %d training again from step %d (about %d steps redone)",
-				rc.lost, took, e.job.Generation, rc.fromStep, max(rc.lastStep-rc.fromStep, 0))
-			if rc.lost == "" {
-				msg = fmt.Sprintf("grew to %d workers in %.1fs: generation %d training again from step %d (about %d steps redone)",
-					len(e.job.WorkerIds), took, e.job.Generation, rc.fromStep, max(rc.lastStep-rc.fromStep, 0))
-			}
-			if e.run != nil {
-				_ = e.run.Log(map[string]any{"kind": "recovered", "time": now.UTC().Format(time.RFC3339Nano), "lost_worker": rc.lost,
-					"recovery_seconds": took, "generation": e.job.Generation, "last_step_before": rc.lastStep, "checkpoint": rc.from,
-					"steps_redone": max(rc.lastStep-rc.fromStep, 0)})
-			}
-			s.log.Info("job recovered", "job", e.job.Id, "seconds", took, "generation", e.job.Generation)
-			s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, msg, nil)
+		if out, ended := e.recovery.Progressed(now, e.job.Generation, len(e.job.WorkerIds)); ended {
+			s.runLogLocked(e, out.Record)
+			s.log.Info("job recovered", "job", e.job.Id, "seconds", out.Seconds, "generation", e.job.Generation)
+			s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, out.Message, nil)
 		}
 		e.rankIPS[r] = p.ImagesPerSecond
 		s.cfg.Metrics.SetImagesPerSecond(e.job.Id, int(r), p.ImagesPerSecond)
 		e.job.Ranks[r] = proto.Clone(p).(*pb.Progress)
-		if e.run != nil {
+		{
 			rec := map[string]any{"kind": "progress", "time": now.UTC().Format(time.RFC3339Nano), "rank": r,
 				"epoch": p.Epoch, "step": p.Step, "total_steps": p.TotalSteps, "loss": p.Loss,
 				"images_per_second": p.ImagesPerSecond, "learning_rate": p.LearningRate, "elapsed_seconds": p.ElapsedSeconds,
 				"sent_bytes_per_step": p.SentBytesPerStep, "compression_ratio": p.CompressionRatio,
 				"compute_seconds": p.ComputeSeconds, "left_wait_seconds": p.LeftWaitSeconds}
 			addPSStaleness(rec, e.job.Spec, p)
-			_ = e.run.Log(rec)
+			s.runLogLocked(e, rec)
 		}
 		s.noteDelayLocked(e, int(r), p, now)
 		if r != 0 {
@@ -262,15 +253,28 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		}
 		s.recordEvalLocked(e, ev, now)
 	case *pb.ConnectRequest_Done:
+		d := m.Done
+		if e := s.jobs[d.GetJobId()]; e != nil && e.final() {
+			if d.Generation == e.stopGen {
+				e.taskStoppedLocked(w.info.Id)
+			}
+			return
+		}
 		if s.closed {
 			return // the job stays RUNNING in the store; the next start decides
 		}
-		d := m.Done
+		if e := s.jobs[d.GetJobId()]; e != nil && d.Generation != e.job.Generation {
+			return // a task of a generation left behind (it was told to stop)
+		}
 		e := s.runningJobLocked(w, d.GetJobId(), d.GetRank())
 		if e == nil || d.Generation != e.job.Generation {
 			return
 		}
 		if d.Error != "" {
+			if e.failed == nil {
+				e.failed = map[string]bool{}
+			}
+			e.failed[w.info.Id] = true // its task is over: nothing to stop
 			msg := fmt.Sprintf("rank %d (worker %s): %s", d.Rank, w.info.Id, d.Error)
 			if e.job.Spec.GetMode() == "ring" {
 				if s.ringFailedLocked(e, d) {
@@ -281,9 +285,7 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 				// worker (or, for an elastic job, recovers). Fail with the
 				// rank's own error only if nothing else happens within the
 				// heartbeat timeout.
-				if e.failAt.IsZero() {
-					e.failAt, e.failMsg, e.failGen = now.Add(s.cfg.HeartbeatTimeout), msg, e.job.Generation
-				}
+				e.recovery.RankFailed(now, e.job.Generation, msg, s.cfg.HeartbeatTimeout)
 				return
 			}
 			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg)
@@ -322,7 +324,7 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 // (with the round's participants for fedavg), the charts, and an event.
 func (s *Server) recordEvalLocked(e *jobEntry, ev *pb.TaskEval, now time.Time) {
 	e.lastEval = ev
-	if e.run != nil {
+	{
 		rec := map[string]any{"kind": "eval", "time": now.UTC().Format(time.RFC3339Nano),
 			"epoch": ev.Epoch, "step": ev.Step, "test_accuracy": ev.TestAccuracy, "test_loss": ev.TestLoss, "train_loss": ev.TrainLoss}
 		if ev.MicroF1 != 0 || ev.MeanAveragePrecision != 0 { // multi-label
@@ -337,9 +339,15 @@ func (s *Server) recordEvalLocked(e *jobEntry, ev *pb.TaskEval, now time.Time) {
 			rec["round"], rec["participants"], rec["missing"] = r.Round, r.Participants, r.Missing
 			rec["update_norm"], rec["label_histograms"] = r.UpdateNorm, hists
 		}
-		_ = e.run.Log(rec)
+		s.runLogLocked(e, rec)
 	}
-	s.replotLocked(e.job.RunDir)
+	// Redraw once the record is written (after the lock is released).
+	dir := e.job.RunDir
+	s.mu.later(func() {
+		s.mu.Lock()
+		s.replotLocked(dir)
+		s.mu.Unlock()
+	})
 	what := "epoch"
 	if ev.Round != nil {
 		what = "round"

@@ -1,8 +1,6 @@
 package server
 
 import (
-	"time"
-
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -16,8 +14,8 @@ import (
 // driver's federation.Coordinator: the job's entry as the driver may see
 // it. The driver calls it off its own lock, from its Run goroutine, so
 // its methods take Server.mu; the server calls the driver (abort,
-// workerLostLocked, saveStoppedLocked) under Server.mu, which the driver
-// allows.
+// workerLostLocked) under Server.mu, which the driver allows, and writes
+// its checkpoint at stop off that lock (checkpointStoppedLocked).
 type fedJob struct {
 	s *Server
 	e *jobEntry
@@ -49,9 +47,6 @@ func (s *Server) newFedJob(e *jobEntry, net *models.Network, ckptDir string) (*f
 // abort stops the driver: its clock returns and every client's stream
 // ends. Safe to call more than once, with or without Server.mu.
 func (fj *fedJob) abort(err error) { fj.d.Abort(err) }
-
-// saveStoppedLocked writes the checkpoint of a job that stops early.
-func (fj *fedJob) saveStoppedLocked(now time.Time) (string, error) { return fj.d.SaveStopped(now) }
 
 // workerLostLocked: a lost worker's client misses the rounds it is
 // sampled for; the job fails only when every client is lost.
@@ -86,8 +81,8 @@ func (fj *fedJob) Emit(ev federation.Event) {
 func (fj *fedJob) Log(rec map[string]any) {
 	fj.s.mu.Lock()
 	defer fj.s.mu.Unlock()
-	if fj.activeLocked() && fj.e.run != nil {
-		_ = fj.e.run.Log(rec)
+	if fj.activeLocked() {
+		fj.s.runLogLocked(fj.e, rec)
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"slices"
 	"sort"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/gradsync/gradsync/checkpoint"
+	"github.com/gradsync/gradsync/coordinator"
 	"github.com/gradsync/gradsync/internal/runlog"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
@@ -31,11 +31,15 @@ const maxEvents = 4096
 // Server.mu.
 type jobEntry struct {
 	job *pb.Job
+	// version counts the job's store writes (persistLocked).
+	version uint64
 	// events[i] is event number base+i; notify is closed (and replaced)
 	// whenever an event is appended.
 	events []*pb.WatchJobResponse
 	base   int
 	notify chan struct{}
+	// announced: the final state's event is in events (watches end).
+	announced bool
 	// While RUNNING:
 	ps        *paramserver.Group
 	fed       *fedJob // fedavg with real clients: the round driver (federation.go)
@@ -45,44 +49,49 @@ type jobEntry struct {
 	results   []*pb.JobResult
 	lastEval  *pb.TaskEval
 	started   time.Time
-	// recovering is set between a lost worker and the new generation's
-	// first progress report.
-	recovering *recovery
-	// failAt: an elastic job whose rank failed ends FAILED (failMsg) then,
-	// unless a recovery to a generation after failGen happened first.
-	failAt  time.Time
-	failMsg string
-	failGen uint64
-	// trainedSteps is the most steps the job is known to have trained
-	// (progress, and where generations started), told to new generations
-	// so that one that finds no state fails instead of starting over.
-	trainedSteps int64
+	// recovery is the elastic-recovery state machine (coordinator.Recovery):
+	// its phase, the steps known trained, the workers evicted.
+	recovery coordinator.Recovery
 	// stragglers finds slow ranks from the progress reports (straggler.go).
-	stragglers *stragglerDetector
-	// ringLinks are the failure reports of generation ringLinksGen's
-	// ranks (ringfault.go); evicted workers were cut off from this job's
-	// ring and are not taken back into it.
-	ringLinks    []*pb.RingLinks
-	ringLinksGen uint64
-	evicted      map[string]bool
-}
-
-// elastic reports whether a job recovers from lost workers: a ring job
-// with min_workers < workers. Its ranks keep in-memory snapshots, so it
-// needs no checkpoints (they are a fallback when no survivor holds a
-// snapshot).
-func elastic(spec *pb.JobSpec) bool {
-	return spec.GetMode() == "ring" && spec.GetMinWorkers() < spec.GetWorkers()
+	stragglers *coordinator.Stragglers
+	// Once a running job has ended: stopping holds the workers told to
+	// stop its generation stopGen that have not yet said their task
+	// stopped (or been lost); stopped is closed when none is left (see
+	// awaitStopped). A ring job's rank 0 writes the checkpoint a resume
+	// starts from as its task stops.
+	stopping map[string]bool
+	stopGen  uint64
+	stopped  chan struct{}
+	// failed holds the workers whose task of the current generation
+	// ended with an error: they have nothing left to stop.
+	failed map[string]bool
 }
 
 func newJobEntry(j *pb.Job) *jobEntry {
 	return &jobEntry{job: j, notify: make(chan struct{})}
 }
 
-func (e *jobEntry) final() bool { return isFinal(e.job.State) }
+func (e *jobEntry) final() bool { return coordinator.Final(e.job.State) }
 
-func isFinal(s pb.JobState) bool {
-	return s == pb.JobState_JOB_STATE_SUCCEEDED || s == pb.JobState_JOB_STATE_FAILED || s == pb.JobState_JOB_STATE_CANCELLED
+// taskStoppedLocked notes that worker id's task of the ended job has
+// stopped (it said so, or it is gone).
+func (e *jobEntry) taskStoppedLocked(id string) {
+	if !e.stopping[id] {
+		return
+	}
+	delete(e.stopping, id)
+	if len(e.stopping) == 0 {
+		close(e.stopped)
+	}
+}
+
+// stopAllLocked gives up waiting for the ended job's tasks (the server
+// is shutting down).
+func (e *jobEntry) stopAllLocked() {
+	if len(e.stopping) > 0 {
+		clear(e.stopping)
+		close(e.stopped)
+	}
 }
 
 // abort stops the job's parameter server (if any) so every stream waiting on
@@ -104,16 +113,29 @@ func (e *jobEntry) abort(err error) {
 // outcome is logged and announced as a job event: a failed write is not
 // silent, but does not change how the job ended.
 func (s *Server) checkpointStoppedLocked(e *jobEntry) {
-	var path string
-	var err error
+	var save func(time.Time) (string, error)
 	switch {
 	case e.ps != nil:
-		path, err = e.ps.SaveStopped(s.cfg.Now())
+		save = e.ps.SaveStopped
 	case e.fed != nil:
-		path, err = e.fed.saveStoppedLocked(s.cfg.Now())
+		save = e.fed.d.SaveStopped
 	default:
 		return
 	}
+	// The shards and the round driver have their own locks: write off the
+	// server's, then say how it went.
+	now := s.cfg.Now()
+	s.mu.later(func() {
+		s.mu.offLock("a checkpoint save")
+		path, err := save(now)
+		s.mu.Lock()
+		s.stopCheckpointedLocked(e, path, err)
+		s.mu.Unlock()
+	})
+}
+
+// stopCheckpointedLocked logs and announces how the checkpoint at stop went.
+func (s *Server) stopCheckpointedLocked(e *jobEntry, path string, err error) {
 	switch {
 	case err != nil:
 		s.log.Warn("checkpoint at stop failed", "job", e.job.Id, "err", err)
@@ -150,6 +172,9 @@ func (s *Server) emitLocked(e *jobEntry, kind pb.EventKind, msg string, fill fun
 		fill(ev)
 	}
 	e.events = append(e.events, ev)
+	if kind == pb.EventKind_EVENT_KIND_STATE && e.final() {
+		e.announced = true
+	}
 	if len(e.events) > maxEvents {
 		drop := len(e.events) - maxEvents
 		e.events = append(e.events[:0:0], e.events[drop:]...)
@@ -159,10 +184,67 @@ func (s *Server) emitLocked(e *jobEntry, kind pb.EventKind, msg string, fill fun
 	e.notify = make(chan struct{})
 }
 
+// persistLocked queues a write of the job's current state to the store.
+func (s *Server) persistLocked(e *jobEntry) {
+	e.version++
+	j, v := proto.Clone(e.job).(*pb.Job), e.version
+	s.mu.later(func() {
+		if err := s.putJob(j, v); err != nil {
+			s.log.Error("job store write failed", "job", j.Id, "err", err)
+		}
+	})
+}
+
+// putJob writes a job to the store; never under the lock.
+func (s *Server) putJob(j *pb.Job, version uint64) error {
+	s.mu.offLock("a job store write")
+	return s.store.putJob(j, version)
+}
+
+// runLogLocked queues a record for the job's metrics.jsonl (nothing once
+// the run is finished). Records queued by one goroutine keep their order.
+func (s *Server) runLogLocked(e *jobEntry, rec map[string]any) {
+	if e.run == nil {
+		return
+	}
+	run := e.run
+	s.mu.later(func() {
+		s.mu.offLock("a run-log append")
+		_ = run.Log(rec)
+	})
+}
+
 // setStateLocked moves a job to a new state, stores it, and announces it.
-// The store write comes first: what watchers see is durable.
+// The store write runs as the lock is released, before the call that
+// caused it returns: a client's answer is durable. A final state is
+// announced (the event that ends every watch) only after its store
+// write and the run's summary.json: what watchers see at the end is on
+// disk.
 func (s *Server) setStateLocked(e *jobEntry, st pb.JobState, msg string) {
+	s.changeStateLocked(e, st, msg)
+	if coordinator.Final(st) {
+		s.announceLocked(e, msg)
+	} else {
+		s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, msg, nil)
+	}
+}
+
+// announceLocked queues the event of a job's final state, behind the
+// disk work queued before it.
+func (s *Server) announceLocked(e *jobEntry, msg string) {
+	s.mu.later(func() {
+		s.mu.Lock()
+		s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, msg, nil)
+		s.mu.Unlock()
+	})
+}
+
+// changeStateLocked is setStateLocked without the announcement.
+func (s *Server) changeStateLocked(e *jobEntry, st pb.JobState, msg string) {
 	j := e.job
+	if err := coordinator.Transition(j.State, st); err != nil {
+		s.log.Error("job lifecycle broken (a bug)", "job", j.Id, "err", err)
+	}
 	j.State = st
 	j.Message = msg
 	now := s.cfg.Now()
@@ -178,24 +260,25 @@ func (s *Server) setStateLocked(e *jobEntry, st pb.JobState, msg string) {
 			j.Result.WallSeconds = now.Sub(j.StartedAt.AsTime()).Seconds()
 		}
 	}
-	if err := s.store.putJob(j); err != nil {
-		s.log.Error("job store write failed", "job", j.Id, "err", err)
-	}
-	if e.run != nil {
-		_ = e.run.Log(map[string]any{"kind": "state", "time": now.UTC().Format(time.RFC3339Nano), "state": runlog.StateName(st), "message": msg})
-		if isFinal(st) {
-			if err := e.run.Finish(runlog.SummaryOf(j)); err != nil {
+	s.persistLocked(e)
+	s.runLogLocked(e, map[string]any{"kind": "state", "time": now.UTC().Format(time.RFC3339Nano), "state": runlog.StateName(st), "message": msg})
+	if e.run != nil && coordinator.Final(st) {
+		run, sum, dir := e.run, runlog.SummaryOf(proto.Clone(j).(*pb.Job)), j.RunDir
+		e.run = nil
+		s.mu.later(func() {
+			s.mu.offLock("writing a run summary")
+			if err := run.Finish(sum); err != nil {
 				s.log.Error("writing summary failed", "job", j.Id, "err", err)
 			}
-			e.run = nil
-			s.replotLocked(j.RunDir)
-		}
+			s.mu.Lock()
+			s.replotLocked(dir)
+			s.mu.Unlock()
+		})
 	}
 	s.countJobsLocked()
-	if isFinal(st) {
+	if coordinator.Final(st) {
 		s.cfg.Metrics.ForgetJob(j.Id)
 	}
-	s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, msg, nil)
 	if st == pb.JobState_JOB_STATE_FAILED {
 		s.log.Warn("job state", "job", j.Id, "state", runlog.StateName(st), "message", msg)
 	} else {
@@ -211,16 +294,21 @@ func (s *Server) endJobLocked(e *jobEntry, st pb.JobState, msg string) {
 		return
 	}
 	wasRunning := e.job.State == pb.JobState_JOB_STATE_RUNNING
-	s.setStateLocked(e, st, msg)
+	s.changeStateLocked(e, st, msg)
 	e.abort(errors.New(msg))
 	if st != pb.JobState_JOB_STATE_SUCCEEDED {
 		s.checkpointStoppedLocked(e)
 	}
+	s.announceLocked(e, msg) // after the checkpoint at stop, too
 	if wasRunning {
+		e.stopping, e.stopGen, e.stopped = map[string]bool{}, e.job.Generation, make(chan struct{})
 		for _, id := range e.job.WorkerIds {
 			w := s.workers[id]
 			if w == nil || w.info.JobId != e.job.Id {
 				continue
+			}
+			if st != pb.JobState_JOB_STATE_SUCCEEDED && w.info.State != pb.WorkerState_WORKER_STATE_LOST && !e.failed[id] {
+				e.stopping[id] = true
 			}
 			w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: e.job.Id, Reason: msg}}})
 			w.info.JobId = ""
@@ -228,6 +316,9 @@ func (s *Server) endJobLocked(e *jobEntry, st pb.JobState, msg string) {
 				w.info.State = pb.WorkerState_WORKER_STATE_IDLE
 			}
 		}
+	}
+	if e.stopped != nil && len(e.stopping) == 0 {
+		close(e.stopped)
 	}
 	for i, id := range s.queue {
 		if id == e.job.Id {
@@ -240,7 +331,7 @@ func (s *Server) endJobLocked(e *jobEntry, st pb.JobState, msg string) {
 
 // SubmitJob validates the spec, stores the job as PENDING and schedules.
 func (s *Server) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*pb.SubmitJobResponse, error) {
-	in, resumeFrom, err := s.resumeSpec(req)
+	in, resumeFrom, err := s.resumeSpec(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -251,13 +342,14 @@ func (s *Server) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*pb.S
 	now := s.cfg.Now()
 	j := &pb.Job{Id: newJobID(now), Spec: spec, State: pb.JobState_JOB_STATE_PENDING, CreatedAt: tsNow(now), ResumeFrom: resumeFrom}
 	j.RunDir = s.runDir(j.Id)
+	// Stored before anyone can see it, so off the lock.
+	if err := s.putJob(j, 0); err != nil {
+		return nil, status.Errorf(codes.Internal, "storing job: %v", err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return nil, status.Error(codes.Unavailable, "server is shutting down")
-	}
-	if err := s.store.putJob(j); err != nil {
-		return nil, status.Errorf(codes.Internal, "storing job: %v", err)
 	}
 	e := newJobEntry(j)
 	s.jobs[j.Id] = e
@@ -311,20 +403,53 @@ func (s *Server) ListJobs(ctx context.Context, req *pb.ListJobsRequest) (*pb.Lis
 // CancelJob cancels a pending or running job.
 func (s *Server) CancelJob(ctx context.Context, req *pb.CancelJobRequest) (*pb.CancelJobResponse, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	e, err := s.jobLocked(req.JobId)
-	if err != nil {
-		return nil, err
+	if err == nil && e.final() {
+		err = status.Errorf(codes.FailedPrecondition, "job %s already ended (%s)", req.JobId, runlog.StateName(e.job.State))
 	}
-	if e.final() {
-		return nil, status.Errorf(codes.FailedPrecondition, "job %s already ended (%s)", req.JobId, runlog.StateName(e.job.State))
+	if err != nil {
+		s.mu.Unlock()
+		return nil, err
 	}
 	reason := "cancelled by user"
 	if req.Reason != "" {
 		reason += ": " + req.Reason
 	}
 	s.endJobLocked(e, pb.JobState_JOB_STATE_CANCELLED, reason)
-	return &pb.CancelJobResponse{Job: proto.Clone(e.job).(*pb.Job)}, nil
+	job, stopped := proto.Clone(e.job).(*pb.Job), e.stopped
+	s.mu.Unlock()
+	// CancelJob returns once the job has stopped: every task of it has
+	// said so (a ring job's rank 0 writes its checkpoint at cancellation
+	// before it does; a ps job's is written above), so `cancel` then
+	// `submit --resume` back to back resumes from where it stopped, and
+	// the workers are free when the call returns. Waiting here rather
+	// than in the resume keeps the answer truthful for every client (a
+	// script that cancels and then reads the run directory) and costs a
+	// cancel no more than one step. The wait is bounded (StopTimeout,
+	// the call's deadline): a worker that never says so — lost, or too
+	// old to — does not hold the call.
+	if !s.awaitStopped(ctx, stopped) {
+		s.log.Warn("cancelled job's tasks did not all report stopping in time", "job", job.Id, "timeout", s.cfg.StopTimeout)
+	}
+	return &pb.CancelJobResponse{Job: job}, nil
+}
+
+// awaitStopped waits until an ended job's tasks have stopped (stopped is
+// closed; nil: nothing to wait for), at most StopTimeout and ctx's
+// deadline; it reports whether they did.
+func (s *Server) awaitStopped(ctx context.Context, stopped <-chan struct{}) bool {
+	if stopped == nil {
+		return true
+	}
+	t := time.NewTimer(s.cfg.StopTimeout)
+	defer t.Stop()
+	select {
+	case <-stopped:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
 }
 
 // WatchJob streams a job's events from its first kept one until the job
@@ -349,7 +474,7 @@ func (s *Server) WatchJob(req *pb.WatchJobRequest, stream pb.JobService_WatchJob
 		}
 		batch := append([]*pb.WatchJobResponse(nil), e.events[next-e.base:]...)
 		next += len(batch)
-		final := e.final()
+		final := e.announced
 		notify := e.notify
 		closed := s.closed
 		s.mu.Unlock()
@@ -384,304 +509,34 @@ func (s *Server) ListWorkers(ctx context.Context, req *pb.ListWorkersRequest) (*
 	return &pb.ListWorkersResponse{Workers: out}, nil
 }
 
-// scheduleLocked starts every queued job the FIFO gang scheduler places.
-func (s *Server) scheduleLocked() {
-	if s.closed {
-		return
-	}
-	var q []pendingJob
-	for _, id := range s.queue {
-		q = append(q, pendingJob{id: id, workers: int(s.jobs[id].job.Spec.GetWorkers())})
-	}
-	var idle []*workerEntry
-	for _, w := range s.workers {
-		if w.info.State == pb.WorkerState_WORKER_STATE_IDLE {
-			idle = append(idle, w)
-		}
-	}
-	sort.Slice(idle, func(a, b int) bool {
-		if !idle[a].connected.Equal(idle[b].connected) {
-			return idle[a].connected.Before(idle[b].connected)
-		}
-		return idle[a].info.Id < idle[b].info.Id
-	})
-	ids := make([]string, len(idle))
-	for i, w := range idle {
-		ids[i] = w.info.Id
-	}
-	for _, p := range schedule(q, ids) {
-		s.queue = s.queue[1:]
-		s.startJobLocked(s.jobs[p.jobID], p.workers)
-	}
-	// Idle workers nobody queued for: elastic jobs running below their
-	// size grow onto them (from their latest checkpoint).
-	if len(s.queue) == 0 {
-		for _, e := range s.jobs {
-			if e.job.State == pb.JobState_JOB_STATE_RUNNING && e.recovering == nil && !slices.Contains(e.ranksDone, true) &&
-				len(e.job.WorkerIds) < int(e.job.Spec.GetWorkers()) && elastic(e.job.Spec) {
-				s.recoverLocked(e, nil, "")
-			}
-		}
-	}
-}
-
-// startJobLocked builds the job's initial parameters and parameter server,
-// opens its run directory, and sends every worker its assignment.
-func (s *Server) startJobLocked(e *jobEntry, workerIDs []string) {
-	j := e.job
-	run, err := runlog.Create(j.RunDir, j.Spec)
-	if err != nil {
-		s.setStateLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("creating run directory: %v", err))
-		return
-	}
-	e.run = run
-	e.started = s.cfg.Now()
-	j.Generation = 1
-	j.WorkerIds = workerIDs
-	s.setStateLocked(e, pb.JobState_JOB_STATE_RUNNING, fmt.Sprintf("running on %d worker(s)", len(workerIDs)))
-	s.assignLocked(e, workerIDs)
-}
-
-// assignLocked gives a running job's current generation to workerIDs, by
-// rank: the parameter server for ps mode, and every worker its assignment.
-func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
-	j := e.job
-	spec := j.Spec
-	// Workers check that they build the same number of parameters, so a
-	// folder of images of another size fails with a clear error.
-	c, h, w, classes := jobspec.InputShape(spec)
-	net, err := models.New(spec.Model, models.Options{Channels: c, Height: h, Width: w, Classes: classes, Seed: spec.GetSeed()})
-	if err != nil {
-		s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("building model: %v", err))
-		return
-	}
-	j.WorkerIds = workerIDs
-	world := len(workerIDs)
-	e.ranksDone = make([]bool, world)
-	e.rankIPS = make([]float64, world)
-	j.Ranks = make([]*pb.Progress, world)
-	for r := range j.Ranks {
-		j.Ranks[r] = &pb.Progress{}
-	}
-	e.results = make([]*pb.JobResult, world)
-	ckptDir := ""
-	if jobspec.CheckpointsOn(spec) {
-		ckptDir = checkpointDir(j.RunDir)
-	}
-	var psAddrs []string
-	if spec.Mode == "ps" && len(spec.GetParameterServer().GetAddresses()) > 0 {
-		// The shards are `gradsync aggregator` processes, which learn
-		// the job from the workers' joins.
-		psAddrs = spec.GetParameterServer().GetAddresses()
-	} else if spec.Mode == "ps" {
-		// The server holds a ps job's state: it writes the checkpoints
-		// and, for a resume, loads one.
-		e.ps, err = paramserver.NewGroup(paramserver.Env{Now: s.cfg.Now, Log: s.log, Metrics: s.cfg.Metrics}, j.Id, j.Generation, world, net, spec, ckptDir, j.ResumeFrom)
-		if err != nil {
-			what := "starting the parameter server"
-			if j.ResumeFrom != "" {
-				what = "resuming from checkpoint"
-			}
-			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("%s: %v", what, err))
-			return
-		}
-	}
-	if jobspec.RealClients(spec) {
-		// The coordinator drives the rounds; each worker is one client.
-		if e.fed, err = s.newFedJob(e, net, ckptDir); err != nil {
-			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("starting the federated rounds: %v", err))
-			return
-		}
-	}
-	peers := make([]string, world)
-	for r, id := range workerIDs {
-		peers[r] = s.workers[id].info.Address
-	}
-	for r, id := range workerIDs {
-		w := s.workers[id]
-		w.info.State = pb.WorkerState_WORKER_STATE_BUSY
-		w.info.JobId = j.Id
-		w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Assignment{Assignment: &pb.Assignment{
-			JobId: j.Id, Generation: j.Generation, Rank: int32(r), WorldSize: int32(world),
-			Spec: spec, Peers: peers, PsAddresses: psAddrs, NumParams: int64(net.NumParams()),
-			CheckpointDir: ckptDir, ResumeFrom: j.ResumeFrom, TrainedSteps: e.trainedSteps,
-		}}})
-	}
-}
-
-// recoverLocked keeps an elastic ring job (min_workers < workers) going
-// after it lost a worker: the survivors (and idle workers, up to the
-// job's size) stop the broken step, the generation is bumped, and the new
-// generation's ranks agree on the newest state one of them holds in
-// memory (worker/agree.go), or else resume from the latest checkpoint.
-// With lost nil it grows a job that runs below its size onto idle
-// workers the same way. It reports whether it did.
-func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason string) bool {
-	j := e.job
-	spec := j.Spec
-	if !elastic(spec) {
-		return false
-	}
-	// The checkpoint is the fallback when no rank holds a snapshot. The
-	// new generation's ranks load a pinned copy: the old generation's
-	// rank 0 may still be writing or replacing checkpoints.
-	path := j.ResumeFrom
-	if latest := latestCheckpoint(j); latest != "" {
-		pinned, err := checkpoint.Pin(checkpointDir(j.RunDir), latest, fmt.Sprintf("g%d", j.Generation+1), 4)
-		if err != nil {
-			s.log.Warn("pinning the checkpoint to resume from failed", "job", j.Id, "err", err)
-			return false
-		}
-		path = pinned
-	}
-	lostID := ""
-	if lost != nil {
-		lostID = lost.info.Id
-	}
-	var ids []string
-	for _, id := range j.WorkerIds {
-		if w := s.workers[id]; w != nil && id != lostID && w.info.State != pb.WorkerState_WORKER_STATE_LOST {
-			ids = append(ids, id)
-		}
-	}
-	before := len(ids)
-	for _, w := range s.workers { // idle workers may take the lost one's place
-		if len(ids) >= int(spec.GetWorkers()) {
-			break
-		}
-		if w.info.State == pb.WorkerState_WORKER_STATE_IDLE && !slices.Contains(ids, w.info.Id) && !e.evicted[w.info.Id] {
-			ids = append(ids, w.info.Id)
-		}
-	}
-	if len(ids) < int(spec.GetMinWorkers()) || (lost == nil && len(ids) == before) {
-		return false
-	}
-	now := s.cfg.Now()
-	var lastStep int64
-	for _, p := range j.Ranks {
-		lastStep = max(lastStep, p.GetStep())
-	}
-	e.trainedSteps = max(e.trainedSteps, lastStep)
-	for _, id := range j.WorkerIds { // stop the current generation's tasks
-		if w := s.workers[id]; w != nil && id != lostID {
-			w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: j.Id,
-				Reason: "recovering: generation " + fmt.Sprint(j.Generation+1), KeepState: true}}})
-		}
-	}
-	j.Generation++
-	j.ResumeFrom = path
-	e.failAt = time.Time{}
-	var fromStep int64
-	fmt.Sscanf(filepath.Base(path), "ckpt-%d", &fromStep)
-	e.recovering = &recovery{lost: lostID, lostAt: now, lastStep: lastStep, from: path, fromStep: fromStep}
-	if lost != nil {
-		e.recovering.detectSeconds = now.Sub(lost.lastSeen).Seconds()
-	}
-	from := "the ranks' in-memory snapshots (no checkpoint)"
-	if path != "" {
-		from = "the ranks' in-memory snapshots or " + path
-	}
-	var msg string
-	if lost != nil {
-		msg = fmt.Sprintf("worker %s (%s) lost: %s; recovering on %d worker(s) from %s (generation %d)",
-			lost.info.Id, lost.info.Address, reason, len(ids), from, j.Generation)
-		s.log.Warn("job recovering", "job", j.Id, "lost", lostID, "workers", len(ids), "from", from, "generation", j.Generation)
-		s.cfg.Metrics.Recovered()
-	} else {
-		msg = fmt.Sprintf("growing from %d to %d worker(s) from %s (generation %d)", before, len(ids), from, j.Generation)
-		s.log.Info("job growing", "job", j.Id, "workers", len(ids), "from", from, "generation", j.Generation)
-	}
-	if e.run != nil {
-		kind := "recovery"
-		if lost == nil {
-			kind = "grow"
-		}
-		_ = e.run.Log(map[string]any{"kind": kind, "time": now.UTC().Format(time.RFC3339Nano), "lost_worker": lostID,
-			"reason": reason, "generation": j.Generation, "workers": len(ids), "checkpoint": path, "last_step": lastStep})
-	}
-	s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, msg, nil)
-	s.assignLocked(e, ids)
-	return true
-}
-
-// recovery is an elastic recovery in progress, until the new generation
-// reports the state it starts from (TaskStarted), or its first progress.
-type recovery struct {
-	lost     string
-	lostAt   time.Time
-	lastStep int64
-	from     string
-	fromStep int64
-	// detectSeconds is how long the lost worker had been silent when it
-	// was declared lost (since its last message).
-	detectSeconds float64
-}
-
-// taskStartedLocked records where a ring generation's state came from
-// (rank 0's TaskStarted) and, for a recovery or growth, ends it: the time
-// it took, the steps done again, and the source are logged to the run's
-// metrics.jsonl and announced as a job event.
-func (s *Server) taskStartedLocked(w *workerEntry, st *pb.TaskStarted) {
-	e := s.runningJobLocked(w, st.GetJobId(), st.GetRank())
-	if e == nil || st.Generation != e.job.Generation {
-		return
-	}
-	e.trainedSteps = max(e.trainedSteps, st.Step)
-	from := "scratch"
-	switch st.Source {
-	case "memory":
-		from = fmt.Sprintf("the in-memory snapshot of rank %d at step %d", st.SourceRank, st.Step)
-	case "checkpoint":
-		from = fmt.Sprintf("checkpoint %s (step %d)", st.Checkpoint, st.Step)
-	}
-	rc := e.recovering
-	if rc == nil {
-		if st.Source != "scratch" {
-			s.log.Info("job starting", "job", e.job.Id, "generation", st.Generation, "from", from)
-		}
-		return
-	}
-	e.recovering = nil
-	now := s.cfg.Now()
-	took := now.Sub(rc.lostAt).Seconds()
-	redone := max(max(rc.lastStep, st.NewestStep)-st.Step, 0)
-	msg := fmt.Sprintf("recovered from the loss of %s in %.1fs (silent %.1fs before it was declared lost): generation %d on %d worker(s) starts from %s; %d step(s) redone",
-		rc.lost, took, rc.detectSeconds, e.job.Generation, len(e.job.WorkerIds), from, redone)
-	if rc.lost == "" {
-		msg = fmt.Sprintf("grew to %d workers in %.1fs: generation %d starts from %s; %d step(s) redone",
-			len(e.job.WorkerIds), took, e.job.Generation, from, redone)
-	}
-	if e.run != nil {
-		_ = e.run.Log(map[string]any{"kind": "recovered", "time": now.UTC().Format(time.RFC3339Nano), "lost_worker": rc.lost,
-			"detect_seconds": rc.detectSeconds, "recovery_seconds": took, "agree_seconds": st.AgreeSeconds,
-			"generation": e.job.Generation, "workers": len(e.job.WorkerIds), "last_step_before": max(rc.lastStep, st.NewestStep),
-			"source": st.Source, "source_rank": st.SourceRank, "checkpoint": st.Checkpoint, "start_step": st.Step, "steps_redone": redone})
-	}
-	s.log.Info("job recovered", "job", e.job.Id, "seconds", took, "generation", e.job.Generation, "from", from, "steps_redone", redone)
-	s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, msg, nil)
-}
-
 // checkpointDir is where a job's checkpoints go.
 func checkpointDir(runDir string) string { return filepath.Join(runDir, "checkpoints") }
 
 // resumeSpec returns the spec to submit and, for a resume, the checkpoint
 // to start from: the old job's spec (its workers may be changed) and its
 // latest checkpoint that verifies.
-func (s *Server) resumeSpec(req *pb.SubmitJobRequest) (*pb.JobSpec, string, error) {
+func (s *Server) resumeSpec(ctx context.Context, req *pb.SubmitJobRequest) (*pb.JobSpec, string, error) {
 	if req.GetResumeJobId() == "" {
 		return req.GetSpec(), "", nil
 	}
 	s.mu.Lock()
 	e := s.jobs[req.ResumeJobId]
 	var old *pb.Job
+	var stopped chan struct{}
 	if e != nil {
-		old = proto.Clone(e.job).(*pb.Job)
+		old, stopped = proto.Clone(e.job).(*pb.Job), e.stopped
 	}
 	s.mu.Unlock()
 	if old == nil {
 		return nil, "", status.Errorf(codes.NotFound, "job %q not found", req.ResumeJobId)
 	}
-	if !isFinal(old.State) {
+	// A job that just ended (cancelled by a call that gave up waiting,
+	// or failed) may still be writing its last checkpoint: wait for its
+	// tasks the same bounded way CancelJob does.
+	if coordinator.Final(old.State) {
+		s.awaitStopped(ctx, stopped)
+	}
+	if !coordinator.Final(old.State) {
 		return nil, "", status.Errorf(codes.FailedPrecondition, "job %s is %s; only an ended job can be resumed", old.Id, runlog.StateName(old.State))
 	}
 	if !jobspec.CheckpointsOn(old.Spec) {

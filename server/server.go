@@ -1,8 +1,11 @@
-// Package server is the gradsync coordinator: the public JobService and
-// ClusterService, the worker-facing Coordinator stream, and aggregator shard
-// 0 (the ParameterServer). Thin gRPC handlers sit over a core guarded by one
-// mutex: the job table with its durable store, the worker registry with
-// heartbeats, and the FIFO gang scheduler (a pure function).
+// Package server is the gradsync coordinator's shell: the public
+// JobService and ClusterService, the worker-facing Coordinator stream, and
+// aggregator shard 0 (the ParameterServer). Thin gRPC handlers validate
+// input and apply the rules of package coordinator (lifecycle, gang
+// scheduling, recovery, stragglers, cut links) to the job table and
+// worker registry under one lock; the disk work those decisions call for
+// — job store writes, run-log records, checkpoint pins — runs after the
+// lock is released (lock.go).
 package server
 
 import (
@@ -45,6 +48,10 @@ type Config struct {
 	// HeartbeatTimeout is how long a silent worker is kept before it is
 	// declared lost and its job fails. Default 5s.
 	HeartbeatTimeout time.Duration
+	// StopTimeout bounds how long CancelJob (and a resume of a job that
+	// has just ended) waits for the job's tasks to say they stopped,
+	// after which a ring job's final checkpoint is on disk. Default 20s.
+	StopTimeout time.Duration
 	// Logger receives structured logs. Default slog.Default().
 	Logger *slog.Logger
 	// Now is the clock. Default time.Now.
@@ -82,6 +89,9 @@ func (c *Config) Validate() error {
 	if c.HeartbeatTimeout == 0 {
 		c.HeartbeatTimeout = 5 * time.Second
 	}
+	if c.StopTimeout <= 0 {
+		c.StopTimeout = 20 * time.Second
+	}
 	if c.APIRate == 0 {
 		c.APIRate = 50
 	}
@@ -113,7 +123,9 @@ type Server struct {
 	grpc   *grpc.Server
 	health *health.Server
 
-	mu sync.Mutex // guards everything below
+	// mu guards everything below; the disk work decided under it runs
+	// once it is released (lock.go).
+	mu shellLock
 	// jobs by id; queue holds pending job ids in submission order.
 	jobs    map[string]*jobEntry
 	queue   []string
@@ -181,7 +193,7 @@ func New(cfg Config) (*Server, error) {
 				j.Message = "the server stopped while the job was running, and the job has no checkpoint to resume from"
 				j.FinishedAt = tsNow(cfg.Now())
 			}
-			if err := st.putJob(j); err != nil {
+			if err := st.putJob(j, 0); err != nil {
 				st.close()
 				return nil, err
 			}
@@ -282,7 +294,8 @@ func (s *Server) shutdown() {
 		w.close()
 	}
 	for _, e := range s.jobs {
-		close(e.notify) // wake watchers: they see closed and leave
+		e.stopAllLocked() // wake CancelJob calls: no task reports any more
+		close(e.notify)   // wake watchers: they see closed and leave
 		e.notify = make(chan struct{})
 	}
 	s.mu.Unlock()
@@ -326,11 +339,7 @@ func (s *Server) monitor(ctx context.Context) {
 			}
 		}
 		for _, e := range s.jobs {
-			if !e.failAt.IsZero() && now.After(e.failAt) && !e.final() {
-				msg := e.failMsg
-				if e.job.Generation != e.failGen {
-					msg += " (no recovery)"
-				}
+			if msg, due := e.recovery.Due(now, e.job.Generation); due && !e.final() {
 				s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg)
 			}
 		}

@@ -586,17 +586,8 @@ func TestResumeWithOtherWorldSize(t *testing.T) {
 	spec := &pb.JobSpec{Model: "logreg", Mode: "ring", Workers: proto.Int32(3), Dataset: &pb.DatasetSpec{Name: "synthetic"},
 		Epochs: proto.Int32(200), Checkpoint: &pb.CheckpointSpec{EverySteps: 20}}
 	job := c.submit(ctx, spec)
-	dir := filepath.Join(job.RunDir, "checkpoints")
-	for {
-		if es, _ := os.ReadDir(dir); len(es) > 0 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("no checkpoint written")
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	// Past step 20 rank 0 has written the checkpoint of step 20.
+	c.waitProgress(ctx, job.Id, func(p *pb.Progress) bool { return p.Step > 20 })
 	if _, err := c.jobs.CancelJob(ctx, &pb.CancelJobRequest{JobId: job.Id}); err != nil {
 		t.Fatal(err)
 	}
@@ -612,27 +603,7 @@ func TestResumeWithOtherWorldSize(t *testing.T) {
 	}
 	// Shorten the wait: cancel it once it has made progress past the
 	// checkpoint, proving that it started from there.
-	final := c.waitState(ctx, resp.Job.Id, pb.JobState_JOB_STATE_RUNNING, pb.JobState_JOB_STATE_FAILED)
-	if final.State == pb.JobState_JOB_STATE_FAILED {
-		t.Fatalf("resumed job failed: %s", final.Message)
-	}
-	for {
-		j, err := c.jobs.GetJob(ctx, &pb.GetJobRequest{JobId: resp.Job.Id})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if j.Job.State == pb.JobState_JOB_STATE_FAILED {
-			t.Fatalf("resumed job failed: %s", j.Job.Message)
-		}
-		if p := j.Job.GetProgress(); p != nil && p.Step > 20 && p.TotalSteps > p.Step {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("the resumed job made no progress")
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	c.waitProgress(ctx, resp.Job.Id, func(p *pb.Progress) bool { return p.Step > 20 && p.TotalSteps > p.Step })
 }
 
 // TestCheckpointOnCancel: cancelling a ring job that writes checkpoints
@@ -644,33 +615,14 @@ func TestCheckpointOnCancel(t *testing.T) {
 	c.addTCPWorker("cc-1")
 	job := c.submit(ctx, &pb.JobSpec{Model: "logreg", Mode: "ring", Workers: proto.Int32(2), Dataset: &pb.DatasetSpec{Name: "synthetic"},
 		Epochs: proto.Int32(500), LogEverySteps: 5, Checkpoint: &pb.CheckpointSpec{EverySteps: 1 << 40}})
-	for {
-		j, err := c.jobs.GetJob(ctx, &pb.GetJobRequest{JobId: job.Id})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if j.Job.GetProgress().GetStep() > 10 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("no progress")
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	c.waitProgress(ctx, job.Id, func(p *pb.Progress) bool { return p.Step > 10 })
 	if _, err := c.jobs.CancelJob(ctx, &pb.CancelJobRequest{JobId: job.Id}); err != nil {
 		t.Fatal(err)
 	}
+	// CancelJob returns once the job has stopped: the checkpoint is there.
 	dir := filepath.Join(job.RunDir, "checkpoints")
-	for {
-		if es, _ := os.ReadDir(dir); len(es) > 0 && strings.HasPrefix(es[0].Name(), "ckpt-") {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("no checkpoint written at cancellation")
-		case <-time.After(20 * time.Millisecond):
-		}
+	if es, _ := os.ReadDir(dir); len(es) == 0 || !strings.HasPrefix(es[0].Name(), "ckpt-") {
+		t.Fatalf("no checkpoint written at cancellation (%s holds %v)", dir, es)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -21,6 +22,12 @@ var jobsBucket = []byte("jobs")
 // before it is announced, so a restarted server knows every job.
 type store struct {
 	db *bolt.DB
+
+	mu sync.Mutex // guards written
+	// written is the version of each job last written: writes queued
+	// under the server's lock run after it, possibly out of order
+	// between goroutines, and an older version never replaces a newer.
+	written map[string]uint64
 }
 
 func openStore(dir string) (*store, error) {
@@ -42,19 +49,30 @@ func openStore(dir string) (*store, error) {
 		db.Close()
 		return nil, fmt.Errorf("server: init job store: %w", err)
 	}
-	return &store{db: db}, nil
+	return &store{db: db, written: map[string]uint64{}}, nil
 }
 
 func (s *store) close() error { return s.db.Close() }
 
-func (s *store) putJob(j *pb.Job) error {
+// putJob writes version of job j (versions count up per job from 0),
+// unless a later version is already written.
+func (s *store) putJob(j *pb.Job, version uint64) error {
 	b, err := proto.Marshal(j)
 	if err != nil {
 		return fmt.Errorf("server: marshal job %s: %w", j.Id, err)
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if last, ok := s.written[j.Id]; ok && version <= last {
+		return nil
+	}
+	err = s.db.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(jobsBucket).Put([]byte(j.Id), b)
 	})
+	if err == nil {
+		s.written[j.Id] = version
+	}
+	return err
 }
 
 // jobs returns every stored job. A record that does not decode is reported

@@ -341,8 +341,15 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 				}
 				if err != nil {
 					if tctx.Err() != nil {
+						// Cancelled: say so once the task has let go of
+						// everything (rank 0's checkpoint at cancellation
+						// is on disk by now), so a cancel can return only
+						// when the job has stopped. The coordinator
+						// ignores it as a report on the job otherwise.
 						w.log.Info("task stopped", "job", a.JobId, "rank", a.Rank, "err", err)
-						return // cancelled: the coordinator already knows
+						done.Error, done.RingLinks = "stopped: "+err.Error(), nil
+						rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Done{Done: done}})
+						return
 					}
 					done.Error = err.Error()
 					w.log.Warn("task failed", "job", a.JobId, "rank", a.Rank, "err", err)

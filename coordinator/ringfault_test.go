@@ -1,8 +1,9 @@
-package server
+package coordinator_test
 
 import (
 	"testing"
 
+	"github.com/gradsync/gradsync/coordinator"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -26,7 +27,7 @@ func TestRingCulprit(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, why, ok := ringCulprit(tc.links, 1.5)
+			got, why, ok := coordinator.RingCulprit(tc.links, 1.5)
 			if !ok {
 				got = -1
 			}

@@ -1,6 +1,10 @@
-package server
+package coordinator_test
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/gradsync/gradsync/coordinator"
+)
 
 // TestStragglerDetector: an episode begins after two reports that meet
 // the rule, is announced once, and ends when the rank keeps up again;
@@ -42,13 +46,29 @@ func TestStragglerDetector(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			d := newStragglerDetector(1, tc.world)
+			d := coordinator.NewStragglers(1, tc.world)
 			for i, r := range tc.reports {
-				begins, ends, _ := d.observe(r.rank, r.delay)
+				begins, ends, _ := d.Observe(r.rank, r.delay)
 				if begins != r.begins || ends != r.ends {
 					t.Errorf("report %d (rank %d, %.3fs): begins %v ends %v; want %v %v", i, r.rank, r.delay, begins, ends, r.begins, r.ends)
 				}
 			}
 		})
+	}
+}
+
+// TestStragglersPerGeneration: a new generation (or world size) needs a
+// new detector, so an episode of the old ring is not carried over.
+func TestStragglersPerGeneration(t *testing.T) {
+	var d *coordinator.Stragglers
+	if d.For(1, 3) {
+		t.Fatal("a nil detector follows no generation")
+	}
+	d = coordinator.NewStragglers(1, 3)
+	if !d.For(1, 3) || d.For(2, 3) || d.For(1, 2) {
+		t.Fatal("For: want generation 1 of 3 only")
+	}
+	if got := coordinator.RingDelayCulprit(0, 3); got != 2 {
+		t.Fatalf("rank 0 waits for rank %d; want 2", got)
 	}
 }
