@@ -68,4 +68,3 @@ func FromSpec(spec *pb.JobSpec) Stepper {
 	return &SGD{LR: float32(o.GetLr()), Momentum: float32(o.GetMomentum()), WeightDecay: float32(o.GetWeightDecay()), Nesterov: o.GetNesterov(),
 		ClipNorm: float32(spec.GetGradClipNorm())}
 }
-
