@@ -133,7 +133,7 @@ func (a *ShardServer) Serve(ctx context.Context, lis net.Listener) error {
 		j.p.abort(errors.New("the aggregator is shutting down"))
 	}
 	a.mu.Unlock()
-	stopGRPC(a.grpc, 5*time.Second)
+	rpc.Stop(a.grpc, 5*time.Second)
 	if !served {
 		err = <-errc
 	}
@@ -233,22 +233,4 @@ func (a *ShardServer) release(join *pb.SyncJoin, j *hostedShard) {
 	j.p.abort(errors.New("every stream to the shard has closed"))
 	a.ended[key] = true
 	a.cfg.Logger.Info("shard ended", "job", join.JobId, "generation", join.Generation, "shard", join.Shard)
-}
-
-// stopGRPC stops g gracefully, giving streams up to d to drain, then
-// closes what is left (as the coordinator's server stops).
-func stopGRPC(g *grpc.Server, d time.Duration) {
-	done := make(chan struct{})
-	go func() { // owned by stopGRPC: graceful stop, bounded below
-		g.GracefulStop()
-		close(done)
-	}()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-		g.Stop()
-		<-done
-	}
 }

@@ -299,25 +299,7 @@ func (s *Server) shutdown() {
 		e.notify = make(chan struct{})
 	}
 	s.mu.Unlock()
-	stopGRPC(s.grpc, 2*time.Second)
-}
-
-// stopGRPC stops g gracefully, giving streams up to d to drain, then
-// closes what is left.
-func stopGRPC(g *grpc.Server, d time.Duration) {
-	done := make(chan struct{})
-	go func() { // owned by stopGRPC: graceful stop, bounded below
-		g.GracefulStop()
-		close(done)
-	}()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-		g.Stop()
-		<-done
-	}
+	rpc.Stop(s.grpc, 2*time.Second)
 }
 
 // monitor declares silent workers lost.
