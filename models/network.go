@@ -54,6 +54,14 @@ type Network struct {
 	dropouts []*Dropout
 	batch    int   // batch of the last Forward
 	ready    []int // BackwardNotify's offsets per layer, computed on first use
+
+	// SetThreads' replicas (threads 1…T−1; none with one thread), the
+	// last Forward's slices of the batch and the active threads, and the
+	// logits gathered from the threads.
+	reps   []*replica
+	split  []int
+	active int
+	logits []float32
 }
 
 // builder lays out the flat buffers: layers declare their parameters, then
@@ -242,6 +250,9 @@ func (n *Network) Forward(x []float32, batch int, train bool) []float32 {
 			n.name, len(x), batch, n.opt.Channels, n.opt.Height, n.opt.Width))
 	}
 	n.batch = batch
+	if n.reps != nil {
+		return n.forwardSplit(x, batch, train)
+	}
 	for _, l := range n.layers {
 		x = l.Forward(x, batch, train)
 	}
@@ -251,15 +262,26 @@ func (n *Network) Forward(x []float32, batch int, train bool) []float32 {
 // Backward back-propagates dlogits (batch, Classes) through the last
 // Forward's batch, adding (+=) every parameter gradient into Grads, last
 // layer first. dlogits is borrowed for the duration of the call.
-func (n *Network) Backward(dlogits []float32) { n.backward(dlogits, nil) }
+func (n *Network) Backward(dlogits []float32) {
+	if n.reps != nil {
+		n.checkDlogits(dlogits)
+		n.backwardSplit(dlogits, nil)
+		return
+	}
+	n.backward(dlogits, nil)
+}
 
-// backward runs the layers last to first; after each it calls done(i)
-// (if set) when layer i's gradients are final, and done(-1) at the end.
-func (n *Network) backward(dlogits []float32, done func(i int)) {
+func (n *Network) checkDlogits(dlogits []float32) {
 	if n.batch == 0 || len(dlogits) != n.batch*n.opt.Classes {
 		panic(fmt.Sprintf("models: %s.Backward: len(dlogits)=%d, want batch %d × %d classes (after Forward)",
 			n.name, len(dlogits), n.batch, n.opt.Classes))
 	}
+}
+
+// backward runs the layers last to first; after each it calls done(i)
+// (if set) when layer i's gradients are final, and done(-1) at the end.
+func (n *Network) backward(dlogits []float32, done func(i int)) {
+	n.checkDlogits(dlogits)
 	d := dlogits
 	for i := len(n.layers) - 1; i >= 0; i-- {
 		d = n.layers[i].Backward(d)
@@ -284,6 +306,11 @@ func (n *Network) SetDropoutStream(stream uint64) {
 	for _, d := range n.dropouts {
 		d.calls = stream << 32
 	}
+	for _, r := range n.reps {
+		for _, d := range r.dropouts {
+			d.calls = stream << 32
+		}
+	}
 }
 
 // SetDropoutCalls makes every dropout layer draw its next masks as after
@@ -293,6 +320,11 @@ func (n *Network) SetDropoutCalls(calls uint64) {
 	for _, d := range n.dropouts {
 		d.calls = calls
 	}
+	for _, r := range n.reps {
+		for _, d := range r.dropouts {
+			d.calls = calls
+		}
+	}
 }
 
 // rewindDropout makes every dropout layer draw its next masks as on the
@@ -300,5 +332,10 @@ func (n *Network) SetDropoutCalls(calls uint64) {
 func (n *Network) rewindDropout() {
 	for _, d := range n.dropouts {
 		d.calls = 0
+	}
+	for _, r := range n.reps {
+		for _, d := range r.dropouts {
+			d.calls = 0
+		}
 	}
 }

@@ -1,0 +1,231 @@
+package models
+
+import "fmt"
+
+// One worker's step on several cores (SetThreads): the batch is cut into
+// T contiguous slices, one per thread. Thread 0 is the network's own
+// layers on the caller's goroutine; threads 1…T−1 are replicas, each a
+// second build of the architecture whose parameter views point into the
+// network's one parameter buffer but which has its own activations and
+// its own gradient buffer, run by a goroutine the network owns. Backward
+// adds thread 0's gradients straight into Grads, as with one thread, then
+// the replicas' buffers in thread order, so that for a given T every sum
+// is made in the same order and a step's result is deterministic. With
+// T = 1 nothing of this runs: Forward and Backward are the one-thread
+// code, bit for bit.
+
+// replica is one more thread's copy of the layers.
+type replica struct {
+	layers   []Layer
+	grads    []float32 // this thread's gradients, cleared before each Backward
+	dropouts []*Dropout
+	out      []float32 // the last Forward's logits of this slice
+
+	jobs   chan job      // closed by stopThreads
+	done   chan struct{} // one per finished Forward
+	prog   chan int      // Backward's progress: i once layer i is done, −1 at the end
+	exited chan struct{} // closed when the goroutine returns
+	pos    int           // the last progress value the network received
+}
+
+// job is one Forward or Backward of a replica's slice.
+type job struct {
+	backward bool
+	x        []float32 // Forward's input, or Backward's dlogits
+	batch    int
+	train    bool
+}
+
+func (r *replica) run() {
+	defer close(r.exited)
+	for j := range r.jobs {
+		if !j.backward {
+			x := j.x
+			for _, l := range r.layers {
+				x = l.Forward(x, j.batch, j.train)
+			}
+			r.out = x
+			r.done <- struct{}{}
+			continue
+		}
+		clear(r.grads)
+		d := j.x
+		for i := len(r.layers) - 1; i >= 0; i-- {
+			d = r.layers[i].Backward(d)
+			if d == nil {
+				break
+			}
+			r.prog <- i // never blocks: prog holds a whole Backward's messages
+		}
+		r.prog <- -1
+	}
+}
+
+// SetThreads makes Forward and Backward run each batch on t goroutines
+// (default 1), each on a contiguous slice of the batch; the caller's is
+// one of them. Results are deterministic for a given t and equal, up to
+// float32 rounding of the reordered sums, to those of one thread; every
+// sample's dropout mask is the one it gets with one thread. Each thread
+// makes its own GEMM calls, so OpenBLAS should keep one thread per call
+// (kernels.SetThreads(1), its default). Networks with batch norm refuse
+// t > 1: their statistics are over the whole batch. The goroutines run
+// until Close or SetThreads(1); it must not be called during a step.
+func (n *Network) SetThreads(t int) error {
+	if t < 1 {
+		return fmt.Errorf("models: %s: %d threads, want at least 1", n.name, t)
+	}
+	if t == len(n.reps)+1 {
+		return nil
+	}
+	if t > 1 && len(n.bufSegs) > 0 {
+		return fmt.Errorf("models: %s: %d threads: its batch norm normalises over the whole batch, which threads would split; it runs on 1 thread", n.name, t)
+	}
+	n.stopThreads()
+	if t == 1 {
+		return nil
+	}
+	a := archs[n.name]
+	for range t - 1 {
+		b := builder{seed: uint64(n.opt.Seed)}
+		layers, _ := a(&b, n.opt) // the initialiser is not run: the parameters are the network's
+		r := &replica{
+			layers:   layers,
+			grads:    make([]float32, b.n),
+			dropouts: b.dropouts,
+			jobs:     make(chan job, 1),
+			done:     make(chan struct{}, 1),
+			prog:     make(chan int, len(layers)+1),
+			exited:   make(chan struct{}),
+		}
+		b.bind(n.params, r.grads, n.bufs)
+		for i, d := range r.dropouts {
+			d.calls = n.dropouts[i].calls
+		}
+		n.reps = append(n.reps, r)
+		go r.run()
+	}
+	n.split = make([]int, t+1)
+	return nil
+}
+
+// Threads reports the thread count set by SetThreads.
+func (n *Network) Threads() int { return len(n.reps) + 1 }
+
+// Close stops the goroutines SetThreads started and waits for them; the
+// network runs on one thread afterwards. It is safe to call more than once.
+func (n *Network) Close() { n.stopThreads() }
+
+func (n *Network) stopThreads() {
+	for _, r := range n.reps {
+		close(r.jobs)
+	}
+	for _, r := range n.reps {
+		<-r.exited
+	}
+	n.reps, n.split, n.logits = nil, nil, nil
+}
+
+// forwardSplit is Forward on the threads: slice k holds samples
+// [split[k], split[k+1]), the first batch%T slices one sample more than
+// the others; with fewer samples than threads the last threads idle.
+func (n *Network) forwardSplit(x []float32, batch int, train bool) []float32 {
+	t := min(len(n.reps)+1, batch)
+	n.active = t
+	q, rem := batch/t, batch%t
+	n.split[0] = 0
+	for k := range t {
+		n.split[k+1] = n.split[k] + q
+		if k < rem {
+			n.split[k+1]++
+		}
+	}
+	in := n.InputSize()
+	for k := 1; k < t; k++ {
+		r := n.reps[k-1]
+		lo, hi := n.split[k], n.split[k+1]
+		for _, d := range r.dropouts {
+			d.first = lo
+		}
+		r.jobs <- job{x: x[lo*in : hi*in], batch: hi - lo, train: train}
+	}
+	y := x[:n.split[1]*in]
+	for _, l := range n.layers {
+		y = l.Forward(y, n.split[1], train)
+	}
+	c := n.opt.Classes
+	n.logits = grow(n.logits, batch*c)
+	copy(n.logits, y)
+	for k := 1; k < t; k++ {
+		r := n.reps[k-1]
+		<-r.done
+		copy(n.logits[n.split[k]*c:], r.out)
+	}
+	if t < len(n.reps)+1 {
+		// idle threads draw no masks: keep their dropout counters in step
+		for _, r := range n.reps[t-1:] {
+			for _, d := range r.dropouts {
+				if train && d.P > 0 {
+					d.calls++
+				}
+			}
+		}
+	}
+	return n.logits
+}
+
+// backwardSplit is backward on the threads. With ready set, the range of
+// Grads that every thread has finished is summed, and ready called, after
+// each layer, so that communication starts as early as with one thread.
+func (n *Network) backwardSplit(dlogits []float32, ready func(from int)) {
+	c := n.opt.Classes
+	for k := 1; k < n.active; k++ {
+		r := n.reps[k-1]
+		r.pos = len(r.layers)
+		r.jobs <- job{backward: true, x: dlogits[n.split[k]*c : n.split[k+1]*c]}
+	}
+	if ready != nil && n.ready == nil {
+		n.ready = n.readyOffsets()
+	}
+	hi := len(n.grads)
+	d := dlogits[:n.split[1]*c]
+	for i := len(n.layers) - 1; i >= 0; i-- {
+		d = n.layers[i].Backward(d)
+		if d == nil {
+			break
+		}
+		if ready != nil {
+			n.await(i)
+			lo := n.ready[i]
+			n.sumGrads(lo, hi)
+			hi = lo
+			ready(lo)
+		}
+	}
+	n.await(-1)
+	n.sumGrads(0, hi)
+	if ready != nil {
+		ready(0)
+	}
+}
+
+// await waits until every active replica has finished layer i of its
+// Backward (i = −1: all of it).
+func (n *Network) await(i int) {
+	for _, r := range n.reps[:n.active-1] {
+		for r.pos > i {
+			r.pos = <-r.prog
+		}
+	}
+}
+
+// sumGrads adds the active replicas' gradients over [lo, hi) into Grads,
+// in thread order.
+func (n *Network) sumGrads(lo, hi int) {
+	dst := n.grads[lo:hi]
+	for _, r := range n.reps[:n.active-1] {
+		src := r.grads[lo:hi]
+		for j := range dst {
+			dst[j] += src[j]
+		}
+	}
+}
