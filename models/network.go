@@ -52,6 +52,7 @@ type Network struct {
 	bufs     []float32 // non-trainable state (batch-norm running statistics)
 	bufSegs  []Segment
 	dropouts []*Dropout
+	bns      []*BatchNorm2d
 	batch    int   // batch of the last Forward
 	ready    []int // BackwardNotify's offsets per layer, computed on first use
 
@@ -62,6 +63,8 @@ type Network struct {
 	split  []int
 	active int
 	logits []float32
+	// bnGroups are shared by the threads' copies of each batch norm.
+	bnGroups []*bnGroup
 }
 
 // builder lays out the flat buffers: layers declare their parameters, then
@@ -77,6 +80,7 @@ type builder struct {
 
 	seed     uint64
 	dropouts []*Dropout
+	bns      []*BatchNorm2d     // in declaration order, for SetThreads
 	inits    []func(*rand.Rand) // in declaration order
 }
 
@@ -192,6 +196,7 @@ func New(name string, opt Options) (*Network, error) {
 		bufs:     make([]float32, b.nbuf),
 		bufSegs:  b.bufSegs,
 		dropouts: b.dropouts,
+		bns:      b.bns,
 	}
 	b.bind(n.params, n.grads, n.bufs)
 	init(rand.New(rand.NewPCG(uint64(opt.Seed), 0)))

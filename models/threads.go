@@ -1,6 +1,10 @@
 package models
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+	"sync"
+)
 
 // One worker's step on several cores (SetThreads): the batch is cut into
 // T contiguous slices, one per thread. Thread 0 is the network's own
@@ -11,7 +15,8 @@ import "fmt"
 // adds thread 0's gradients straight into Grads, as with one thread, then
 // the replicas' buffers in thread order, so that for a given T every sum
 // is made in the same order and a step's result is deterministic. With
-// T = 1 nothing of this runs: Forward and Backward are the one-thread
+// Batch norm's copies meet at barriers to share the whole batch's
+// statistics (bnGroup). With T = 1 nothing of this runs: Forward and Backward are the one-thread
 // code, bit for bit.
 
 // replica is one more thread's copy of the layers.
@@ -67,8 +72,8 @@ func (r *replica) run() {
 // float32 rounding of the reordered sums, to those of one thread; every
 // sample's dropout mask is the one it gets with one thread. Each thread
 // makes its own GEMM calls, so OpenBLAS should keep one thread per call
-// (kernels.SetThreads(1), its default). Networks with batch norm refuse
-// t > 1: their statistics are over the whole batch. The goroutines run
+// (kernels.SetThreads(1), its default). Batch norm still normalises over
+// the whole batch: its threads exchange partial sums. The goroutines run
 // until Close or SetThreads(1); it must not be called during a step.
 func (n *Network) SetThreads(t int) error {
 	if t < 1 {
@@ -77,12 +82,14 @@ func (n *Network) SetThreads(t int) error {
 	if t == len(n.reps)+1 {
 		return nil
 	}
-	if t > 1 && len(n.bufSegs) > 0 {
-		return fmt.Errorf("models: %s: %d threads: its batch norm normalises over the whole batch, which threads would split; it runs on 1 thread", n.name, t)
-	}
 	n.stopThreads()
 	if t == 1 {
 		return nil
+	}
+	n.bnGroups = make([]*bnGroup, len(n.bns))
+	for i, l := range n.bns {
+		n.bnGroups[i] = newBNGroup(t, l.C)
+		l.group, l.thread = n.bnGroups[i], 0
 	}
 	a := archs[n.name]
 	for range t - 1 {
@@ -100,6 +107,9 @@ func (n *Network) SetThreads(t int) error {
 		b.bind(n.params, r.grads, n.bufs)
 		for i, d := range r.dropouts {
 			d.calls = n.dropouts[i].calls
+		}
+		for i, l := range b.bns {
+			l.group, l.thread = n.bnGroups[i], len(n.reps)+1
 		}
 		n.reps = append(n.reps, r)
 		go r.run()
@@ -122,7 +132,10 @@ func (n *Network) stopThreads() {
 	for _, r := range n.reps {
 		<-r.exited
 	}
-	n.reps, n.split, n.logits = nil, nil, nil
+	for _, l := range n.bns {
+		l.group = nil
+	}
+	n.reps, n.split, n.logits, n.bnGroups = nil, nil, nil, nil
 }
 
 // forwardSplit is Forward on the threads: slice k holds samples
@@ -138,6 +151,9 @@ func (n *Network) forwardSplit(x []float32, batch int, train bool) []float32 {
 		if k < rem {
 			n.split[k+1]++
 		}
+	}
+	for _, g := range n.bnGroups {
+		g.n, g.batch = t, batch
 	}
 	in := n.InputSize()
 	for k := 1; k < t; k++ {
@@ -226,6 +242,158 @@ func (n *Network) sumGrads(lo, hi int) {
 		src := r.grads[lo:hi]
 		for j := range dst {
 			dst[j] += src[j]
+		}
+	}
+}
+
+// bnGroup is what the threads' copies of one batch-norm layer share so
+// that, as with one thread, each channel is normalised with the whole
+// batch's statistics: every thread writes its slice's partial sums into
+// its own row, all meet at a barrier, and every thread then adds the rows
+// in thread order, so all get the same totals.
+type bnGroup struct {
+	mu      sync.Mutex
+	cond    sync.Cond
+	n       int // threads taking part in this step
+	batch   int // the whole batch
+	arrived int
+	phase   uint64
+	parts   [][]float64 // per thread: Σx, Σ(x−μ)², Σdy, Σdy·x̂, C each
+}
+
+func newBNGroup(threads, c int) *bnGroup {
+	g := &bnGroup{parts: make([][]float64, threads)}
+	g.cond.L = &g.mu
+	for k := range g.parts {
+		g.parts[k] = make([]float64, 4*c)
+	}
+	return g
+}
+
+// wait returns once all n threads have called it; what each wrote
+// before is then visible to all.
+func (g *bnGroup) wait() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ph := g.phase
+	g.arrived++
+	if g.arrived == g.n {
+		g.arrived = 0
+		g.phase++
+		g.cond.Broadcast()
+		return
+	}
+	for ph == g.phase {
+		g.cond.Wait()
+	}
+}
+
+// total is Σ_k parts[k][off+c] over the step's threads, in thread order.
+func (g *bnGroup) total(off, c int) float64 {
+	var s float64
+	for _, p := range g.parts[:g.n] {
+		s += p[off+c]
+	}
+	return s
+}
+
+// forwardGroup is training Forward with the whole batch's statistics:
+// the same two float64 passes as one thread, each split into per-thread
+// partial sums. Only thread 0 moves the running statistics.
+func (l *BatchNorm2d) forwardGroup(x []float32) {
+	g, hw, batch, cc := l.group, l.hw, l.batch, l.C
+	part := g.parts[l.thread]
+	for c := range cc {
+		var s float64
+		for n := range batch {
+			for _, v := range x[(n*cc+c)*hw : (n*cc+c+1)*hw] {
+				s += float64(v)
+			}
+		}
+		part[c] = s
+	}
+	g.wait()
+	m := g.batch * hw
+	for c := range cc {
+		mu := g.total(0, c) / float64(m)
+		var ss float64
+		for n := range batch {
+			for _, v := range x[(n*cc+c)*hw : (n*cc+c+1)*hw] {
+				d := float64(v) - mu
+				ss += d * d
+			}
+		}
+		part[cc+c] = ss
+	}
+	g.wait()
+	for c := range cc {
+		mu := g.total(0, c) / float64(m)
+		ss := g.total(cc, c)
+		variance := ss / float64(m)
+		mean := float32(mu)
+		inv := float32(1 / math.Sqrt(variance+float64(l.Eps)))
+		if l.thread == 0 {
+			unbiased := variance
+			if m > 1 {
+				unbiased = ss / float64(m-1)
+			}
+			mo := l.Momentum
+			l.RunningMean[c] = (1-mo)*l.RunningMean[c] + mo*mean
+			l.RunningVar[c] = (1-mo)*l.RunningVar[c] + mo*float32(unbiased)
+		}
+		l.invStd[c] = inv
+		gm, b := l.Weight[c], l.Bias[c]
+		for n := range batch {
+			off := (n*cc + c) * hw
+			xh := l.xhat[off : off+hw]
+			y := l.y[off : off+hw]
+			for i, v := range x[off : off+hw] {
+				h := (v - mean) * inv
+				xh[i] = h
+				y[i] = h*gm + b
+			}
+		}
+	}
+}
+
+// backwardGroup is Backward with the whole batch's sums of dy and dy·x̂;
+// thread 0 adds them to dγ and dβ, so that the threads' gradients sum to
+// them once.
+func (l *BatchNorm2d) backwardGroup(dy []float32) {
+	g, hw, batch, cc := l.group, l.hw, l.batch, l.C
+	part := g.parts[l.thread]
+	for c := range cc {
+		var sdy, sdyx float64
+		for n := range batch {
+			off := (n*cc + c) * hw
+			xh := l.xhat[off : off+hw]
+			for i, d := range dy[off : off+hw] {
+				sdy += float64(d)
+				sdyx += float64(d) * float64(xh[i])
+			}
+		}
+		part[2*cc+c], part[3*cc+c] = sdy, sdyx
+	}
+	g.wait()
+	m := float64(g.batch * hw)
+	for c := range cc {
+		sdy, sdyx := g.total(2*cc, c), g.total(3*cc, c)
+		if l.thread == 0 {
+			l.DWeight[c] += float32(sdyx)
+			l.DBias[c] += float32(sdy)
+		}
+		k := l.Weight[c] * l.invStd[c]
+		var meanDy, meanDyx float32
+		if l.train {
+			meanDy, meanDyx = float32(sdy/m), float32(sdyx/m)
+		}
+		for n := range batch {
+			off := (n*cc + c) * hw
+			xh := l.xhat[off : off+hw]
+			dx := l.dx[off : off+hw]
+			for i, d := range dy[off : off+hw] {
+				dx[i] = k * (d - meanDy - xh[i]*meanDyx)
+			}
 		}
 	}
 }

@@ -53,27 +53,26 @@ func maxDiff(a, b []float32) float64 {
 // 3e-7·‖g‖∞, on vit-tiny); the logits, which the threads compute per
 // sample, are held to the same bound. Dropout is on: its masks do not
 // depend on T, so they cannot explain a difference. Batch 13 makes the
-// slices uneven and their dropout offsets not multiples of 64.
+// slices uneven and their dropout offsets not multiples of 64. Batch
+// norm (resnet8) shares the whole batch's statistics across the threads,
+// so its running statistics are checked too.
 func TestThreadsMatchOneThread(t *testing.T) {
 	const batch = 13
 	const bound = batch * 0x1p-23 * 32
 	for _, name := range Names() {
 		one, _ := New(name, Options{Seed: 2})
-		if len(one.BufferSegments()) > 0 {
-			if err := one.SetThreads(2); err == nil {
-				t.Errorf("%s: SetThreads(2) with batch norm succeeded, want an error", name)
-				one.Close()
-			}
-			continue
-		}
 		x, labels := threadBatch(one, batch)
 		wantY, wantG := threadStep(one, x, labels, batch)
+		wantB := slices.Clone(one.Buffers())
 		for _, threads := range []int{2, 3} {
 			n, _ := New(name, Options{Seed: 2})
 			if err := n.SetThreads(threads); err != nil {
 				t.Fatalf("%s: SetThreads(%d): %v", name, threads, err)
 			}
 			y, g := threadStep(n, x, labels, batch)
+			if d := maxDiff(wantB, n.Buffers()); len(wantB) > 0 && d > bound {
+				t.Errorf("%s, %d threads: batch norm's running statistics differ by %.3g, want ≤ %.3g", name, threads, d, bound)
+			}
 			if d := maxDiff(wantY, y); d > bound {
 				t.Errorf("%s, %d threads: logits differ by %.3g·‖y‖∞, want ≤ %.3g", name, threads, d, bound)
 			}
@@ -116,23 +115,30 @@ func TestThreadsOneIsToday(t *testing.T) {
 }
 
 // TestThreadsSmallBatch runs a batch smaller than the thread count: the
-// idle threads must not break the step or the dropout counters.
+// idle threads must not break the step, the dropout counters or batch
+// norm's barriers.
 func TestThreadsSmallBatch(t *testing.T) {
-	a, _ := New("cnn", Options{Seed: 4})
-	b, _ := New("cnn", Options{Seed: 4})
+	for _, name := range []string{"cnn", "resnet8"} {
+		threadsSmallBatch(t, name)
+	}
+}
+
+func threadsSmallBatch(t *testing.T, name string) {
+	a, _ := New(name, Options{Seed: 4})
+	b, _ := New(name, Options{Seed: 4})
 	if err := b.SetThreads(3); err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	for _, batch := range []int{1, 2, 7} {
+	for _, batch := range []int{2, 1, 7} {
 		x, labels := threadBatch(a, batch)
 		wantY, wantG := threadStep(a, x, labels, batch)
 		y, g := threadStep(b, x, labels, batch)
 		if d := maxDiff(wantY, y); d > 1e-5 {
-			t.Errorf("batch %d: logits differ by %.3g", batch, d)
+			t.Errorf("%s, batch %d: logits differ by %.3g", name, batch, d)
 		}
 		if d := maxDiff(wantG, g); d > 1e-5 {
-			t.Errorf("batch %d: gradients differ by %.3g", batch, d)
+			t.Errorf("%s, batch %d: gradients differ by %.3g", name, batch, d)
 		}
 	}
 }
@@ -142,7 +148,7 @@ func TestThreadsSmallBatch(t *testing.T) {
 // is called, and the gradients are Backward's bit for bit.
 func TestThreadsBackwardNotify(t *testing.T) {
 	const batch = 9
-	for _, name := range []string{"mlp", "lenet5", "cnn", "vit-tiny"} {
+	for _, name := range []string{"mlp", "lenet5", "cnn", "resnet8", "vit-tiny"} {
 		n, _ := New(name, Options{Seed: 3})
 		if err := n.SetThreads(2); err != nil {
 			t.Fatal(err)
@@ -216,7 +222,7 @@ func TestThreadsStepDoesNotAllocate(t *testing.T) {
 	for _, name := range Names() {
 		n, _ := New(name, Options{})
 		if err := n.SetThreads(2); err != nil {
-			continue // batch norm
+			t.Fatal(err)
 		}
 		const batch = 16
 		x, labels := threadBatch(n, batch)

@@ -88,9 +88,7 @@ func newTrainer(a *pb.Assignment, env *taskEnv, obj objective) (*Trainer, error)
 	t.total = t.plan.total(t.at)
 	if env.threads > 1 {
 		if err := net.SetThreads(env.threads); err != nil {
-			// batch norm: the worker's thread count is a property of
-			// its host, not of the job, so the job still runs
-			env.log.Warn("training on one thread", "model", spec.Model, "threads", env.threads, "err", err)
+			return nil, err
 		}
 	}
 	return t, nil

@@ -84,7 +84,7 @@ type Config struct {
 	// Threads is how many goroutines run each training step of a ps or
 	// ring task, each on a slice of the batch (models.SetThreads); 0
 	// means 1. Results are deterministic for a given count but change
-	// with it. Models with batch norm run on one thread (logged).
+	// with it.
 	Threads int
 }
 

@@ -28,7 +28,7 @@ func TestTrain(t *testing.T) {
 }
 
 // TestTrainThreads runs a step on two goroutines (the batch split), and
-// checks that a batch-norm model refuses them with an error, not a crash.
+// checks that bad thread counts are errors, not crashes.
 func TestTrainThreads(t *testing.T) {
 	res, err := Run(context.Background(), Options{Model: "cnn", BatchSize: 5, Seconds: 0.01, Threads: 2})
 	if err != nil {
@@ -37,9 +37,8 @@ func TestTrainThreads(t *testing.T) {
 	if res.Threads != 2 || res.BLASThreads != 1 || res.Steps < 1 {
 		t.Fatalf("result %+v", res)
 	}
-	if _, err := Run(context.Background(), Options{Model: "resnet8", BatchSize: 2, Seconds: 0.01, Threads: 2}); err == nil ||
-		!strings.Contains(err.Error(), "batch norm") {
-		t.Fatalf("resnet8 on 2 threads: %v, want a batch norm error", err)
+	if res, err := Run(context.Background(), Options{Model: "resnet8", BatchSize: 3, Seconds: 0.01, Threads: 2}); err != nil || res.Threads != 2 {
+		t.Fatalf("resnet8 on 2 threads: %+v, %v", res, err)
 	}
 	if _, err := Run(context.Background(), Options{Model: "mlp", BLASThreads: -1}); err == nil {
 		t.Fatal("BLAS threads -1: no error")

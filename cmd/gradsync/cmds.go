@@ -348,7 +348,7 @@ func serveService(c *cobra.Command, g *globals, addr, metricsAddr string, serve 
 // linkRateHelp documents --link-rate (local and worker).
 // threadsHelp says what --threads does on a worker. The default stays 1:
 // another count changes every job's numbers (within float32 rounding).
-const threadsHelp = "goroutines per training step of a ps or ring task, each on a slice of the batch (deterministic for a given count; models with batch norm use 1)"
+const threadsHelp = "goroutines per training step of a ps or ring task, each on a slice of the batch (deterministic for a given count)"
 
 const linkRateHelp = "experiments: emulate a link of this rate each way on the workers' connections, e.g. 1Gbit, 100Mbit (default: unlimited)"
 
