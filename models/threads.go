@@ -33,18 +33,33 @@ type replica struct {
 	pos    int           // the last progress value the network received
 }
 
-// job is one Forward or Backward of a replica's slice.
+// job is one Forward or Backward of a replica's slice, or one share of
+// the sum of the threads' gradients.
 type job struct {
-	backward bool
-	x        []float32 // Forward's input, or Backward's dlogits
-	batch    int
-	train    bool
+	op    jobOp
+	x     []float32 // Forward's input, Backward's dlogits, or the part of Grads to sum into
+	batch int       // Forward: samples in x; sum: x's offset in Grads
+	train bool
+	reps  []*replica // sum: the replicas to add, in thread order
 }
+
+type jobOp uint8
+
+const (
+	opForward jobOp = iota
+	opBackward
+	opSum
+)
 
 func (r *replica) run() {
 	defer close(r.exited)
 	for j := range r.jobs {
-		if !j.backward {
+		if j.op == opSum {
+			addGrads(j.x, j.reps, j.batch)
+			r.done <- struct{}{}
+			continue
+		}
+		if j.op == opForward {
 			x := j.x
 			for _, l := range r.layers {
 				x = l.Forward(x, j.batch, j.train)
@@ -162,7 +177,7 @@ func (n *Network) forwardSplit(x []float32, batch int, train bool) []float32 {
 		for _, d := range r.dropouts {
 			d.first = lo
 		}
-		r.jobs <- job{x: x[lo*in : hi*in], batch: hi - lo, train: train}
+		r.jobs <- job{op: opForward, x: x[lo*in : hi*in], batch: hi - lo, train: train}
 	}
 	y := x[:n.split[1]*in]
 	for _, l := range n.layers {
@@ -197,7 +212,7 @@ func (n *Network) backwardSplit(dlogits []float32, ready func(from int)) {
 	for k := 1; k < n.active; k++ {
 		r := n.reps[k-1]
 		r.pos = len(r.layers)
-		r.jobs <- job{backward: true, x: dlogits[n.split[k]*c : n.split[k+1]*c]}
+		r.jobs <- job{op: opBackward, x: dlogits[n.split[k]*c : n.split[k+1]*c]}
 	}
 	if ready != nil && n.ready == nil {
 		n.ready = n.readyOffsets()
@@ -212,7 +227,7 @@ func (n *Network) backwardSplit(dlogits []float32, ready func(from int)) {
 		if ready != nil {
 			n.await(i)
 			lo := n.ready[i]
-			n.sumGrads(lo, hi)
+			addGrads(n.grads[lo:hi], n.reps[:n.active-1], lo) // the replicas are mid-Backward: sum here
 			hi = lo
 			ready(lo)
 		}
@@ -234,12 +249,38 @@ func (n *Network) await(i int) {
 	}
 }
 
+// parallelSum is the range of Grads from which sumGrads shares the sum
+// out among the threads (below it, handing the shares over costs more
+// than it saves).
+const parallelSum = 1 << 15
+
 // sumGrads adds the active replicas' gradients over [lo, hi) into Grads,
-// in thread order.
+// in thread order, once every replica has finished its Backward. A large
+// range is cut into one share per thread (on 64-byte boundaries); each
+// element is summed in the same order either way, so the result does not
+// depend on the cut.
 func (n *Network) sumGrads(lo, hi int) {
-	dst := n.grads[lo:hi]
-	for _, r := range n.reps[:n.active-1] {
-		src := r.grads[lo:hi]
+	reps := n.reps[:n.active-1]
+	if hi-lo < parallelSum || n.active < 2 {
+		addGrads(n.grads[lo:hi], reps, lo)
+		return
+	}
+	share := ((hi-lo)/n.active + 15) &^ 15
+	for k := 1; k < n.active; k++ {
+		a := min(lo+k*share, hi)
+		b := min(a+share, hi)
+		reps[k-1].jobs <- job{op: opSum, x: n.grads[a:b], batch: a, reps: reps}
+	}
+	addGrads(n.grads[lo:min(lo+share, hi)], reps, lo)
+	for _, r := range reps {
+		<-r.done
+	}
+}
+
+// addGrads adds reps' gradients from offset lo on into dst, in order.
+func addGrads(dst []float32, reps []*replica, lo int) {
+	for _, r := range reps {
+		src := r.grads[lo : lo+len(dst)]
 		for j := range dst {
 			dst[j] += src[j]
 		}
