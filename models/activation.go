@@ -57,6 +57,7 @@ type Dropout struct {
 	Seed uint64
 
 	calls uint64    // training Forwards so far
+	first int       // the first sample of Forward's x in the whole batch (a thread's slice: SetThreads)
 	on    bool      // the last Forward was in training mode with P > 0
 	bits  []uint64  // owned: bit i%64 of word i/64 set when value i of the last training Forward was kept
 	tbl   dropTable // the multipliers for P, set by each training Forward
@@ -112,6 +113,10 @@ func (l *Dropout) Forward(x []float32, batch int, train bool) []float32 {
 	l.y = grow(l.y, len(x))
 	thresh := uint64(float64(l.P) * (1 << 32))
 	l.tbl.set(1 / (1 - l.P))
+	if l.first != 0 {
+		l.dropSlice(x, s, thresh, l.first*(len(x)/batch))
+		return l.y
+	}
 	full := len(x) / 64
 	for w := range full {
 		l.bits[w] = dropWord((*[64]float32)(l.y[w*64:]), (*[64]float32)(x[w*64:]), &s, thresh, &l.tbl)
@@ -148,6 +153,64 @@ func dropWord(y, x *[64]float32, s *uint64, thresh uint64, t *dropTable) uint64 
 	*s = st
 	undropWord(y, x, m, t)
 	return m
+}
+
+// maskWord is dropWord's mask alone: the next 64 values' mask from the
+// wyrand counter *s, with tm = thresh − 1.
+func maskWord(s *uint64, tm uint64) uint64 {
+	var m uint64
+	st := *s
+	for range 16 {
+		st += wyP0
+		hi, lo := bits.Mul64(st, st^wyP1)
+		u := hi ^ lo
+		st += wyP0
+		hi, lo = bits.Mul64(st, st^wyP1)
+		v := hi ^ lo
+		k := (tm-u&0xffffffff)>>63 | (tm-u>>32)>>63<<1 | (tm-v&0xffffffff)>>63<<2 | (tm-v>>32)>>63<<3
+		m = m>>4 | k<<60
+	}
+	*s = st
+	return m
+}
+
+// dropSlice is Forward's masking for x, a slice of a batch that starts
+// at value off of the whole batch (one thread's share, SetThreads): it
+// applies the masks the whole batch would have drawn for these values,
+// so that a sample's mask does not depend on the thread count. The
+// counter jumps straight to the whole batch's word off/64 (32 draws per
+// word), and each of x's words is cut from two of the batch's words
+// when off is not a multiple of 64.
+func (l *Dropout) dropSlice(x []float32, s, thresh uint64, off int) {
+	tm := thresh - 1
+	st := s + uint64(off/64)*32*wyP0
+	sh := uint(off % 64)
+	cur := maskWord(&st, tm)
+	next := func() uint64 {
+		if sh == 0 {
+			m := cur
+			cur = maskWord(&st, tm)
+			return m
+		}
+		nx := maskWord(&st, tm)
+		m := cur>>sh | nx<<(64-sh)
+		cur = nx
+		return m
+	}
+	full := len(x) / 64
+	for w := range full {
+		m := next()
+		l.bits[w] = m
+		undropWord((*[64]float32)(l.y[w*64:]), (*[64]float32)(x[w*64:]), m, &l.tbl)
+	}
+	if full < len(l.bits) {
+		var xt, yt [64]float32
+		n := copy(xt[:], x[full*64:])
+		m := next() & (1<<n - 1)
+		l.bits[full] = m
+		undropWord(&yt, &xt, m, &l.tbl)
+		copy(l.y[full*64:], yt[:n])
+	}
 }
 
 // dropTable holds, for each 4-bit mask, the four multipliers it stands

@@ -38,6 +38,7 @@ func (b *builder) fc(prefix string, in, out int) *Linear {
 // prefix.running_mean, prefix.running_var.
 func (b *builder) batchNorm(prefix string, c int) *BatchNorm2d {
 	l := NewBatchNorm2d(c)
+	b.bns = append(b.bns, l)
 	b.param(prefix+".weight", &l.Weight, &l.DWeight, c)
 	b.param(prefix+".bias", &l.Bias, &l.DBias, c)
 	b.buffer(prefix+".running_mean", &l.RunningMean, c)

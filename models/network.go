@@ -52,8 +52,19 @@ type Network struct {
 	bufs     []float32 // non-trainable state (batch-norm running statistics)
 	bufSegs  []Segment
 	dropouts []*Dropout
+	bns      []*BatchNorm2d
 	batch    int   // batch of the last Forward
 	ready    []int // BackwardNotify's offsets per layer, computed on first use
+
+	// SetThreads' replicas (threads 1…T−1; none with one thread), the
+	// last Forward's slices of the batch and the active threads, and the
+	// logits gathered from the threads.
+	reps   []*replica
+	split  []int
+	active int
+	logits []float32
+	// bnGroups are shared by the threads' copies of each batch norm.
+	bnGroups []*bnGroup
 }
 
 // builder lays out the flat buffers: layers declare their parameters, then
@@ -69,6 +80,7 @@ type builder struct {
 
 	seed     uint64
 	dropouts []*Dropout
+	bns      []*BatchNorm2d     // in declaration order, for SetThreads
 	inits    []func(*rand.Rand) // in declaration order
 }
 
@@ -184,6 +196,7 @@ func New(name string, opt Options) (*Network, error) {
 		bufs:     make([]float32, b.nbuf),
 		bufSegs:  b.bufSegs,
 		dropouts: b.dropouts,
+		bns:      b.bns,
 	}
 	b.bind(n.params, n.grads, n.bufs)
 	init(rand.New(rand.NewPCG(uint64(opt.Seed), 0)))
@@ -242,6 +255,9 @@ func (n *Network) Forward(x []float32, batch int, train bool) []float32 {
 			n.name, len(x), batch, n.opt.Channels, n.opt.Height, n.opt.Width))
 	}
 	n.batch = batch
+	if n.reps != nil {
+		return n.forwardSplit(x, batch, train)
+	}
 	for _, l := range n.layers {
 		x = l.Forward(x, batch, train)
 	}
@@ -251,15 +267,26 @@ func (n *Network) Forward(x []float32, batch int, train bool) []float32 {
 // Backward back-propagates dlogits (batch, Classes) through the last
 // Forward's batch, adding (+=) every parameter gradient into Grads, last
 // layer first. dlogits is borrowed for the duration of the call.
-func (n *Network) Backward(dlogits []float32) { n.backward(dlogits, nil) }
+func (n *Network) Backward(dlogits []float32) {
+	if n.reps != nil {
+		n.checkDlogits(dlogits)
+		n.backwardSplit(dlogits, nil)
+		return
+	}
+	n.backward(dlogits, nil)
+}
 
-// backward runs the layers last to first; after each it calls done(i)
-// (if set) when layer i's gradients are final, and done(-1) at the end.
-func (n *Network) backward(dlogits []float32, done func(i int)) {
+func (n *Network) checkDlogits(dlogits []float32) {
 	if n.batch == 0 || len(dlogits) != n.batch*n.opt.Classes {
 		panic(fmt.Sprintf("models: %s.Backward: len(dlogits)=%d, want batch %d × %d classes (after Forward)",
 			n.name, len(dlogits), n.batch, n.opt.Classes))
 	}
+}
+
+// backward runs the layers last to first; after each it calls done(i)
+// (if set) when layer i's gradients are final, and done(-1) at the end.
+func (n *Network) backward(dlogits []float32, done func(i int)) {
+	n.checkDlogits(dlogits)
 	d := dlogits
 	for i := len(n.layers) - 1; i >= 0; i-- {
 		d = n.layers[i].Backward(d)
@@ -284,6 +311,11 @@ func (n *Network) SetDropoutStream(stream uint64) {
 	for _, d := range n.dropouts {
 		d.calls = stream << 32
 	}
+	for _, r := range n.reps {
+		for _, d := range r.dropouts {
+			d.calls = stream << 32
+		}
+	}
 }
 
 // SetDropoutCalls makes every dropout layer draw its next masks as after
@@ -293,6 +325,11 @@ func (n *Network) SetDropoutCalls(calls uint64) {
 	for _, d := range n.dropouts {
 		d.calls = calls
 	}
+	for _, r := range n.reps {
+		for _, d := range r.dropouts {
+			d.calls = calls
+		}
+	}
 }
 
 // rewindDropout makes every dropout layer draw its next masks as on the
@@ -300,5 +337,10 @@ func (n *Network) SetDropoutCalls(calls uint64) {
 func (n *Network) rewindDropout() {
 	for _, d := range n.dropouts {
 		d.calls = 0
+	}
+	for _, r := range n.reps {
+		for _, d := range r.dropouts {
+			d.calls = 0
+		}
 	}
 }

@@ -24,6 +24,11 @@ type BatchNorm2d struct {
 	RunningMean    []float32 // (C) buffer view
 	RunningVar     []float32 // (C) buffer view
 
+	// group, when set, makes the threads' copies of this layer normalise
+	// over the whole batch (SetThreads); thread is this copy's index.
+	group  *bnGroup
+	thread int
+
 	batch, hw int
 	train     bool
 	xhat      []float32 // owned: normalised input of the last Forward
@@ -67,6 +72,10 @@ func (l *BatchNorm2d) Forward(x []float32, batch int, train bool) []float32 {
 	l.y = grow(l.y, len(x))
 	l.xhat = grow(l.xhat, len(x))
 	l.invStd = grow(l.invStd, l.C)
+	if l.group != nil && train {
+		l.forwardGroup(x)
+		return l.y
+	}
 	m := batch * hw
 	for c := range l.C {
 		var mean, inv float32
@@ -126,6 +135,10 @@ func (l *BatchNorm2d) Backward(dy []float32) []float32 {
 	}
 	hw, batch := l.hw, l.batch
 	l.dx = grow(l.dx, len(dy))
+	if l.group != nil {
+		l.backwardGroup(dy)
+		return l.dx
+	}
 	m := float64(batch * hw)
 	for c := range l.C {
 		var sdy, sdyx float64

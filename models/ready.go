@@ -81,6 +81,11 @@ func (n *Network) BackwardNotify(dlogits []float32, ready func(from int)) {
 		n.Backward(dlogits)
 		return
 	}
+	if n.reps != nil {
+		n.checkDlogits(dlogits)
+		n.backwardSplit(dlogits, ready)
+		return
+	}
 	if n.ready == nil {
 		n.ready = n.readyOffsets()
 	}

@@ -32,6 +32,8 @@ type taskEnv struct {
 	stepDelay time.Duration
 	// dataDir overrides the spec's dataset.data_dir (Config.DataDir).
 	dataDir string
+	// threads run each step of a Trainer (Config.Threads; 0 or 1: one).
+	threads int
 	// snaps keeps ring ranks' in-memory snapshots across tasks (nil: the
 	// task keeps its own, which die with it).
 	snaps *snapshotStore
@@ -85,6 +87,7 @@ func runAssignment(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.Job
 	if err != nil {
 		return nil, err
 	}
+	defer t.net.Close() // stops SetThreads' goroutines
 	if err := t.join(ctx); err != nil {
 		return nil, err
 	}

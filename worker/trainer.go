@@ -87,6 +87,11 @@ func newTrainer(a *pb.Assignment, env *taskEnv, obj objective) (*Trainer, error)
 		t.at = position{step: st.Meta.Step, epoch: st.Meta.Epoch, consumed: st.Meta.EpochConsumed}
 	}
 	t.total = t.plan.total(t.at)
+	if env.threads > 1 {
+		if err := net.SetThreads(env.threads); err != nil {
+			return nil, err
+		}
+	}
 	return t, nil
 }
 

@@ -81,6 +81,11 @@ type Config struct {
 	// (fedavg on several workers) trains on its own data this way; ps and
 	// ring jobs need the same data set on every worker.
 	DataDir string
+	// Threads is how many goroutines run each training step of a ps or
+	// ring task, each on a slice of the batch (models.SetThreads); 0
+	// means 1. Results are deterministic for a given count but change
+	// with it.
+	Threads int
 }
 
 // Validate fills defaults and checks the config.
@@ -96,6 +101,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = 5 * time.Second
+	}
+	if c.Threads < 0 {
+		return fmt.Errorf("worker: Threads %d is negative; want 0 (one thread) or a thread count", c.Threads)
 	}
 	if c.DebugStepDelay < 0 {
 		return fmt.Errorf("worker: DebugStepDelay %v is negative; want 0 (off) or a delay per step", c.DebugStepDelay)
@@ -334,7 +342,7 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 				w.log.Info("task assigned", "job", a.JobId, "rank", a.Rank, "world", a.WorldSize, "model", a.Spec.GetModel())
 				res, err := safeRun(tctx, a, &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics,
 					ring: w.ring, peerDial: w.peerDialOptions(), psDial: w.aggregatorDialOptions(), stepDelay: w.cfg.DebugStepDelay, snaps: &w.snaps,
-					dataDir: w.cfg.DataDir})
+					dataDir: w.cfg.DataDir, threads: w.cfg.Threads})
 				done := &pb.TaskDone{JobId: a.JobId, Rank: a.Rank, Result: res, Generation: a.Generation}
 				if rf := (*ringFailure)(nil); errors.As(err, &rf) {
 					done.RingLinks = rf.links

@@ -24,11 +24,14 @@ type Options struct {
 	Model string // architecture name, as models.Names
 	// BatchSize is the images per step; default 64.
 	BatchSize int
-	// Threads is the number of OpenBLAS threads per GEMM
-	// (kernels.SetThreads); default 1. The batch is not split: the layers
-	// between GEMMs run on one goroutine. The gonum backend ignores it and
-	// uses GOMAXPROCS.
+	// Threads is the number of goroutines that run each step, each on a
+	// slice of the batch (models.Network.SetThreads); default 1.
 	Threads int
+	// BLASThreads is the number of OpenBLAS threads per GEMM
+	// (kernels.SetThreads); default 1. It parallelises the GEMMs only:
+	// the layers between them run on one goroutine per Threads. The
+	// gonum backend ignores it and uses GOMAXPROCS.
+	BLASThreads int
 	// Seconds is the length of the timed run, after warm-up; default 2.
 	Seconds float64
 	// Backend is the GEMM backend ("openblas", "gonum", "auto"); empty
@@ -42,6 +45,7 @@ type Result struct {
 	Backend         string  `json:"gemm_backend"`
 	BatchSize       int     `json:"batch_size"`
 	Threads         int     `json:"threads"`
+	BLASThreads     int     `json:"blas_threads"`
 	ImagesPerSecond float64 `json:"images_per_second"`
 	Steps           int     `json:"steps"`
 	SecondsPerStep  float64 `json:"seconds_per_step"`
@@ -58,6 +62,9 @@ func (o Options) withDefaults() Options {
 	if o.Threads == 0 {
 		o.Threads = 1
 	}
+	if o.BLASThreads == 0 {
+		o.BLASThreads = 1
+	}
 	if o.Seconds == 0 {
 		o.Seconds = 2
 	}
@@ -72,6 +79,9 @@ func (o Options) Validate() error {
 	}
 	if o.Threads < 0 {
 		errs = append(errs, fmt.Errorf("bench: threads %d < 0", o.Threads))
+	}
+	if o.BLASThreads < 0 {
+		errs = append(errs, fmt.Errorf("bench: BLAS threads %d < 0", o.BLASThreads))
 	}
 	if o.Seconds < 0 {
 		errs = append(errs, fmt.Errorf("bench: seconds %v < 0", o.Seconds))
@@ -98,6 +108,10 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	defer net.Close()
+	if err := net.SetThreads(opt.Threads); err != nil {
+		return Result{}, err
+	}
 	if opt.Backend != "" {
 		prev := kernels.Backend()
 		if err := kernels.SetBackend(opt.Backend); err != nil {
@@ -106,7 +120,7 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 		defer kernels.SetBackend(prev)
 	}
 	prevThreads := kernels.Threads()
-	kernels.SetThreads(opt.Threads)
+	kernels.SetThreads(opt.BLASThreads)
 	defer kernels.SetThreads(prevThreads)
 
 	o := net.Options()
@@ -151,6 +165,7 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 		Backend:         kernels.Backend(),
 		BatchSize:       opt.BatchSize,
 		Threads:         opt.Threads,
+		BLASThreads:     opt.BLASThreads,
 		ImagesPerSecond: float64(steps*opt.BatchSize) / sec,
 		Steps:           steps,
 		SecondsPerStep:  sec / float64(steps),

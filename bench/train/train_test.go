@@ -27,6 +27,24 @@ func TestTrain(t *testing.T) {
 	}
 }
 
+// TestTrainThreads runs a step on two goroutines (the batch split), and
+// checks that bad thread counts are errors, not crashes.
+func TestTrainThreads(t *testing.T) {
+	res, err := Run(context.Background(), Options{Model: "cnn", BatchSize: 5, Seconds: 0.01, Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Threads != 2 || res.BLASThreads != 1 || res.Steps < 1 {
+		t.Fatalf("result %+v", res)
+	}
+	if res, err := Run(context.Background(), Options{Model: "resnet8", BatchSize: 3, Seconds: 0.01, Threads: 2}); err != nil || res.Threads != 2 {
+		t.Fatalf("resnet8 on 2 threads: %+v, %v", res, err)
+	}
+	if _, err := Run(context.Background(), Options{Model: "mlp", BLASThreads: -1}); err == nil {
+		t.Fatal("BLAS threads -1: no error")
+	}
+}
+
 func TestTrainErrors(t *testing.T) {
 	ctx := context.Background()
 	if _, err := Run(ctx, Options{Model: "nope"}); err == nil || !strings.Contains(err.Error(), "lenet5") {

@@ -112,7 +112,7 @@ func newBenchTrainCmd(g *globals) *cobra.Command {
 		RunE: func(c *cobra.Command, _ []string) error {
 			p := &printer{out: c.OutOrStdout(), json: g.json}
 			if !g.json {
-				fmt.Fprintf(c.OutOrStdout(), "%-10s %-9s %6s %7s %14s %12s\n", "MODEL", "GEMM", "BATCH", "THREADS", "IMAGES/S", "MS/STEP")
+				fmt.Fprintf(c.OutOrStdout(), "%-10s %-9s %6s %7s %5s %14s %12s\n", "MODEL", "GEMM", "BATCH", "THREADS", "BLAS", "IMAGES/S", "MS/STEP")
 			}
 			for _, m := range strings.Split(modelList, ",") {
 				o := opt
@@ -125,7 +125,7 @@ func newBenchTrainCmd(g *globals) *cobra.Command {
 					p.jsonLine(r)
 					continue
 				}
-				fmt.Fprintf(c.OutOrStdout(), "%-10s %-9s %6d %7d %14s %12.3f\n", r.Model, r.Backend, r.BatchSize, r.Threads,
+				fmt.Fprintf(c.OutOrStdout(), "%-10s %-9s %6d %7d %5d %14s %12.3f\n", r.Model, r.Backend, r.BatchSize, r.Threads, r.BLASThreads,
 					thousands(r.ImagesPerSecond), 1000*r.SecondsPerStep)
 			}
 			return nil
@@ -134,7 +134,8 @@ func newBenchTrainCmd(g *globals) *cobra.Command {
 	f := c.Flags()
 	f.StringVar(&modelList, "model", "mlp", "architecture(s), comma-separated: "+strings.Join(models.Names(), ", "))
 	f.IntVar(&opt.BatchSize, "batch-size", 64, "images per step")
-	f.IntVar(&opt.Threads, "threads", 1, "BLAS threads")
+	f.IntVar(&opt.Threads, "threads", 1, "goroutines per step, each on a slice of the batch")
+	f.IntVar(&opt.BLASThreads, "blas-threads", 1, "OpenBLAS threads per GEMM")
 	f.Float64Var(&opt.Seconds, "seconds", 2, "timed seconds per model (after warm-up)")
 	f.StringVar(&opt.Backend, "gemm", "", "GEMM backend: auto, openblas or gonum (default: as selected at start)")
 	return c

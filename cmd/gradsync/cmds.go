@@ -30,6 +30,7 @@ func newLocalCmd(g *globals) *cobra.Command {
 	var sf specFlags
 	var stateDir, runsDir, metricsAddr, linkRate string
 	var heartbeatTimeout time.Duration
+	var threads int
 	c := &cobra.Command{
 		Use:   "local",
 		Short: "Train with a coordinator and N workers in this process, over real gRPC on loopback",
@@ -59,7 +60,7 @@ func newLocalCmd(g *globals) *cobra.Command {
 			// unless plaintext was asked for.
 			scfg := server.Config{DataDir: stateDir, RunsDir: runsDir, Logger: log, Insecure: g.sec.insecure,
 				HeartbeatTimeout: heartbeatTimeout}
-			wcfg := worker.Config{Logger: log, Insecure: g.sec.insecure}
+			wcfg := worker.Config{Logger: log, Insecure: g.sec.insecure, Threads: threads}
 			if wcfg.Link, err = netem.ParseRate(linkRate); err != nil {
 				return fmt.Errorf("--link-rate: %w", err)
 			}
@@ -129,6 +130,7 @@ func newLocalCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&runsDir, "runs-dir", "runs", "where run directories (runs/<job-id>) are written")
 	c.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics of the server and workers on this address (/metrics)")
 	c.Flags().StringVar(&linkRate, "link-rate", "", linkRateHelp)
+	c.Flags().IntVar(&threads, "threads", 1, threadsHelp)
 	c.Flags().DurationVar(&heartbeatTimeout, "heartbeat-timeout", 5*time.Second,
 		"silence after which a worker is lost (raise it when the machine is starved, e.g. a long run under nice -n 19)")
 	return c
@@ -265,6 +267,7 @@ func newWorkerCmd(g *globals) *cobra.Command {
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics), e.g. :9091")
 	f.StringVar(&linkRate, "link-rate", "", linkRateHelp)
 	f.StringVar(&cfg.DataDir, "data-dir", "", "folder holding this worker's IDX files (mnist, fashion-mnist); overrides the job's dataset.data_dir here, so each real federated client trains on its own data")
+	f.IntVar(&cfg.Threads, "threads", 1, threadsHelp)
 	f.DurationVar(&cfg.DebugStepDelay, "debug-step-delay", 0, "fault injection for tests: wait this long before every training step (a slow worker, which the coordinator reports as a straggler)")
 	return c
 }
@@ -344,6 +347,10 @@ func serveService(c *cobra.Command, g *globals, addr, metricsAddr string, serve 
 }
 
 // linkRateHelp documents --link-rate (local and worker).
+// threadsHelp says what --threads does on a worker. The default stays 1:
+// another count changes every job's numbers (within float32 rounding).
+const threadsHelp = "goroutines per training step of a ps or ring task, each on a slice of the batch (deterministic for a given count)"
+
 const linkRateHelp = "experiments: emulate a link of this rate each way on the workers' connections, e.g. 1Gbit, 100Mbit (default: unlimited)"
 
 func newSubmitCmd(g *globals) *cobra.Command {

@@ -107,7 +107,7 @@ func TestJSONVocabulary(t *testing.T) {
 		Resources: &pb.Resources{CpuCores: 8, GemmBackend: "openblas"}, JobId: "job-1", LastHeartbeat: timestamppb.Now()}))
 	p.jsonLine(listeningEvent{Event: "listening", Address: "127.0.0.1:7070"})
 	p.jsonLine(certsLineOf(security.Paths{Dir: "certs", CA: "certs/ca.pem", Token: "certs/token"}))
-	p.jsonLine(train.Result{Model: "mlp", Backend: "gonum", BatchSize: 64, Threads: 1, ImagesPerSecond: 1e4, Steps: 10, SecondsPerStep: 0.006})
+	p.jsonLine(train.Result{Model: "mlp", Backend: "gonum", BatchSize: 64, Threads: 1, BLASThreads: 1, ImagesPerSecond: 1e4, Steps: 10, SecondsPerStep: 0.006})
 
 	var lines []map[string]any
 	for l := range strings.SplitSeq(strings.TrimSpace(out.String()), "\n") {
