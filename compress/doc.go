@@ -3,7 +3,12 @@
 // fp16/bf16). A Reducer turns this rank's flat gradient into the average
 // over all ranks, in place (callers no longer divide by the world size),
 // using only aggregator's collectives over an aggregator.Ring, and leaves
-// every rank with bit-identical bits. New maps a pb.CompressionSpec to one.
+// every rank with bit-identical bits. New builds one from a Scheme, the
+// type and its Go configuration; the package knows nothing of the wire or
+// the job spec: jobspec.CompressionScheme maps a job's CompressionSpec
+// (its knobs, their defaults and checks below) to a Scheme, and the
+// parameter-server frames (PSFrame) are mapped to the wire by
+// paramserver/psstep.
 //
 // # The state machine of one Reduce(grads, step)
 //
@@ -56,7 +61,7 @@
 //
 // # Knobs and defaults
 //
-//	spec field            applies to       default (New)  PyTorch
+//	spec field            applies to       default        PyTorch
 //	rank                  powersgd         2              1 (matrix_approximation_rank)
 //	start_iter            all              10 (powersgd)  1000 (start_powerSGD_iter)
 //	                                       0 (others)
@@ -69,7 +74,8 @@
 // rather than 1000, and uses rank 2 rather than 1 (on the cnn model that
 // is still a 60× compression). A negative start_iter compresses from
 // step 0. Knobs that do
-// not apply to the type are errors. The Go configs (PowerSGDConfig, …) are
+// not apply to the type are errors. These are the job spec's conventions,
+// applied by jobspec.CompressionScheme. The Go configs (PowerSGDConfig, …) are
 // usable as zero values and take StartIter literally. Orthogonalisation
 // epsilon is 0, as in PyTorch.
 //

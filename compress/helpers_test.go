@@ -11,8 +11,30 @@ import (
 
 	"github.com/gradsync/gradsync/aggregator"
 	"github.com/gradsync/gradsync/compress"
+	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
+
+// fromSpec builds the reducer a job's CompressionSpec asks for, through
+// jobspec's mapping as the worker does (compress itself takes a Scheme).
+func fromSpec(spec *pb.CompressionSpec, ring aggregator.Ring, opts aggregator.Options, segs []models.Segment, bucketCapBytes int, seed int64) (compress.Reducer, error) {
+	sc, err := jobspec.CompressionScheme(spec, seed)
+	if err != nil {
+		return nil, err
+	}
+	return compress.New(sc, ring, opts, segs, bucketCapBytes)
+}
+
+// schemeOf maps a CompressionSpec the test knows to be valid.
+func schemeOf(t testing.TB, spec *pb.CompressionSpec, seed int64) compress.Scheme {
+	t.Helper()
+	sc, err := jobspec.CompressionScheme(spec, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
+}
 
 // layout builds tiling segments from named shapes.
 func layout(shapes ...any) []models.Segment {

@@ -331,7 +331,7 @@ func TestNew(t *testing.T) {
 		{&pb.CompressionSpec{Type: "bf16", StartIter: 5}, "*compress.Cast"},
 	}
 	for _, c := range good {
-		red, err := compress.New(c.spec, ring, aggregator.Options{}, testSegs, 0, 1)
+		red, err := fromSpec(c.spec, ring, aggregator.Options{}, testSegs, 0, 1)
 		if err != nil {
 			t.Errorf("%v: %v", c.spec, err)
 			continue
@@ -341,7 +341,7 @@ func TestNew(t *testing.T) {
 		}
 	}
 	// Defaults: powersgd compresses from step 10 at rank 2.
-	red, _ := compress.New(&pb.CompressionSpec{Type: "powersgd"}, ring, aggregator.Options{}, testSegs, 0, 1)
+	red, _ := fromSpec(&pb.CompressionSpec{Type: "powersgd"}, ring, aggregator.Options{}, testSegs, 0, 1)
 	l := total(testSegs)
 	w := &world{n: 1, reds: []compress.Reducer{red}}
 	for step := range int64(11) {
@@ -355,7 +355,7 @@ func TestNew(t *testing.T) {
 	if got, want := red.(*compress.PowerSGD).MessageBytes(), int64(4*((12+27+20+30)*2+12+20+16)); got != want {
 		t.Errorf("default rank: message %d bytes, want %d (rank 2)", got, want)
 	}
-	tk, _ := compress.New(&pb.CompressionSpec{Type: "topk"}, ring, aggregator.Options{}, layout("x", []int{1000}), 0, 1)
+	tk, _ := fromSpec(&pb.CompressionSpec{Type: "topk"}, ring, aggregator.Options{}, layout("x", []int{1000}), 0, 1)
 	if k := tk.(*compress.TopK).K(); k != 10 {
 		t.Errorf("default topk k = %d for 1000 elements, want 10", k)
 	}
@@ -374,13 +374,60 @@ func TestNew(t *testing.T) {
 		{&pb.CompressionSpec{Type: "fp16", WarmStart: &tr}, "warm_start does not apply"},
 	}
 	for _, c := range bad {
-		if _, err := compress.New(c.spec, ring, aggregator.Options{}, testSegs, 0, 1); err == nil || !strings.Contains(err.Error(), c.msg) {
+		if _, err := fromSpec(c.spec, ring, aggregator.Options{}, testSegs, 0, 1); err == nil || !strings.Contains(err.Error(), c.msg) {
 			t.Errorf("%v: error %v, want one mentioning %q", c.spec, err, c.msg)
 		}
 	}
 	badSegs := []models.Segment{{Name: "x", Shape: []int{2}, Offset: 1, Len: 2}}
-	if _, err := compress.New(nil, ring, aggregator.Options{}, badSegs, 0, 1); err == nil {
+	if _, err := fromSpec(nil, ring, aggregator.Options{}, badSegs, 0, 1); err == nil {
 		t.Error("New accepted segments that do not tile the buffer")
+	}
+}
+
+// TestNewScheme: a Scheme built directly, without the job spec: the zero
+// value is the plain all-reduce, the configs are taken literally, and an
+// unknown type is an error in every constructor.
+func TestNewScheme(t *testing.T) {
+	ring := aggregator.NewMemRing(1, 0)[0]
+	for _, c := range []struct {
+		sc   compress.Scheme
+		want string
+	}{
+		{compress.Scheme{}, "*compress.Plain"},
+		{compress.Scheme{Type: "powersgd", PowerSGD: compress.PowerSGDConfig{Rank: 1}}, "*compress.PowerSGD"},
+		{compress.Scheme{Type: "topk"}, "*compress.TopK"},
+		{compress.Scheme{Type: "int8"}, "*compress.Int8"},
+		{compress.Scheme{Type: "bf16", Cast: compress.CastConfig{StartIter: 2}}, "*compress.Cast"},
+	} {
+		red, err := compress.New(c.sc, ring, aggregator.Options{}, testSegs, 0)
+		if err != nil {
+			t.Errorf("%+v: %v", c.sc, err)
+			continue
+		}
+		if got := typeName(red); got != c.want {
+			t.Errorf("%+v: %s, want %s", c.sc, got, c.want)
+		}
+	}
+	// Literal start: the zero PowerSGDConfig compresses from step 0.
+	red, err := compress.New(compress.Scheme{Type: "powersgd"}, ring, aggregator.Options{}, testSegs, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &world{n: 1, reds: []compress.Reducer{red}}
+	w.step(t, [][]float32{randVec(rand.New(rand.NewPCG(1, 2)), total(testSegs))}, 0)
+	if st := red.Stats(); st.SentBytes >= st.RawBytes {
+		t.Errorf("zero PowerSGDConfig at step 0: stats %+v, want compressed", st)
+	}
+	zip := compress.Scheme{Type: "zip"}
+	const msg = `unknown compression type "zip"`
+	if _, err := compress.New(zip, ring, aggregator.Options{}, testSegs, 0); err == nil || !strings.Contains(err.Error(), msg) {
+		t.Errorf("New: error %v, want one mentioning %q", err, msg)
+	}
+	if _, err := compress.NewPSReceiver(zip, testSegs, 2); err == nil || !strings.Contains(err.Error(), msg) {
+		t.Errorf("NewPSReceiver: error %v, want one mentioning %q", err, msg)
+	}
+	if _, err := compress.NewPSPusher(zip, testSegs, 0); err == nil || !strings.Contains(err.Error(), msg) {
+		t.Errorf("NewPSPusher: error %v, want one mentioning %q", err, msg)
 	}
 }
 

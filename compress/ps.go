@@ -7,7 +7,6 @@ import (
 	"strconv"
 
 	"github.com/gradsync/gradsync/models"
-	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
 // Compressed pushes to a parameter server (ps mode). The server owns the
@@ -101,34 +100,34 @@ type PSPhase struct {
 
 // psPlan is what both halves know of a job's compressed pushes.
 type psPlan struct {
-	sc     scheme
+	sc     Scheme // resolved
 	segs   []models.Segment
 	total  int
 	layout psgdLayout // powersgd
 }
 
-func newPSPlan(spec *pb.CompressionSpec, segs []models.Segment, seed int64) (*psPlan, error) {
+func newPSPlan(sc Scheme, segs []models.Segment) (*psPlan, error) {
 	total, err := checkSegments(segs)
 	if err != nil {
 		return nil, err
 	}
-	sc, err := parseScheme(spec, seed)
+	sc, err = sc.resolve()
 	if err != nil {
 		return nil, err
 	}
 	p := &psPlan{sc: sc, segs: segs, total: total}
-	switch sc.typ {
+	switch sc.Type {
 	case "powersgd":
-		if err := p.sc.psgd.resolve(); err != nil {
+		if err := p.sc.PowerSGD.resolve(); err != nil {
 			return nil, err
 		}
-		p.layout = newPSGDLayout(segs, p.sc.psgd.Rank, p.sc.psgd.MinCompressionRate)
+		p.layout = newPSGDLayout(segs, p.sc.PowerSGD.Rank, p.sc.PowerSGD.MinCompressionRate)
 	case "topk":
-		if _, err := p.sc.topk.resolve(segs); err != nil {
+		if _, err := p.sc.TopK.resolve(segs); err != nil {
 			return nil, err
 		}
 	case "int8":
-		if _, err := p.sc.int8.resolve(segs); err != nil {
+		if _, err := p.sc.Int8.resolve(segs); err != nil {
 			return nil, err
 		}
 	}
@@ -137,10 +136,10 @@ func newPSPlan(spec *pb.CompressionSpec, segs []models.Segment, seed int64) (*ps
 
 // phases returns the pushes of step.
 func (p *psPlan) phases(step int64) []PSPhase {
-	if p.sc.typ == "none" || step < p.sc.start {
+	if p.sc.Type == "none" || step < p.sc.start() {
 		return []PSPhase{{Encoding: PSF32, Total: p.total}}
 	}
-	switch p.sc.typ {
+	switch p.sc.Type {
 	case "powersgd":
 		l := &p.layout
 		return []PSPhase{{Phase: 1, Encoding: PSF32, Total: l.nP + l.nU}, {Phase: 2, Encoding: PSF32, Total: l.nQ}}
@@ -153,7 +152,7 @@ func (p *psPlan) phases(step int64) []PSPhase {
 	case "bf16":
 		return []PSPhase{{Encoding: PSBF16, Total: p.total}}
 	}
-	panic("compress: unknown scheme " + p.sc.typ)
+	panic("compress: unknown scheme " + p.sc.Type)
 }
 
 // PSReceiver is the parameter server's half of a job's compressed pushes:
@@ -173,16 +172,16 @@ type PSReceiver struct {
 
 // NewPSReceiver builds the server's half for a job of world ranks whose
 // gradient is laid out as segs.
-func NewPSReceiver(spec *pb.CompressionSpec, segs []models.Segment, world int) (*PSReceiver, error) {
+func NewPSReceiver(sc Scheme, segs []models.Segment, world int) (*PSReceiver, error) {
 	if world < 1 {
 		return nil, fmt.Errorf("compress: world size %d: want ≥ 1", world)
 	}
-	plan, err := newPSPlan(spec, segs, 0) // the seed only matters to the ranks
+	plan, err := newPSPlan(sc, segs) // the seeds only matter to the ranks
 	if err != nil {
 		return nil, err
 	}
 	r := &PSReceiver{plan: plan, world: world, inv: 1 / float32(world)}
-	if plan.sc.typ == "powersgd" {
+	if plan.sc.Type == "powersgd" {
 		l := &plan.layout
 		r.pu = make([]float32, l.nP+l.nU)
 		r.q = make([]float32, l.nQ)
@@ -195,7 +194,7 @@ func NewPSReceiver(spec *pb.CompressionSpec, segs []models.Segment, world int) (
 func (r *PSReceiver) Phases(step int64) []PSPhase { return r.plan.phases(step) }
 
 // Type is the compression type ("none", "powersgd", …).
-func (r *PSReceiver) Type() string { return r.plan.sc.typ }
+func (r *PSReceiver) Type() string { return r.plan.sc.Type }
 
 // DecodeAdd adds the values a frame of ph carries to dst, the element
 // range the frame covers (as the protocol checked it: the data's length
@@ -227,7 +226,7 @@ func (r *PSReceiver) CombineP(sum []float32) []float32 {
 	copy(r.pu, sum)
 	for i := range l.mats {
 		m := &l.mats[i]
-		orthogonalize(r.pu[m.pOff:m.pOff+m.rows*m.rank], m.rows, m.rank, r.plan.sc.psgd.Epsilon, r.scratch)
+		orthogonalize(r.pu[m.pOff:m.pOff+m.rows*m.rank], m.rows, m.rank, r.plan.sc.PowerSGD.Epsilon, r.scratch)
 	}
 	return r.pu[:l.nP]
 }
@@ -262,7 +261,7 @@ func (r *PSReceiver) CombineQ(sum, grad []float32) []float32 {
 // Shared returns the state every rank shares after the last compressed
 // step (PowerSGD's warm-start Q, as Flat.Shared), or nil when there is none.
 func (r *PSReceiver) Shared() []float32 {
-	if !r.qSet || r.plan.sc.psgd.NoWarmStart {
+	if !r.qSet || r.plan.sc.PowerSGD.NoWarmStart {
 		return nil
 	}
 	return r.q
@@ -270,7 +269,7 @@ func (r *PSReceiver) Shared() []float32 {
 
 // SetShared restores the shared state a checkpoint holds (see Shared).
 func (r *PSReceiver) SetShared(q []float32) error {
-	if r.plan.sc.typ != "powersgd" || r.plan.sc.psgd.NoWarmStart || len(q) != len(r.q) {
+	if r.plan.sc.Type != "powersgd" || r.plan.sc.PowerSGD.NoWarmStart || len(q) != len(r.q) {
 		return fmt.Errorf("compress: %d shared values; this job's compression keeps %d", len(q), len(r.Shared()))
 	}
 	copy(r.q, q)
@@ -282,9 +281,9 @@ func (r *PSReceiver) SetShared(q []float32) error {
 // checkpoint gathers from every rank; 0 when there is none.
 func (r *PSReceiver) OwnLen() int {
 	switch sc := &r.plan.sc; {
-	case sc.typ == "topk" && !sc.topk.NoErrorFeedback:
+	case sc.Type == "topk" && !sc.TopK.NoErrorFeedback:
 		return r.plan.total
-	case sc.typ == "powersgd" && !sc.psgd.NoErrorFeedback:
+	case sc.Type == "powersgd" && !sc.PowerSGD.NoErrorFeedback:
 		return r.plan.layout.nE
 	}
 	return 0

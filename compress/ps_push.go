@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/gradsync/gradsync/models"
-	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
 var _ Stateful = (*PSPusher)(nil)
@@ -34,19 +33,20 @@ type PSPusher struct {
 	stats Stats
 }
 
-// NewPSPusher builds rank's half for a gradient laid out as segs; seed is
-// the job's (int8 rounding and PowerSGD's initial Q derive from it).
-func NewPSPusher(spec *pb.CompressionSpec, segs []models.Segment, rank int, seed int64) (*PSPusher, error) {
-	plan, err := newPSPlan(spec, segs, seed)
+// NewPSPusher builds rank's half for a gradient laid out as segs; the
+// seeds of sc's configs must be the job's, the same on every rank (int8
+// rounding and PowerSGD's initial Q derive from them).
+func NewPSPusher(sc Scheme, segs []models.Segment, rank int) (*PSPusher, error) {
+	plan, err := newPSPlan(sc, segs)
 	if err != nil {
 		return nil, err
 	}
 	p := &PSPusher{plan: plan, rank: rank}
-	switch plan.sc.typ {
+	switch plan.sc.Type {
 	case "topk":
-		p.topk = newTopKCore(plan.total, plan.sc.topk)
+		p.topk = newTopKCore(plan.total, plan.sc.TopK)
 	case "powersgd":
-		p.psgd = newPowerSGDCore(segs, plan.total, plan.sc.psgd)
+		p.psgd = newPowerSGDCore(segs, plan.total, plan.sc.PowerSGD)
 		if p.psgd.work == nil { // without error feedback: M_i, kept for phase 2
 			p.psgd.work = make([]float32, p.psgd.nE)
 		}
@@ -168,7 +168,7 @@ func (p *PSPusher) Push(step int64, grads []float32, send PSSender) error {
 	}
 	var rounder *Int8Rounder
 	if ph.Encoding == PSInt8 {
-		rounder = NewInt8Rounder(p.plan.sc.int8.Seed, p.rank, step)
+		rounder = NewInt8Rounder(p.plan.sc.Int8.Seed, p.rank, step)
 	}
 	for off := 0; ; off += PSFrameElems {
 		end := min(off+PSFrameElems, len(grads))
@@ -180,7 +180,7 @@ func (p *PSPusher) Push(step int64, grads []float32, send PSSender) error {
 		case PSBF16:
 			f.Data = EncodeHalf(p.grow(2*len(x)), x, BF16)
 		case PSInt8:
-			size := p.plan.sc.int8.ChunkSize
+			size := p.plan.sc.Int8.ChunkSize
 			n := (len(x) + size - 1) / size
 			if cap(p.scales) < n {
 				p.scales = make([]float32, n)

@@ -27,11 +27,11 @@ func newPSWorld(t testing.TB, spec *pb.CompressionSpec, segs []models.Segment, n
 	t.Helper()
 	w := &psWorld{}
 	var err error
-	if w.recv, err = compress.NewPSReceiver(spec, segs, n); err != nil {
+	if w.recv, err = compress.NewPSReceiver(schemeOf(t, spec, 0), segs, n); err != nil {
 		t.Fatal(err)
 	}
 	for r := range n {
-		p, err := compress.NewPSPusher(spec, segs, r, seed)
+		p, err := compress.NewPSPusher(schemeOf(t, spec, seed), segs, r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,7 +121,7 @@ func TestPSMatchesRing(t *testing.T) {
 			l := total(segs)
 			ps := newPSWorld(t, spec, segs, n, seed)
 			ring := newWorld(t, n, func(r aggregator.Ring) (compress.Reducer, error) {
-				return compress.New(spec, r, aggregator.Options{}, segs, 0, seed)
+				return fromSpec(spec, r, aggregator.Options{}, segs, 0, seed)
 			})
 			rng := rand.New(rand.NewPCG(9, 9))
 			for step := range int64(4) {
@@ -259,7 +259,7 @@ func TestPSFP16Exact(t *testing.T) {
 // TestPSStartIter: steps before start_iter push plain float32.
 func TestPSStartIter(t *testing.T) {
 	for _, typ := range []string{"powersgd", "topk", "int8", "fp16", "bf16"} {
-		r, err := compress.NewPSReceiver(&pb.CompressionSpec{Type: typ, StartIter: 3}, testSegs, 2)
+		r, err := compress.NewPSReceiver(schemeOf(t, &pb.CompressionSpec{Type: typ, StartIter: 3}, 0), testSegs, 2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -314,7 +314,7 @@ func FuzzPSDecode(f *testing.F) {
 		if typ == "" {
 			typ = "none"
 		}
-		r, err := compress.NewPSReceiver(&pb.CompressionSpec{Type: typ}, segs, 2)
+		r, err := compress.NewPSReceiver(schemeOf(t, &pb.CompressionSpec{Type: typ}, 0), segs, 2)
 		if err != nil {
 			t.Skip()
 		}

@@ -16,7 +16,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
 
-	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/data"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -265,7 +264,7 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if s.Compression.Type == "" {
 		s.Compression.Type = defaultCompression
 	}
-	if err := compress.Validate(s.Compression); err != nil {
+	if err := checkCompression(s.Compression); err != nil {
 		return nil, errf("compression", "%v", strings.TrimPrefix(err.Error(), "compress: "))
 	}
 	if s.Compression.Type != defaultCompression && s.Mode != "ring" && s.Mode != "ps" {

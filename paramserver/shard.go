@@ -134,7 +134,11 @@ func newJobShard(env Env, jobID string, gen uint64, world int, net *models.Netwo
 		}
 		start.Meta, start.Extra = st.Meta, st.Extra
 	}
-	recv, err := compress.NewPSReceiver(spec.GetCompression(), segs, world)
+	sc, err := jobspec.CompressionScheme(spec.GetCompression(), spec.GetSeed())
+	if err != nil {
+		return nil, fmt.Errorf("compression: %w", err)
+	}
+	recv, err := compress.NewPSReceiver(sc, segs, world)
 	if err != nil {
 		return nil, fmt.Errorf("compression: %w", err)
 	}

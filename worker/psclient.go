@@ -15,6 +15,7 @@ import (
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/internal/wire/framecodec"
+	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	"github.com/gradsync/gradsync/paramserver/psstep"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -85,7 +86,12 @@ func joinPS(ctx context.Context, env *taskEnv, a *pb.Assignment, net *models.Net
 			// needs the range's length.
 			segs = []models.Segment{{Name: fmt.Sprintf("shard%d", i), Shape: []int{rng.Len()}, Len: rng.Len()}}
 		}
-		push, err := compress.NewPSPusher(a.Spec.GetCompression(), segs, int(a.Rank), a.Spec.GetSeed())
+		sc, err := jobspec.CompressionScheme(a.Spec.GetCompression(), a.Spec.GetSeed())
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		push, err := compress.NewPSPusher(sc, segs, int(a.Rank))
 		if err != nil {
 			c.close()
 			return nil, err

@@ -12,6 +12,7 @@ import (
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/optim"
+	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -85,7 +86,11 @@ func newRingSync(ctx context.Context, ring aggregator.Ring, closeFn func(), a *p
 		sums:    make([]float32, 2*ring.Size()),
 		seq:     -1,
 	}
-	red, err := compress.New(spec.GetCompression(), ring, r.opt, net.Segments(), capBytes, spec.GetSeed())
+	sc, err := jobspec.CompressionScheme(spec.GetCompression(), spec.GetSeed())
+	if err != nil {
+		return nil, err
+	}
+	red, err := compress.New(sc, ring, r.opt, net.Segments(), capBytes)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/internal/wire"
+	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	"github.com/gradsync/gradsync/paramserver/psstep"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -48,7 +49,7 @@ func TestPlanScripts(t *testing.T) {
 		{"powersgd", &pb.CompressionSpec{Type: "powersgd", StartIter: 3}, 3, "push/1@3 factors/1@3 push/2@3 params/0@4 shared-q/2@4"},
 	}
 	for _, c := range cases {
-		recv, err := compress.NewPSReceiver(c.spec, segs, 2)
+		recv, err := compress.NewPSReceiver(scheme(t, c.spec, 0), segs, 2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -123,13 +124,13 @@ func TestBothSidesInMemory(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			recv, err := compress.NewPSReceiver(c.spec, segs, n)
+			recv, err := compress.NewPSReceiver(scheme(t, c.spec, 0), segs, n)
 			if err != nil {
 				t.Fatal(err)
 			}
 			ranks := make([]*rank, n)
 			for r := range ranks {
-				p, err := compress.NewPSPusher(c.spec, segs, r, 7)
+				p, err := compress.NewPSPusher(scheme(t, c.spec, 7), segs, r)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -272,4 +273,14 @@ func TestFrames(t *testing.T) {
 	if !proto.Equal(f, w) {
 		t.Errorf("frame %v, want %v", f, w)
 	}
+}
+
+// scheme maps a valid CompressionSpec through jobspec, as the server does.
+func scheme(t testing.TB, spec *pb.CompressionSpec, seed int64) compress.Scheme {
+	t.Helper()
+	sc, err := jobspec.CompressionScheme(spec, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
 }
