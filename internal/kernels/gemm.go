@@ -93,20 +93,7 @@ func Threads() int { return int(max(threadsSet.Load(), 1)) }
 // As in BLAS, beta == 0 overwrites c without reading it (NaNs in c do not
 // propagate). Gemm reads a and b and writes only c; it keeps no references.
 func Gemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	if m < 0 || n < 0 || k < 0 {
-		panic(fmt.Sprintf("kernels: Gemm: negative size m=%d n=%d k=%d", m, n, k))
-	}
-	ar, ac := m, k
-	if transA {
-		ar, ac = k, m
-	}
-	br, bc := k, n
-	if transB {
-		br, bc = n, k
-	}
-	checkMatrix("a", a, ar, ac, lda)
-	checkMatrix("b", b, br, bc, ldb)
-	checkMatrix("c", c, m, n, ldc)
+	checkGemmShapes("Gemm", transA, transB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc)
 	if m == 0 || n == 0 {
 		return
 	}
@@ -117,17 +104,38 @@ func Gemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int,
 	(*current.Load()).gemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 }
 
-// checkMatrix panics unless x can hold a rows×cols row-major matrix with
-// row stride ld.
-func checkMatrix(what string, x []float32, rows, cols, ld int) {
+// checkGemmShapes panics unless the sizes are not negative and slices of
+// lengths la, lb and lc can hold op(a) (m,k), op(b) (k,n) and c (m,n) with
+// their strides, as the GEMMs of every element type take them; fn names
+// the caller in the message.
+func checkGemmShapes(fn string, transA, transB bool, m, n, k, la, lda, lb, ldb, lc, ldc int) {
+	if m < 0 || n < 0 || k < 0 {
+		panic(fmt.Sprintf("kernels: %s: negative size m=%d n=%d k=%d", fn, m, n, k))
+	}
+	ar, ac := m, k
+	if transA {
+		ar, ac = k, m
+	}
+	br, bc := k, n
+	if transB {
+		br, bc = n, k
+	}
+	checkMatrixLen(fn, "a", la, ar, ac, lda)
+	checkMatrixLen(fn, "b", lb, br, bc, ldb)
+	checkMatrixLen(fn, "c", lc, m, n, ldc)
+}
+
+// checkMatrixLen panics unless a slice of length l can hold a rows×cols
+// row-major matrix with row stride ld.
+func checkMatrixLen(fn, what string, l, rows, cols, ld int) {
 	if ld < max(1, cols) {
-		panic(fmt.Sprintf("kernels: Gemm: ld%s=%d < max(1, %d columns)", what, ld, cols))
+		panic(fmt.Sprintf("kernels: %s: ld%s=%d < max(1, %d columns)", fn, what, ld, cols))
 	}
 	if rows == 0 || cols == 0 {
 		return
 	}
-	if need := (rows-1)*ld + cols; len(x) < need {
-		panic(fmt.Sprintf("kernels: Gemm: len(%s)=%d < %d for a %d×%d matrix with stride %d", what, len(x), need, rows, cols, ld))
+	if need := (rows-1)*ld + cols; l < need {
+		panic(fmt.Sprintf("kernels: %s: len(%s)=%d < %d for a %d×%d matrix with stride %d", fn, what, l, need, rows, cols, ld))
 	}
 }
 

@@ -1,7 +1,6 @@
 package kernels
 
 import (
-	"fmt"
 	"math"
 )
 
@@ -22,20 +21,7 @@ import (
 // error of each element is within (k+2)·2⁻²⁴·(|alpha|·Σ|a·b| + |beta·c|),
 // the bound of any order of float32 sums, plus 2⁻¹²⁶ per flushed sum.
 func GemmBF16(transA, transB bool, m, n, k int, alpha float32, a []BF16, lda int, b []BF16, ldb int, beta float32, c []float32, ldc int) {
-	if m < 0 || n < 0 || k < 0 {
-		panic(fmt.Sprintf("kernels: GemmBF16: negative size m=%d n=%d k=%d", m, n, k))
-	}
-	ar, ac := m, k
-	if transA {
-		ar, ac = k, m
-	}
-	br, bc := k, n
-	if transB {
-		br, bc = n, k
-	}
-	checkMatrixLen("GemmBF16", "a", len(a), ar, ac, lda)
-	checkMatrixLen("GemmBF16", "b", len(b), br, bc, ldb)
-	checkMatrixLen("GemmBF16", "c", len(c), m, n, ldc)
+	checkGemmShapes("GemmBF16", transA, transB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc)
 	if m == 0 || n == 0 {
 		return
 	}
@@ -47,20 +33,6 @@ func GemmBF16(transA, transB bool, m, n, k int, alpha float32, a []BF16, lda int
 		return
 	}
 	gemmBF16Go(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
-}
-
-// checkMatrixLen panics unless a slice of length l can hold a rows×cols
-// row-major matrix with row stride ld (checkMatrix for any element type).
-func checkMatrixLen(fn, what string, l, rows, cols, ld int) {
-	if ld < max(1, cols) {
-		panic(fmt.Sprintf("kernels: %s: ld%s=%d < max(1, %d columns)", fn, what, ld, cols))
-	}
-	if rows == 0 || cols == 0 {
-		return
-	}
-	if need := (rows-1)*ld + cols; l < need {
-		panic(fmt.Sprintf("kernels: %s: len(%s)=%d < %d for a %d×%d matrix with stride %d", fn, what, l, need, rows, cols, ld))
-	}
 }
 
 // bf16KC is the K block of GemmBF16's sums (even: blocks hold whole
