@@ -297,6 +297,12 @@ func (t *Trainer) finish(ctx context.Context) (*pb.JobResult, error) {
 func (t *Trainer) evaluate(ctx context.Context) error {
 	res := t.res
 	if err := t.obj.evaluate(ctx, t.net, res); err != nil {
+		if ctx.Err() != nil {
+			// Cancelled while evaluating (rank 0, after an epoch's last
+			// step or the job's): keep the state after the last step, as
+			// a cancel between steps does, so a resume finds it.
+			t.stopped(ctx)
+		}
 		return err
 	}
 	t.env.rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Eval{Eval: &pb.TaskEval{JobId: t.a.JobId, Rank: t.a.Rank,

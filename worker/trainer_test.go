@@ -190,6 +190,35 @@ func TestTrainerStopsEarly(t *testing.T) {
 			t.Errorf("stopped at %+v, want once at step 5, 80 consumed", f.stops)
 		}
 	})
+	t.Run("cancelled during an epoch's evaluation", func(t *testing.T) {
+		// Cancelled right after epoch 0's last step (7): rank 0's
+		// evaluation sees the cancel, and the state after step 7 is still
+		// kept, so a resume right after the cancel finds it.
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		f := &fakeSync{origin: origin{source: fromScratch}, cancelAt: 7, cancel: cancel}
+		tr, _ := testTrainer(t, f, nil)
+		if _, err := tr.run(ctx); !errors.Is(err, context.Canceled) {
+			t.Fatalf("run: %v, want context.Canceled", err)
+		}
+		last := f.done[len(f.done)-1].at
+		if len(f.stops) != 1 || f.stops[0] != last || last.step != 7 {
+			t.Errorf("stopped at %+v, want once at step 7's position %+v", f.stops, last)
+		}
+	})
+	t.Run("cancelled during the final evaluation", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		f := &fakeSync{origin: origin{source: fromScratch}, cancelAt: 9, cancel: cancel}
+		tr, _ := testTrainer(t, f, func(s *pb.JobSpec) { s.MaxSteps = 9; s.EvalEveryEpoch = proto.Bool(false) })
+		if _, err := tr.run(ctx); !errors.Is(err, context.Canceled) {
+			t.Fatalf("run: %v, want context.Canceled", err)
+		}
+		last := f.done[len(f.done)-1].at
+		if len(f.stops) != 1 || f.stops[0] != last || last.step != 9 {
+			t.Errorf("stopped at %+v, want once at step 9's position %+v", f.stops, last)
+		}
+	})
 	t.Run("nothing trained", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
