@@ -51,7 +51,7 @@ func (h *psStream) serveAsync(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if rc, err = h.recvAsync(step); err != nil || rc == nil {
+		if rc, err = h.recvAsync(ctx, step); err != nil || rc == nil {
 			return err // rc == nil: the rank closed its stream
 		}
 	}
@@ -68,13 +68,13 @@ func (p *jobShard) signalLocked() {
 // recvAsync receives the rank's gradient of step and gives it to the
 // shard. It returns the receipt, or nil when the rank closed its stream
 // (it has finished; the others no longer wait for it).
-func (h *psStream) recvAsync(step int64) (*pb.PushReceipt, error) {
+func (h *psStream) recvAsync(ctx context.Context, step int64) (*pb.PushReceipt, error) {
 	p, rank := h.p, h.rank
 	ph := p.recv.Phases(step)[0] // no compression with async (jobspec): plain float32
 	var asm wire.Assembler
 	asm.Start(wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: psstep.DType(ph.Encoding)}, ph.Phase)
 	for {
-		f, off, n, err := h.recvGradient(&asm)
+		f, off, n, err := h.recvGradient(ctx, &asm)
 		if errors.Is(err, io.EOF) {
 			p.mu.Lock()
 			p.async.Finish(rank)

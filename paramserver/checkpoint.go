@@ -6,18 +6,18 @@ import (
 
 	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/compress"
-	"github.com/gradsync/gradsync/data"
-	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
+	"github.com/gradsync/gradsync/paramserver/psstep"
 )
 
 // psCheckpointer writes a ps job's checkpoints. The server holds the
 // parameters and the optimiser state, so it writes them, in the same
 // format and folder as a ring job's rank 0 (see worker/checkpoint.go):
-// after a step when the spec says (jobspec.CheckpointDue), and at the last
-// applied step when the job stops early. The sampler position comes from
-// the step count (data.Position), as every rank trains the same number
-// of steps in lockstep. Batch norm's running statistics live on each
+// after a step when the spec says (psstep.Checkpoints decides, over
+// jobspec.CheckpointDue), and at the last applied step when the job
+// stops early. The sampler position comes from the step count
+// (psstep.Checkpoints.Position), as every rank trains the same number of
+// steps in lockstep. Batch norm's running statistics live on each
 // worker in ps mode and are not synchronised: a checkpoint holds those
 // the job started with.
 type psCheckpointer struct {
@@ -28,11 +28,9 @@ type psCheckpointer struct {
 	seed  int64
 	net   *models.Network // the parameter layout and buffers; read only
 
-	// Where the shard started: step, epoch and consumed positions of
-	// the resumed checkpoint, or zeros.
-	startStep     int64
-	startEpoch    int
-	startConsumed int64
+	// sched decides when a checkpoint is due and where the samplers are
+	// (its TrainN is set from the first join); guarded by jobShard.mu.
+	sched psstep.Checkpoints
 
 	mu        sync.Mutex // serialises Saves; guards lastSave, savedStep
 	lastSave  time.Time
@@ -45,7 +43,7 @@ type psCheckpointer struct {
 func (p *jobShard) captureLocked() *checkpoint.State {
 	c := p.ckpt
 	step := p.shard.Step()
-	epoch, consumed, _ := data.Position(int(p.trainN), p.world, jobspec.StepBatch(p.spec), c.startEpoch, c.startConsumed, step-c.startStep)
+	epoch, consumed, _ := c.sched.Position(step)
 	st := &checkpoint.State{
 		Meta: checkpoint.Meta{JobID: c.jobID, SpecHash: c.hash, Step: step, Epoch: epoch, EpochConsumed: consumed,
 			WorldSize: p.world, Seed: c.seed},
@@ -54,9 +52,10 @@ func (p *jobShard) captureLocked() *checkpoint.State {
 	checkpoint.PutFlat(st.Tensors, "", c.net.Segments(), p.shard.Params())
 	checkpoint.PutFlat(st.Tensors, "", c.net.BufferSegments(), c.net.Buffers())
 	// Compression state: the shared part is the server's (PowerSGD's Q
-	// it last sent); the ranks' own (error feedback) is gathered by
-	// dueLocked's caller, and a checkpoint of a stopped job has none (a
-	// resume starts those residuals at zero, logged by the workers).
+	// it last sent); the ranks' own (error feedback) is gathered when
+	// psstep.Checkpoints says so, and a checkpoint of a stopped job has
+	// none (a resume starts those residuals at zero, logged by the
+	// workers).
 	st.Extra = map[string]checkpoint.Tensor{}
 	if q := p.recv.Shared(); q != nil {
 		st.Extra[compress.CheckpointShared] = models.F32Tensor([]int{len(q)}, q)
@@ -65,25 +64,22 @@ func (p *jobShard) captureLocked() *checkpoint.State {
 	return st
 }
 
-// dueLocked returns the checkpoint to write after the step the shard just
-// applied, or nil when none is due.
-func (p *jobShard) dueLocked(now time.Time) *checkpoint.State {
+// dueLocked returns the decision on a checkpoint after the step the
+// shard just applied (psstep.Checkpoints.Due), with the checkpoint's
+// state captured unless it is NotDue.
+func (p *jobShard) dueLocked(now time.Time) (psstep.Decision, *checkpoint.State) {
 	c := p.ckpt
 	if c == nil {
-		return nil
-	}
-	step := p.shard.Step()
-	epoch, _, end := data.Position(int(p.trainN), p.world, jobspec.StepBatch(p.spec), c.startEpoch, c.startConsumed, step-c.startStep)
-	if end {
-		epoch-- // the epoch that ended
+		return psstep.NotDue, nil
 	}
 	c.mu.Lock()
 	since := now.Sub(c.lastSave)
 	c.mu.Unlock()
-	if !jobspec.CheckpointDue(p.spec, step, end, epoch, since) {
-		return nil
+	d := c.sched.Due(p.shard.Step(), since, p.recv.OwnLen())
+	if d == psstep.NotDue {
+		return d, nil
 	}
-	return p.captureLocked()
+	return d, p.captureLocked()
 }
 
 // save writes st unless a checkpoint of its step or a later one is
@@ -111,7 +107,7 @@ func (p *jobShard) saveStopped(now time.Time) (string, error) {
 		return "", nil
 	}
 	p.mu.Lock()
-	if !p.stopped || p.trainN == 0 || p.shard.Step() == p.ckpt.startStep {
+	if !p.stopped || p.trainN == 0 || p.shard.Step() == p.ckpt.sched.StartStep {
 		p.mu.Unlock()
 		return "", nil
 	}

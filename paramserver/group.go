@@ -54,7 +54,10 @@ func (g *Group) SaveStopped(now time.Time) (string, error) {
 // TakeLag is rank's mean arrival lag per step (consistency sync) as shard
 // 0 measured it: every shard sees a rank's pushes of a step together.
 func (g *Group) TakeLag(rank int) (float64, bool) {
-	return g.shards[0].takeLag(rank)
+	p := g.shards[0]
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lags.Take(rank)
 }
 
 // anyJoined reports whether a rank has joined the shard.

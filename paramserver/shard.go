@@ -46,19 +46,17 @@ type jobShard struct {
 	opt  optim.Stepper
 	ckpt *psCheckpointer // nil: the job writes no checkpoints
 
-	mu         sync.Mutex             // guards shard, async, opt, recv, grad, pFactor, qFactor, gather, done, joined, totalSteps, trainN, stopped
+	mu         sync.Mutex             // guards shard, round, async, opt, recv, gather, done, joined, totalSteps, trainN, lags, stopped
 	shard      *aggregator.SyncShard  // consistency sync; nil otherwise
+	round      *psstep.Shard          // consistency sync: the step's arithmetic over shard and recv
 	async      *aggregator.AsyncShard // consistency async and bounded; nil for sync
 	recv       *compress.PSReceiver   // decodes the compressed pushes; PowerSGD's server half
-	grad       []float32              // PowerSGD: the averaged gradient CombineQ forms
-	pFactor    []float32              // PowerSGD: the current step's P, once its phase 1 is summed
-	qFactor    []float32              // PowerSGD: the last step's averaged Q, once applied
 	gather     *stateGather           // a due checkpoint waiting for the ranks' compression state
 	totalSteps int64                  // from the first join; every rank must agree
 	trainN     int64                  // training examples, from the first join; every rank must agree
 	done       chan struct{}          // sync: closed when the current step's update is applied (and checkpointed, when due); async: when any gradient is applied or a rank finishes
 	joined     []bool
-	lags       arrivalLags // guarded by mu: how late each rank's gradient arrives
+	lags       psstep.Lags // how late each rank's gradient arrives
 	stopped    bool        // set by abort: the shard takes no more gradients
 
 	abortOnce sync.Once
@@ -155,7 +153,7 @@ func newJobShard(env Env, jobID string, gen uint64, world int, net *models.Netwo
 	}
 	params := append([]float32(nil), net.Params()[rng.Lo:rng.Hi]...)
 	p := &jobShard{
-		recv: recv, grad: make([]float32, len(params)), env: env,
+		recv: recv, env: env,
 		jobID: jobID, gen: gen, world: world, total: net.NumParams(), spec: spec, opt: opt,
 		index: index, numShards: numShards, rng: rng,
 		stepTimeout: time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second)),
@@ -170,14 +168,19 @@ func newJobShard(env Env, jobID string, gen uint64, world int, net *models.Netwo
 	default:
 		p.shard = aggregator.NewSyncShard(params, world, opt, skip)
 		p.shard.StartAt(start.Step)
+		p.round = psstep.NewShard(p.shard, recv)
 	}
 	if p.async != nil && (ckptDir != "" || resumeFrom != "") {
 		return nil, errors.New("checkpoints need consistency sync")
 	}
 	if ckptDir != "" {
+		due := func(step int64, epochEnd bool, epoch int, since time.Duration) bool {
+			return jobspec.CheckpointDue(spec, step, epochEnd, epoch, since)
+		}
 		p.ckpt = &psCheckpointer{dir: ckptDir, keep: int(spec.GetCheckpoint().GetKeep()), hash: jobspec.CheckpointHash(spec),
-			jobID: jobID, seed: spec.GetSeed(), net: net, startStep: start.Step, startEpoch: start.Epoch,
-			startConsumed: start.EpochConsumed, lastSave: env.Now(), savedStep: start.Step}
+			jobID: jobID, seed: spec.GetSeed(), net: net, lastSave: env.Now(), savedStep: start.Step,
+			sched: psstep.Checkpoints{Policy: due, World: world, Batch: jobspec.StepBatch(spec),
+				StartStep: start.Step, StartEpoch: start.Epoch, StartConsumed: start.EpochConsumed}}
 	}
 	return p, nil
 }
@@ -195,7 +198,7 @@ func (p *jobShard) abort(err error) {
 	})
 }
 
-// missing lists the ranks whose gradient for the current step is not in.
+// missingLocked lists the ranks whose gradient for the current step is not in.
 func (p *jobShard) missingLocked(have []bool) []int {
 	var out []int
 	for r, ok := range have {
@@ -255,6 +258,9 @@ func (p *jobShard) serve(stream pb.ParameterServer_SyncServer, join *pb.SyncJoin
 	}
 	if p.trainN == 0 {
 		p.trainN = join.TrainExamples
+		if p.ckpt != nil {
+			p.ckpt.sched.TrainN = int(p.trainN)
+		}
 	}
 	if join.TrainExamples != p.trainN {
 		p.mu.Unlock()
@@ -271,41 +277,30 @@ func (p *jobShard) serve(stream pb.ParameterServer_SyncServer, join *pb.SyncJoin
 	step := p.shard.Step()
 	p.mu.Unlock()
 
-	if err := h.sendParams(step, false); err != nil {
+	if err := h.sendAnswer(psstep.Exchange{Kind: psstep.Params, Step: step}, p.shard.Params(), false); err != nil {
 		return err
 	}
 	for ; ; step++ {
-		// The shard's side of the step's exchanges (psstep.Plan).
+		// The shard's side of the step's exchanges (psstep.Plan): the
+		// ranks' pushes in, and what psstep.Shard answers them out.
 		var g *stateGather // a checkpoint that asks for the rank's state
 		for _, ex := range psstep.Plan(step, p.recv.Phases(step)) {
 			var err error
-			switch ex.Kind {
-			case psstep.Push:
+			if ex.Kind == psstep.Push {
 				var done chan struct{}
-				done, err = h.recvPhase(step, ex.Push)
+				done, err = h.recvPhase(ctx, step, ex.Push)
 				if err != nil || done == nil {
 					return err // done == nil: the worker closed the stream
 				}
 				err = h.wait(ctx, step, done)
-			case psstep.Factors:
+			} else {
 				p.mu.Lock()
-				pm := p.pFactor
-				p.mu.Unlock()
-				err = h.sendFactors(ex.Step, ex.Phase, pm)
-			case psstep.Params:
-				p.mu.Lock()
-				if p.gather != nil && p.gather.st.Meta.Step == ex.Step {
+				v := p.round.Answer(ex)
+				if ex.Kind == psstep.Params && p.gather != nil && p.gather.st.Meta.Step == ex.Step {
 					g = p.gather
 				}
 				p.mu.Unlock()
-				err = h.sendParams(ex.Step, g != nil)
-			case psstep.SharedQ:
-				p.mu.Lock()
-				q := p.qFactor
-				p.mu.Unlock()
-				err = h.sendFactors(ex.Step, ex.Phase, q)
-			default:
-				panic(fmt.Sprintf("paramserver: a ps step plan holds %v", ex))
+				err = h.sendAnswer(ex, v, g != nil)
 			}
 			if err != nil {
 				return err
@@ -318,7 +313,7 @@ func (p *jobShard) serve(stream pb.ParameterServer_SyncServer, join *pb.SyncJoin
 			var err error
 			switch ex.Kind {
 			case psstep.State:
-				err = h.recvState(ex.Step, g)
+				err = h.recvState(ctx, ex.Step, g)
 			case psstep.Written:
 				err = h.sendWritten(ctx, ex.Step, g)
 			default:

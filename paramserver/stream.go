@@ -44,9 +44,14 @@ type psStream struct {
 }
 
 // recv reads the rank's next message into h.in (with the codec the rank
-// chose), after releasing the previous one's buffers.
-func (h *psStream) recv() error {
+// chose), after releasing the previous one's buffers. A Recv takes no
+// context: ctx is the stream's, whose end ends the Recv; recv checks it
+// first, so a loop of recvs returns once ctx ends.
+func (h *psStream) recv(ctx context.Context) error {
 	h.in.Release()
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
 	if h.fast {
 		return h.stream.RecvMsg(&h.in)
 	}
@@ -117,32 +122,31 @@ func (h *psStream) sendFrames(tag *pb.TensorFrame, num protowire.Number, v []flo
 	return err
 }
 
-// sendParams sends the parameters after step-1 steps, tagged step;
-// askState asks for the rank's compression state.
-func (h *psStream) sendParams(step int64, askState bool) error {
+// sendAnswer sends v, the shard's answer to ex (psstep.Shard.Answer):
+// the parameters, the first frame with askState (a checkpoint asks for
+// the rank's compression state), or PowerSGD's factors (P tagged with
+// the step, Q with the next, as the parameters).
+func (h *psStream) sendAnswer(ex psstep.Exchange, v []float32, askState bool) error {
 	p := h.p
-	return h.sendFrames(&pb.TensorFrame{JobId: p.jobID, Generation: p.gen, Op: pb.Op_OP_PULL_PARAMETERS, Step: step},
-		framecodec.FieldParameters, p.shard.Params(), askState, nil)
-}
-
-// sendFactors sends PowerSGD's factors after phase of step: P (phase 1)
-// or Q (phase 2, tagged with the next step, as the parameters).
-func (h *psStream) sendFactors(step int64, phase uint32, v []float32) error {
-	p := h.p
-	return h.sendFrames(&pb.TensorFrame{JobId: p.jobID, Generation: p.gen, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Phase: phase},
-		framecodec.FieldFactors, v, false, nil)
+	num := framecodec.FieldFactors
+	if ex.Kind == psstep.Params {
+		num = framecodec.FieldParameters
+	}
+	return h.sendFrames(&pb.TensorFrame{JobId: p.jobID, Generation: p.gen, Op: pb.Op_OP_PULL_PARAMETERS, Step: ex.Step, Phase: ex.Phase},
+		num, v, askState, nil)
 }
 
 // recvPhase receives the rank's push of phase ph of step and adds it to
-// the shard. It returns the channel that is closed once every rank's push
-// of the phase is in and combined (for the last phase: the update applied
-// and checkpointed when due), or nil when the worker closed the stream.
-func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, error) {
+// the shard (psstep.Shard.Add). It returns the channel that is closed
+// once every rank's push of the phase is in and combined (for the last
+// phase: the update applied and checkpointed when due), or nil when the
+// worker closed the stream.
+func (h *psStream) recvPhase(ctx context.Context, step int64, ph compress.PSPhase) (chan struct{}, error) {
 	p, env, rank := h.p, h.p.env, h.rank
 	var asm wire.Assembler
 	asm.Start(wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Total: uint64(ph.Total), DType: psstep.DType(ph.Encoding)}, ph.Phase)
 	for {
-		f, off, n, err := h.recvGradient(&asm)
+		f, off, n, err := h.recvGradient(ctx, &asm)
 		if errors.Is(err, io.EOF) {
 			return nil, nil // the worker is done with this job
 		}
@@ -162,43 +166,26 @@ func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, er
 		done := p.done
 		p.opt.SetLR(float32(optim.LearningRate(p.spec, step, p.totalSteps)))
 		skipped := p.shard.Skipped()
-		decode := func(dst []float32) error { return h.decodeAdd(dst, f, ph) }
-		var applied, combined bool
-		switch ph.Phase {
-		case 0:
-			applied, err = p.shard.Add(rank, step, off, n, decode)
-			combined = applied
-		default:
-			var sum []float32
-			sum, err = p.shard.Sum(rank, step, ph.Total, off, n, decode)
-			switch {
-			case sum == nil:
-			case ph.Phase == 1:
-				p.pFactor, combined = p.recv.CombineP(sum), true
-			default:
-				p.qFactor = p.recv.CombineQ(sum, p.grad)
-				err = p.shard.Apply(p.grad)
-				applied, combined = true, true
-			}
-		}
+		out, err := p.round.Add(rank, step, ph, off, n, func(dst []float32) error { return h.decodeAdd(dst, f, ph) })
 		if f.Last && err == nil && ph.Phase <= 1 {
-			p.lags.arrived(rank, p.world, env.Now(), combined)
+			p.lags.Arrived(rank, p.world, env.Now(), out.Combined)
 		}
 		if p.shard.Skipped() > skipped {
 			env.Metrics.NonFiniteStepSkipped()
 			env.Log.Warn("step skipped: gradient holds NaN or Inf (nonfinite_policy skip)", "job", p.jobID, "step", step)
 		}
 		var due *checkpoint.State
-		if applied && err == nil {
-			due = p.dueLocked(env.Now())
-			if due != nil && p.recv.OwnLen() > 0 {
+		if out.Applied && err == nil {
+			var d psstep.Decision
+			d, due = p.dueLocked(env.Now())
+			if d == psstep.Gather {
 				// The ranks' error feedback is part of it: they send it
 				// with their next parameters' answer (recvState).
 				p.gather = &stateGather{st: due, own: make([][]float32, p.world), saved: make(chan struct{})}
 				due = nil
 			}
 		}
-		if combined && due == nil {
+		if out.Combined && due == nil {
 			p.signalLocked()
 		}
 		p.mu.Unlock()
@@ -225,8 +212,8 @@ func (h *psStream) recvPhase(step int64, ph compress.PSPhase) (chan struct{}, er
 // recvGradient reads the rank's next frame of the push asm assembles
 // and returns it with the element range it covers; io.EOF when the rank
 // closed its stream.
-func (h *psStream) recvGradient(asm *wire.Assembler) (f *framecodec.Frame, off, n int, err error) {
-	if err := h.recv(); err != nil {
+func (h *psStream) recvGradient(ctx context.Context, asm *wire.Assembler) (f *framecodec.Frame, off, n int, err error) {
+	if err := h.recv(ctx); err != nil {
 		return nil, 0, 0, err
 	}
 	if h.in.Msg != framecodec.FieldGradient {
@@ -296,13 +283,13 @@ func (h *psStream) wait(ctx context.Context, step int64, done chan struct{}) err
 // recvState receives the rank's own compression state for the checkpoint
 // g after step-1 steps; the rank that completes the set writes the
 // checkpoint.
-func (h *psStream) recvState(step int64, g *stateGather) error {
+func (h *psStream) recvState(ctx context.Context, step int64, g *stateGather) error {
 	p, rank := h.p, h.rank
 	n := p.recv.OwnLen()
 	var asm wire.Assembler
 	asm.Start(wire.Expect{JobID: p.jobID, Generation: p.gen, Op: pb.Op_OP_PUSH_STATE, Step: step, Total: uint64(n)}, 0)
 	for {
-		err := h.recv()
+		err := h.recv(ctx)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				err = status.Errorf(codes.InvalidArgument, "rank %d closed its stream instead of sending its compression state for the checkpoint after step %d", rank, step-1)

@@ -47,20 +47,14 @@ type psLink struct {
 	in      framecodec.SyncResponse       // the message last received; reused
 	out     framecodec.Sender             // sends float32 frames without copying them
 	sp      wire.Splitter
-	push    *compress.PSPusher // encodes the pushes (pscompress.go)
-	factors []float32          // PowerSGD: the P or Q the server sent
+	push    *compress.PSPusher // encodes the pushes and keeps the rank's compression state
+	side    *psstep.Rank       // the rank's side of each step's arithmetic, over push (pscompress.go)
 	receipt *pb.PushReceipt    // async/bounded: the receipt of the last answer
 }
 
-// psStats sums the receipts of async and bounded shards.
-type psStats struct {
-	receipts                 int64
-	staleSteps, staleUpdates int64 // sums
-	maxSteps, maxUpdates     int64
-	refused                  int64
-	waitSeconds              float64 // per step, the longest wait of any shard
-	steps                    int64
-}
+// psStats are the staleness figures of a rank's async and bounded
+// shards (psstep.Staleness sums their receipts).
+type psStats struct{ psstep.Staleness }
 
 // joinPS opens one Sync stream per shard (to the coordinator, or to the
 // aggregators the assignment names), joins, and receives the initial
@@ -96,7 +90,7 @@ func joinPS(ctx context.Context, env *taskEnv, a *pb.Assignment, net *models.Net
 			c.close()
 			return nil, err
 		}
-		l := &psLink{c: c, index: i, rng: rng, push: push}
+		l := &psLink{c: c, index: i, rng: rng, push: push, side: psstep.NewRank(push)}
 		c.links = append(c.links, l)
 		conn := env.conn
 		join := &pb.SyncJoin{JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, WorldSize: a.WorldSize, NumParams: int64(len(params)),
@@ -206,49 +200,32 @@ func (c *psClient) step(ctx context.Context, grads, params []float32) error {
 // noteReceipts adds the step's receipts (async and bounded shards) to the
 // rank's staleness figures.
 func (c *psClient) noteReceipts() {
-	st := &c.stats
-	var wait float64
+	var rcs []psstep.Receipt
 	for _, l := range c.links {
-		rc := l.receipt
-		if rc == nil {
-			continue
+		if rc := l.receipt; rc != nil {
+			rcs = append(rcs, psstep.Receipt{Refused: rc.Refused, StaleSteps: rc.StaleSteps, StaleUpdates: rc.StaleUpdates, WaitSeconds: rc.WaitSeconds})
+			l.receipt = nil
 		}
-		l.receipt = nil
-		st.receipts++
-		st.staleSteps += rc.StaleSteps
-		st.staleUpdates += rc.StaleUpdates
-		st.maxSteps = max(st.maxSteps, rc.StaleSteps)
-		st.maxUpdates = max(st.maxUpdates, rc.StaleUpdates)
-		if rc.Refused {
-			st.refused++
-		}
-		wait = max(wait, rc.WaitSeconds)
 	}
-	st.waitSeconds += wait
-	st.steps++
+	c.stats.Note(rcs)
 }
-
-// psStatser is a synchronizer with staleness figures (ps mode).
-type psStatser interface{ psStaleness() psStats }
-
-func (c *psClient) psStaleness() psStats { return c.stats }
 
 // fill copies the figures into a progress report and a result (either
 // may be nil); nothing when no shard sent a receipt (consistency sync).
 func (st psStats) fill(p *pb.Progress, r *pb.JobResult) {
-	if st.receipts == 0 {
+	steps, updates, ok := st.Means()
+	if !ok {
 		return
 	}
-	n := float64(st.receipts)
 	if p != nil {
-		p.PsStaleStepsMean, p.PsStaleStepsMax = float64(st.staleSteps)/n, st.maxSteps
-		p.PsStaleUpdatesMean, p.PsStaleUpdatesMax = float64(st.staleUpdates)/n, st.maxUpdates
-		p.PsWaitSeconds, p.PsRefused = st.waitSeconds, st.refused
+		p.PsStaleStepsMean, p.PsStaleStepsMax = steps, st.MaxSteps
+		p.PsStaleUpdatesMean, p.PsStaleUpdatesMax = updates, st.MaxUpdates
+		p.PsWaitSeconds, p.PsRefused = st.WaitSeconds, st.Refused
 	}
 	if r != nil {
-		r.PsStaleStepsMean, r.PsStaleStepsMax = float64(st.staleSteps)/n, st.maxSteps
-		r.PsStaleUpdatesMean, r.PsStaleUpdatesMax = float64(st.staleUpdates)/n, st.maxUpdates
-		r.PsWaitSeconds, r.PsRefused = st.waitSeconds, st.refused
+		r.PsStaleStepsMean, r.PsStaleStepsMax = steps, st.MaxSteps
+		r.PsStaleUpdatesMean, r.PsStaleUpdatesMax = updates, st.MaxUpdates
+		r.PsWaitSeconds, r.PsRefused = st.WaitSeconds, st.Refused
 	}
 }
 

@@ -12,47 +12,34 @@ import (
 
 // step walks this link's side of step's exchanges (psstep.Plan): it
 // pushes grads (this shard's range of the rank's gradient), encoded as
-// the job's compression says (compress.PSPusher: one push, or
-// PowerSGD's two with the server's P in between), and overwrites params
-// (the range) with the parameters after the update. When the server
-// asks, it then sends this rank's compression state for a checkpoint
-// and waits until the checkpoint is written. ctx bounds it
+// the job's compression says (psstep.Rank over compress.PSPusher: one
+// push, or PowerSGD's two with the server's P in between), and
+// overwrites params (the range) with the parameters after the update.
+// When the server asks, it then sends this rank's compression state for
+// a checkpoint and waits until the checkpoint is written. ctx bounds it
 // (psClient.step: the step timeout).
 func (l *psLink) step(ctx context.Context, step int64, grads, params []float32) error {
 	c := l.c
 	tag := &pb.TensorFrame{JobId: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Rank: c.a.Rank}
 	send := linkSender{l: l, ctx: ctx, tag: tag}
-	var (
-		pm, q    []float32 // PowerSGD: the server's P, then its averaged Q
-		askState bool
-	)
-	for _, ex := range psstep.Plan(step, l.push.Phases(step)) {
+	var askState bool
+	for _, ex := range l.side.Plan(step) {
 		var err error
 		switch ex.Kind {
 		case psstep.Push:
-			if ex.Phase == 2 {
-				err = l.push.PushQ(step, pm, send)
-			} else {
-				err = l.push.Push(step, grads, send)
-			}
-			if err != nil {
+			if err = l.side.Push(ex, grads, send); err != nil {
 				return l.explain(l.recvErr(err))
 			}
-		case psstep.Factors:
-			pm, err = l.recvFactors(ctx, ex.Step, ex.Phase)
 		case psstep.Params:
 			askState, err = l.recvParams(ctx, params, ex.Step)
-		case psstep.SharedQ:
-			q, err = l.recvFactors(ctx, ex.Step, ex.Phase)
-		default:
-			panic(fmt.Sprintf("worker: a ps step plan holds %v", ex))
+		default: // Factors, SharedQ
+			err = l.recvFactors(ctx, ex, l.side.Factors(ex))
 		}
 		if err != nil {
 			return err
 		}
 	}
-	// The state a checkpoint gathers is that after the step.
-	if err := l.push.Applied(step, q); err != nil {
+	if err := l.side.Applied(step); err != nil {
 		return err
 	}
 	if !askState {
@@ -75,32 +62,27 @@ func (l *psLink) step(ctx context.Context, step int64, grads, params []float32) 
 	return nil
 }
 
-// recvFactors reads PowerSGD's factors the server sends after phase of a
-// step (P: phase 1, tagged with the step; Q: phase 2, tagged with the
-// next), into a buffer valid until the next call.
-func (l *psLink) recvFactors(ctx context.Context, step int64, phase uint32) ([]float32, error) {
+// recvFactors reads into dst PowerSGD's factors the server answers ex
+// with (P after phase 1, tagged with the step; Q after phase 2, tagged
+// with the next).
+func (l *psLink) recvFactors(ctx context.Context, ex psstep.Exchange, dst []float32) error {
 	c := l.c
-	n := l.push.FactorLen(phase)
-	if cap(l.factors) < n {
-		l.factors = make([]float32, n)
-	}
-	dst := l.factors[:n]
 	var asm wire.Assembler
-	asm.Start(wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: step, Total: uint64(n)}, phase)
+	asm.Start(wire.Expect{JobID: c.a.JobId, Generation: c.a.Generation, Op: pb.Op_OP_PULL_PARAMETERS, Step: ex.Step, Total: uint64(len(dst))}, ex.Phase)
 	for !asm.Done() {
 		m, err := l.recv(ctx)
 		if err != nil {
-			return nil, l.explain(err)
+			return l.explain(err)
 		}
 		if !m.HasFactors {
-			return nil, fmt.Errorf("parameter server: expected PowerSGD's factors after phase %d of step %d", phase, step)
+			return fmt.Errorf("parameter server: expected PowerSGD's factors after phase %d of step %d", ex.Phase, ex.Step)
 		}
 		if err := m.Factors.Assemble(&asm, dst); err != nil {
-			return nil, fmt.Errorf("PowerSGD's factors after phase %d of step %d: %w", phase, step, err)
+			return fmt.Errorf("PowerSGD's factors after phase %d of step %d: %w", ex.Phase, ex.Step, err)
 		}
 		c.metrics.AddBytesReceived(c.a.JobId, "ps", m.Factors.NBytes)
 	}
-	return dst, nil
+	return nil
 }
 
 // sendState sends this rank's own compression state (error feedback) for

@@ -46,10 +46,5 @@ func (*psTask) stopped(context.Context, position) {}
 // stats implements synchronizer: the pushes' compression counters and
 // the shards' staleness receipts.
 func (p *psTask) stats() syncStats {
-	return syncStats{compress: p.compressStats(), staleness: p.psStaleness()}
+	return syncStats{compress: p.compressStats(), staleness: p.psClient.stats}
 }
-
-// psclient.go's psStatser was the loop's type assertion for staleness
-// figures; stats now reads them. The assertion keeps it in use until
-// psclient.go drops it.
-var _ psStatser = (*psClient)(nil)

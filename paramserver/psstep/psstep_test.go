@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gradsync/gradsync/aggregator"
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/internal/wire"
 	"github.com/gradsync/gradsync/jobspec"
@@ -74,16 +75,15 @@ func TestPlanScripts(t *testing.T) {
 
 // rank is one rank's side of the in-memory drive.
 type rank struct {
-	push   *compress.PSPusher
+	side   *psstep.Rank
 	grads  []float32
 	frames []*pb.TensorFrame // pushed, not yet taken by the shard
-	pm, q  []float32         // what the shard answered
 	avg    []float32         // the shard's averaged gradient (Params)
 	log    []psstep.Exchange
 }
 
-// TestBothSidesInMemory drives n ranks' PSPushers and the shard's
-// PSReceiver through the plan, each side from its own half's Phases,
+// TestBothSidesInMemory drives n ranks' psstep.Rank and the shard's
+// psstep.Shard through the plan, each side from its own half's Phases,
 // with frames passed in memory (checked by wire.Assembler as on the
 // wire), and checks that both sides walk the same exchanges and that
 // the shard's averaged gradient is the ranks' mean as the scheme
@@ -134,10 +134,12 @@ func TestBothSidesInMemory(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ranks[r] = &rank{push: p, grads: grad(r)}
+				ranks[r] = &rank{side: psstep.NewRank(p), grads: grad(r)}
 			}
+			rec := &record{}
+			shard := psstep.NewShard(aggregator.NewSyncShard(make([]float32, total), n, rec, false), recv)
 			for step := range int64(3) {
-				driveStep(t, step, recv, ranks)
+				driveStep(t, step, recv, shard, rec, ranks)
 				for r, rk := range ranks[1:] {
 					if script(rk.log) != script(ranks[0].log) {
 						t.Fatalf("rank %d walked %q, rank 0 %q", r+1, script(rk.log), script(ranks[0].log))
@@ -162,91 +164,73 @@ func TestBothSidesInMemory(t *testing.T) {
 	}
 }
 
-// driveStep runs step: the shard walks its plan, and each exchange from
-// a rank is first produced by every rank walking its own.
-func driveStep(t *testing.T, step int64, recv *compress.PSReceiver, ranks []*rank) {
+// driveStep runs step: the shard walks its plan (from phases, its
+// receiver's), and each exchange from a rank is first produced by every
+// rank walking its own; the frames pass in memory, checked by
+// wire.Assembler as on the wire. recv is the shard's receiver, rec its
+// optimiser.
+func driveStep(t *testing.T, step int64, recv *compress.PSReceiver, shard *psstep.Shard, rec *record, ranks []*rank) {
 	t.Helper()
 	plans := make([][]psstep.Exchange, len(ranks))
 	for r, rk := range ranks {
-		plans[r], rk.log = psstep.Plan(step, rk.push.Phases(step)), nil
+		plans[r], rk.log = rk.side.Plan(step), nil
 	}
-	shard := psstep.Plan(step, recv.Phases(step))
-	var pm, q []float32
-	avg := make([]float32, total)
-	for i, ex := range shard {
+	for i, ex := range psstep.Plan(step, recv.Phases(step)) {
 		for r, rk := range ranks {
 			if plans[r][i] != ex {
 				t.Fatalf("step %d exchange %d: rank %d plans %v, the shard %v", step, i, r, plans[r][i], ex)
 			}
 			rk.log = append(rk.log, ex)
 		}
-		switch ex.Kind {
-		case psstep.Push:
-			sum := make([]float32, ex.Push.Total)
-			for r, rk := range ranks {
-				tag := &pb.TensorFrame{JobId: "j", Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Rank: int32(r)}
-				send := psstep.FrameSender(tag, func(f *pb.TensorFrame) error {
-					c := proto.Clone(f).(*pb.TensorFrame) // the pusher reuses f's buffers
-					rk.frames = append(rk.frames, c)
-					return nil
-				})
-				var err error
-				if ex.Phase == 2 {
-					err = rk.push.PushQ(step, rk.pm, send)
+		if ex.Kind != psstep.Push {
+			v := shard.Answer(ex)
+			if ex.Kind == psstep.Params {
+				v = rec.grads[len(rec.grads)-1] // the averaged gradient applied
+			}
+			for _, rk := range ranks {
+				if ex.Kind == psstep.Params {
+					rk.avg = slices.Clone(v)
 				} else {
-					err = rk.push.Push(step, rk.grads, send)
+					copy(rk.side.Factors(ex), v)
 				}
+			}
+			continue
+		}
+		for r, rk := range ranks {
+			tag := &pb.TensorFrame{JobId: "j", Op: pb.Op_OP_PUSH_GRADIENT, Step: step, Rank: int32(r)}
+			send := psstep.FrameSender(tag, func(f *pb.TensorFrame) error {
+				c := proto.Clone(f).(*pb.TensorFrame) // the pusher reuses f's buffers
+				rk.frames = append(rk.frames, c)
+				return nil
+			})
+			if err := rk.side.Push(ex, rk.grads, send); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The shard takes the ranks' frames as they would arrive: rank by rank.
+		for r, rk := range ranks {
+			var asm wire.Assembler
+			asm.Start(wire.Expect{JobID: "j", Op: pb.Op_OP_PUSH_GRADIENT, Step: ex.Step, Total: uint64(ex.Push.Total), DType: psstep.DType(ex.Push.Encoding)}, ex.Phase)
+			for _, f := range rk.frames {
+				off, k, err := asm.Take(f, len(f.Data), len(f.Scales))
 				if err != nil {
+					t.Fatalf("rank %d: %v", r, err)
+				}
+				decode := func(dst []float32) error {
+					return recv.DecodeAdd(dst, f.Data, f.Scales, int(f.ScaleChunk), ex.Push)
+				}
+				if _, err := shard.Add(r, step, ex.Push, off, k, decode); err != nil {
 					t.Fatal(err)
 				}
-				var asm wire.Assembler
-				asm.Start(wire.Expect{JobID: "j", Op: pb.Op_OP_PUSH_GRADIENT, Step: ex.Step, Total: uint64(ex.Push.Total), DType: psstep.DType(ex.Push.Encoding)}, ex.Phase)
-				for _, f := range rk.frames {
-					off, k, err := asm.Take(f, len(f.Data), len(f.Scales))
-					if err != nil {
-						t.Fatalf("rank %d: %v", r, err)
-					}
-					if err := recv.DecodeAdd(sum[off:off+k], f.Data, f.Scales, int(f.ScaleChunk), ex.Push); err != nil {
-						t.Fatal(err)
-					}
-				}
-				if !asm.Done() {
-					t.Fatalf("rank %d: the push of phase %d ended at %d of %d", r, ex.Phase, asm.Received(), ex.Push.Total)
-				}
-				rk.frames = nil
 			}
-			switch ex.Phase {
-			case 0:
-				for j, v := range sum {
-					avg[j] = v / float32(len(ranks))
-				}
-			case 1:
-				pm = slices.Clone(recv.CombineP(sum))
-			case 2:
-				q = slices.Clone(recv.CombineQ(sum, avg))
+			if !asm.Done() {
+				t.Fatalf("rank %d: the push of phase %d ended at %d of %d", r, ex.Phase, asm.Received(), ex.Push.Total)
 			}
-		case psstep.Factors:
-			for _, rk := range ranks {
-				rk.pm = pm
-			}
-		case psstep.Params:
-			for _, rk := range ranks {
-				rk.avg = slices.Clone(avg)
-			}
-		case psstep.SharedQ:
-			for _, rk := range ranks {
-				rk.q = q
-			}
-		default:
-			t.Fatalf("unexpected %v", ex)
+			rk.frames = nil
 		}
 	}
 	for r, rk := range ranks {
-		var q []float32
-		if shard[len(shard)-1].Kind == psstep.SharedQ {
-			q = rk.q
-		}
-		if err := rk.push.Applied(step, q); err != nil {
+		if err := rk.side.Applied(step); err != nil {
 			t.Fatalf("rank %d: %v", r, err)
 		}
 	}
