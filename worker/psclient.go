@@ -177,8 +177,13 @@ func (c *psClient) stepContext(ctx context.Context) (_ context.Context, done fun
 
 // step pushes grads for the current step to every shard in parallel and
 // overwrites params with the parameters they answer, within ctx and the
-// step timeout (see psLink.step).
+// step timeout (see psLink.step). When ctx ends mid step, every link's
+// stream is ended (stepContext), so the client is done; under a ctx that
+// has already ended, step sends nothing and returns ctx's error.
 func (c *psClient) step(ctx context.Context, grads, params []float32) error {
+	if err := ctx.Err(); err != nil {
+		return err // nothing sent: the streams stay as they are
+	}
 	ctx, done := c.stepContext(ctx)
 	defer done()
 	step := c.applied

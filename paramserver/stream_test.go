@@ -1,0 +1,139 @@
+package paramserver_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gradsync/gradsync/internal/wire"
+	"github.com/gradsync/gradsync/jobspec"
+	"github.com/gradsync/gradsync/models"
+	"github.com/gradsync/gradsync/paramserver"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// service serves Sync with one Group and reports each stream's end.
+type service struct {
+	pb.UnimplementedParameterServerServer
+	g     *paramserver.Group
+	ended chan error
+}
+
+func (s service) Sync(stream pb.ParameterServer_SyncServer) error {
+	join, err := paramserver.RecvJoin(stream)
+	if err == nil {
+		err = s.g.Serve(stream, join)
+	}
+	s.ended <- err
+	return err
+}
+
+// startGroup serves a 2-rank consistency-sync job's Group over an
+// in-memory listener until the test ends; it returns a client and the
+// channel each served stream's result arrives on.
+func startGroup(t *testing.T) (pb.ParameterServerClient, *models.Network, chan error) {
+	t.Helper()
+	spec, err := jobspec.Normalize(&pb.JobSpec{
+		Model: "logreg", Mode: "ps", Workers: proto.Int32(2), Epochs: proto.Int32(1), Seed: proto.Int64(3),
+		Dataset: &pb.DatasetSpec{Name: "synthetic", SyntheticTrain: 200, SyntheticTest: 50},
+	}, models.Names())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, h, w, classes := jobspec.InputShape(spec)
+	net0, err := models.New(spec.Model, models.Options{Channels: c, Height: h, Width: w, Classes: classes, Seed: spec.GetSeed()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := paramserver.Env{Now: time.Now, Log: slog.New(slog.DiscardHandler)}
+	g, err := paramserver.NewGroup(env, "job-1", 1, 2, net0, spec, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	ended := make(chan error, 2)
+	pb.RegisterParameterServerServer(srv, service{g: g, ended: ended})
+	served := make(chan struct{})
+	go func() { // owned by the test: ends with srv.Stop
+		defer close(served)
+		_ = srv.Serve(lis)
+	}()
+	conn, err := grpc.NewClient("passthrough:///bufnet", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		srv.Stop()
+		<-served
+	})
+	return pb.NewParameterServerClient(conn), net0, ended
+}
+
+// TestServeReturnsOnCancel: a rank's stream that the rank cancels mid
+// step, in the middle of its push or while its stream waits for the
+// other rank's, ends the shard's loop serving it with Canceled, and
+// nothing is left running (goleak, TestMain).
+func TestServeReturnsOnCancel(t *testing.T) {
+	for _, whole := range []bool{false, true} {
+		name := map[bool]string{false: "mid-push", true: "waiting for the other rank"}[whole]
+		t.Run(name, func(t *testing.T) {
+			ps, net0, ended := startGroup(t)
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			sctx, stop := context.WithCancel(ctx)
+			defer stop()
+			st, err := ps.Sync(sctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := net0.NumParams()
+			join := &pb.SyncJoin{JobId: "job-1", Generation: 1, Rank: 0, WorldSize: 2, NumParams: int64(n), TotalSteps: 5, TrainExamples: 200}
+			if err := st.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Join{Join: join}}); err != nil {
+				t.Fatal(err)
+			}
+			for { // the initial parameters
+				m, err := st.Recv()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if m.GetParameters().GetLast() {
+					break
+				}
+			}
+			k := n / 2
+			if whole {
+				k = n
+			}
+			f := &pb.TensorFrame{JobId: "job-1", Generation: 1, Op: pb.Op_OP_PUSH_GRADIENT, Step: 0, Total: uint64(n),
+				Dtype: pb.DType_D_TYPE_F32, Last: whole, Data: wire.PutF32(make([]byte, 4*k), make([]float32, k))}
+			if err := st.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Gradient{Gradient: f}}); err != nil {
+				t.Fatal(err)
+			}
+			stop()
+			select {
+			case err := <-ended:
+				if status.Code(err) != codes.Canceled {
+					t.Errorf("the shard's loop returned %v; want Canceled", err)
+				}
+			case <-ctx.Done():
+				t.Fatal("the shard's loop did not return after the rank cancelled its stream")
+			}
+			if _, err := st.Recv(); err == nil || err == io.EOF {
+				t.Errorf("the cancelled stream: Recv %v", err)
+			}
+		})
+	}
+}
