@@ -116,7 +116,8 @@ func TestPSClientHonoursContext(t *testing.T) {
 	sctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- ps.step(sctx, grads, params) }() // owned by the test: ends when sctx does
-	select {                                             // mid step: the shard has rank 0's whole push
+	// Mid step: the shard has rank 0's whole push.
+	select {
 	case <-svc.pushed:
 	case <-ctx.Done():
 		t.Fatal("the shard never read rank 0's push")
