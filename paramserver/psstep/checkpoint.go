@@ -1,6 +1,7 @@
 package psstep
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/gradsync/gradsync/data"
@@ -50,16 +51,13 @@ const (
 	Gather
 )
 
+var decisionNames = [...]string{NotDue: "not-due", Save: "save", Gather: "gather"}
+
 func (d Decision) String() string {
-	switch d {
-	case NotDue:
-		return "not-due"
-	case Save:
-		return "save"
-	case Gather:
-		return "gather"
+	if int(d) < len(decisionNames) {
+		return decisionNames[d]
 	}
-	return "Decision(?)"
+	return fmt.Sprintf("Decision(%d)", uint8(d))
 }
 
 // Due decides on a checkpoint after step steps of the job (the shard

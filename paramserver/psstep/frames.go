@@ -11,21 +11,22 @@ import (
 // The ps wire encoding of compress's pushes: a compress.PSFrame becomes
 // a pb.TensorFrame with the job's tags, its encoding a dtype.
 
+// dtypes are the wire dtypes of compress's encodings.
+var dtypes = map[compress.PSEncoding]pb.DType{
+	compress.PSF32:    pb.DType_D_TYPE_F32,
+	compress.PSF16:    pb.DType_D_TYPE_F16,
+	compress.PSBF16:   pb.DType_D_TYPE_BF16,
+	compress.PSInt8:   pb.DType_D_TYPE_I8,
+	compress.PSSparse: pb.DType_D_TYPE_SPARSE_F32,
+}
+
 // DType is the wire dtype of frames encoded as e.
 func DType(e compress.PSEncoding) pb.DType {
-	switch e {
-	case compress.PSF32:
-		return pb.DType_D_TYPE_F32
-	case compress.PSF16:
-		return pb.DType_D_TYPE_F16
-	case compress.PSBF16:
-		return pb.DType_D_TYPE_BF16
-	case compress.PSInt8:
-		return pb.DType_D_TYPE_I8
-	case compress.PSSparse:
-		return pb.DType_D_TYPE_SPARSE_F32
+	d, ok := dtypes[e]
+	if !ok {
+		panic(fmt.Sprintf("psstep: no dtype for %v", e))
 	}
-	panic(fmt.Sprintf("psstep: no dtype for %v", e))
+	return d
 }
 
 // Frame is f as a TensorFrame tagged like tag (job, generation, op,

@@ -1,10 +1,38 @@
 // Package psstep is the parameter-server protocol of one training step,
 // written once for both of its sides: the exchanges between a rank and
-// one shard, in order, which the worker (worker/pscompress.go) and the
-// shard's stream handler (package paramserver) walk from their two ends.
-// It is pure: no gRPC, no goroutines, no clock. What each exchange
-// carries is computed by compress's PS halves (PSPusher on the rank,
-// PSReceiver on the shard) and aggregator's shard cores.
+// one shard, in order (Plan, AskState), and what each side computes at
+// each of them. The worker (worker/pscompress.go) and the shard's
+// stream handler (package paramserver) walk the same plan from their two
+// ends and do only the I/O: frames in and out, waits, timeouts.
+//
+// Where each piece lives:
+//
+//   - The order of a step's exchanges: Plan and AskState (psstep.go).
+//   - The shard's arithmetic of a consistency-sync step: Shard
+//     (sides.go) sums the ranks' pushes (aggregator.SyncShard), combines
+//     PowerSGD's phases (compress.PSReceiver: P orthogonalised from ΣP_i,
+//     Q = ΣQ_i/n, the gradient P·Qᵀ), applies the averaged gradient, and
+//     gives the values the shard answers each exchange with (Answer).
+//   - The rank's arithmetic: Rank (sides.go) pushes the gradient or
+//     PowerSGD's Q_i from the P it was answered, keeps the factors the
+//     shard sends, and moves the rank's compression state on once the
+//     step is applied (compress.PSPusher: error feedback, warm start).
+//   - Whether a checkpoint is due after a step, and whether it must
+//     gather the ranks' own compression state first: Checkpoints
+//     (checkpoint.go), which also follows the ranks' sampler position
+//     from the step count.
+//   - Lag bookkeeping: Lags, how late each rank's push arrives at a
+//     sync shard (the coordinator's straggler attribution); Staleness, a
+//     rank's sums of its async or bounded shards' receipts (lags.go).
+//   - The wire encoding of compress's push frames: DType, Frame,
+//     FrameSender (frames.go, the only file that knows the proto types).
+//
+// The maths itself (the encodings, PowerSGD's products, orthogonalisation)
+// stays in compress over []float32, and the shard cores (sync, and
+// async/bounded with its clocks) in aggregator. Apart from frames.go the
+// package is pure: no proto, no gRPC, no goroutines, no clock (times are
+// passed in); its types are not safe for concurrent use (the callers
+// serialise: paramserver under its shard's lock, the worker per link).
 //
 // A step s of a job whose compression pushes once (no compression,
 // fp16/bf16, int8, top-k, and every scheme before its start step):
@@ -21,8 +49,9 @@
 //	shard → rank  SharedQ  phase 2, tagged s+1: the averaged Q (warm start)
 //
 // When a checkpoint is due after the step and the ranks hold their own
-// compression state (error feedback), Params asks for it (send_state)
-// and two more exchanges follow (AskState):
+// compression state (error feedback; Checkpoints.Due says Gather),
+// Params asks for it (send_state) and two more exchanges follow
+// (AskState):
 //
 //	rank → shard  State    tagged s+1: the rank's own state
 //	shard → rank  Written  checkpoint_written
@@ -53,20 +82,11 @@ const (
 	Written
 )
 
+var kindNames = [...]string{Push: "push", Factors: "factors", Params: "params", SharedQ: "shared-q", State: "state", Written: "written"}
+
 func (k Kind) String() string {
-	switch k {
-	case Push:
-		return "push"
-	case Factors:
-		return "factors"
-	case Params:
-		return "params"
-	case SharedQ:
-		return "shared-q"
-	case State:
-		return "state"
-	case Written:
-		return "written"
+	if int(k) < len(kindNames) && kindNames[k] != "" {
+		return kindNames[k]
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }

@@ -61,6 +61,9 @@ func TestPlanScripts(t *testing.T) {
 	if got, want := script(psstep.AskState(9)), "state/0@10 written/0@10"; got != want {
 		t.Errorf("state: %q, want %q", got, want)
 	}
+	if got := fmt.Sprint(psstep.Kind(0), psstep.Kind(9), psstep.Decision(7)); got != "Kind(0) Kind(9) Decision(7)" {
+		t.Errorf("names of values out of range: %q", got)
+	}
 	for _, k := range []psstep.Kind{psstep.Push, psstep.State} {
 		if !k.FromRank() {
 			t.Errorf("%v: want from the rank", k)
