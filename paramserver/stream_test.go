@@ -22,26 +22,45 @@ import (
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
-// service serves Sync with one Group and reports each stream's end.
+// service serves Sync with one Group and reports each stream's end;
+// read gets a value each time the shard has read a gradient frame.
 type service struct {
 	pb.UnimplementedParameterServerServer
 	g     *paramserver.Group
 	ended chan error
+	read  chan struct{}
 }
 
 func (s service) Sync(stream pb.ParameterServer_SyncServer) error {
 	join, err := paramserver.RecvJoin(stream)
 	if err == nil {
-		err = s.g.Serve(stream, join)
+		err = s.g.Serve(watched{stream, s.read}, join)
 	}
 	s.ended <- err
 	return err
 }
 
+// watched is a Sync stream whose gradient frames the test sees read.
+type watched struct {
+	pb.ParameterServer_SyncServer
+	read chan struct{}
+}
+
+// Recv is how the shard reads a client that speaks plain protobuf, as
+// this test's does.
+func (w watched) Recv() (*pb.SyncRequest, error) {
+	m, err := w.ParameterServer_SyncServer.Recv()
+	if err == nil && m.GetGradient() != nil {
+		w.read <- struct{}{}
+	}
+	return m, err
+}
+
 // startGroup serves a 2-rank consistency-sync job's Group over an
-// in-memory listener until the test ends; it returns a client and the
-// channel each served stream's result arrives on.
-func startGroup(t *testing.T) (pb.ParameterServerClient, *models.Network, chan error) {
+// in-memory listener until the test ends; it returns a client, the
+// model, the channel each served stream's result arrives on and the one
+// that hears of each gradient frame the shard reads.
+func startGroup(t *testing.T) (pb.ParameterServerClient, *models.Network, chan error, chan struct{}) {
 	t.Helper()
 	spec, err := jobspec.Normalize(&pb.JobSpec{
 		Model: "logreg", Mode: "ps", Workers: proto.Int32(2), Epochs: proto.Int32(1), Seed: proto.Int64(3),
@@ -62,8 +81,8 @@ func startGroup(t *testing.T) (pb.ParameterServerClient, *models.Network, chan e
 	}
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()
-	ended := make(chan error, 2)
-	pb.RegisterParameterServerServer(srv, service{g: g, ended: ended})
+	ended, read := make(chan error, 2), make(chan struct{}, 4)
+	pb.RegisterParameterServerServer(srv, service{g: g, ended: ended, read: read})
 	served := make(chan struct{})
 	go func() { // owned by the test: ends with srv.Stop
 		defer close(served)
@@ -79,7 +98,7 @@ func startGroup(t *testing.T) (pb.ParameterServerClient, *models.Network, chan e
 		srv.Stop()
 		<-served
 	})
-	return pb.NewParameterServerClient(conn), net0, ended
+	return pb.NewParameterServerClient(conn), net0, ended, read
 }
 
 // TestServeReturnsOnCancel: a rank's stream that the rank cancels mid
@@ -90,7 +109,7 @@ func TestServeReturnsOnCancel(t *testing.T) {
 	for _, whole := range []bool{false, true} {
 		name := map[bool]string{false: "mid-push", true: "waiting for the other rank"}[whole]
 		t.Run(name, func(t *testing.T) {
-			ps, net0, ended := startGroup(t)
+			ps, net0, ended, read := startGroup(t)
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 			defer cancel()
 			sctx, stop := context.WithCancel(ctx)
@@ -121,6 +140,13 @@ func TestServeReturnsOnCancel(t *testing.T) {
 				Dtype: pb.DType_D_TYPE_F32, Last: whole, Data: wire.PutF32(make([]byte, 4*k), make([]float32, k))}
 			if err := st.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Gradient{Gradient: f}}); err != nil {
 				t.Fatal(err)
+			}
+			// The shard has the frame: it is in its receive loop (a
+			// partial push) or about to wait for rank 1 (a whole one).
+			select {
+			case <-read:
+			case <-ctx.Done():
+				t.Fatal("the shard never read the gradient frame")
 			}
 			stop()
 			select {
