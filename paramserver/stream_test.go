@@ -16,26 +16,22 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gradsync/gradsync/internal/wire"
-	"github.com/gradsync/gradsync/jobspec"
-	"github.com/gradsync/gradsync/models"
 	"github.com/gradsync/gradsync/paramserver"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
-// service serves Sync with one Group and reports each stream's end;
-// read gets a value each time the shard has read a gradient frame.
+// service is a `gradsync aggregator`'s Sync handler (ShardServer.Sync)
+// that reports each stream's end; read gets a value each time the shard
+// has read a gradient frame.
 type service struct {
 	pb.UnimplementedParameterServerServer
-	g     *paramserver.Group
+	agg   *paramserver.ShardServer
 	ended chan error
 	read  chan struct{}
 }
 
 func (s service) Sync(stream pb.ParameterServer_SyncServer) error {
-	join, err := paramserver.RecvJoin(stream)
-	if err == nil {
-		err = s.g.Serve(watched{stream, s.read}, join)
-	}
+	err := s.agg.Sync(watched{stream, s.read})
 	s.ended <- err
 	return err
 }
@@ -56,33 +52,20 @@ func (w watched) Recv() (*pb.SyncRequest, error) {
 	return m, err
 }
 
-// startGroup serves a 2-rank consistency-sync job's Group over an
+// startShard serves the shards of `gradsync aggregator` over an
 // in-memory listener until the test ends; it returns a client, the
-// model, the channel each served stream's result arrives on and the one
-// that hears of each gradient frame the shard reads.
-func startGroup(t *testing.T) (pb.ParameterServerClient, *models.Network, chan error, chan struct{}) {
+// channel each served stream's result arrives on and the one that hears
+// of each gradient frame a shard reads.
+func startShard(t *testing.T) (pb.ParameterServerClient, chan error, chan struct{}) {
 	t.Helper()
-	spec, err := jobspec.Normalize(&pb.JobSpec{
-		Model: "logreg", Mode: "ps", Workers: proto.Int32(2), Epochs: proto.Int32(1), Seed: proto.Int64(3),
-		Dataset: &pb.DatasetSpec{Name: "synthetic", SyntheticTrain: 200, SyntheticTest: 50},
-	}, models.Names())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, h, w, classes := jobspec.InputShape(spec)
-	net0, err := models.New(spec.Model, models.Options{Channels: c, Height: h, Width: w, Classes: classes, Seed: spec.GetSeed()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := paramserver.Env{Now: time.Now, Log: slog.New(slog.DiscardHandler)}
-	g, err := paramserver.NewGroup(env, "job-1", 1, 2, net0, spec, "", "")
+	agg, err := paramserver.NewShardServer(paramserver.ShardServerConfig{Insecure: true, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()
 	ended, read := make(chan error, 2), make(chan struct{}, 4)
-	pb.RegisterParameterServerServer(srv, service{g: g, ended: ended, read: read})
+	pb.RegisterParameterServerServer(srv, service{agg: agg, ended: ended, read: read})
 	served := make(chan struct{})
 	go func() { // owned by the test: ends with srv.Stop
 		defer close(served)
@@ -98,18 +81,19 @@ func startGroup(t *testing.T) (pb.ParameterServerClient, *models.Network, chan e
 		srv.Stop()
 		<-served
 	})
-	return pb.NewParameterServerClient(conn), net0, ended, read
+	return pb.NewParameterServerClient(conn), ended, read
 }
 
-// TestServeReturnsOnCancel: a rank's stream that the rank cancels mid
-// step, in the middle of its push or while its stream waits for the
-// other rank's, ends the shard's loop serving it with Canceled, and
-// nothing is left running (goleak, TestMain).
+// TestServeReturnsOnCancel: a rank's stream to its shard (an
+// aggregator's; the coordinator's Group serves it the same way) that the
+// rank cancels mid step, in the middle of its push or while its stream
+// waits for the other rank's, ends the shard's loop serving it with
+// Canceled, and nothing is left running (goleak, TestMain).
 func TestServeReturnsOnCancel(t *testing.T) {
 	for _, whole := range []bool{false, true} {
 		name := map[bool]string{false: "mid-push", true: "waiting for the other rank"}[whole]
 		t.Run(name, func(t *testing.T) {
-			ps, net0, ended, read := startGroup(t)
+			ps, ended, read := startShard(t)
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 			defer cancel()
 			sctx, stop := context.WithCancel(ctx)
@@ -118,8 +102,13 @@ func TestServeReturnsOnCancel(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			n := net0.NumParams()
-			join := &pb.SyncJoin{JobId: "job-1", Generation: 1, Rank: 0, WorldSize: 2, NumParams: int64(n), TotalSteps: 5, TrainExamples: 200}
+			spec := &pb.JobSpec{
+				Model: "logreg", Mode: "ps", Workers: proto.Int32(2), Epochs: proto.Int32(1), Seed: proto.Int64(3),
+				ParameterServer: &pb.ParameterServerSpec{Addresses: []string{"bufnet:1"}},
+				Dataset:         &pb.DatasetSpec{Name: "synthetic", SyntheticTrain: 200, SyntheticTest: 50},
+			}
+			const n = 28*28*10 + 10 // logreg's parameters on the synthetic set
+			join := &pb.SyncJoin{JobId: "job-1", Generation: 1, Rank: 0, WorldSize: 2, NumParams: n, TotalSteps: 5, TrainExamples: 200, NumShards: 1, Spec: spec}
 			if err := st.Send(&pb.SyncRequest{Msg: &pb.SyncRequest_Join{Join: join}}); err != nil {
 				t.Fatal(err)
 			}
