@@ -8,6 +8,7 @@ import (
 
 	"github.com/gradsync/gradsync/pipeline"
 	"github.com/gradsync/gradsync/pipeline/stage"
+	"github.com/gradsync/gradsync/pipeline/stage/stagetest"
 )
 
 // A pipeline step gives, bit for bit, the gradients, batch-norm
@@ -24,16 +25,16 @@ func TestEquivalentToOneWorker(t *testing.T) {
 				for _, sched := range pipeline.Schedules() {
 					name := fmt.Sprintf("%s/S=%d/M=%d/%s", arch, S, M, sched)
 					t.Run(name, func(t *testing.T) {
-						j := newJob(arch, 2*M, uint64(S*100+M))
-						if S > len(j.net(t).Blocks()) {
-							t.Skipf("%s has %d blocks", arch, len(j.net(t).Blocks()))
+						j := stagetest.NewJob(arch, 2*M, uint64(S*100+M))
+						if nb := len(j.Net(t).Blocks()); S > nb {
+							t.Skipf("%s has %d blocks", arch, nb)
 						}
-						ref, losses := reference(t, j, M, steps)
+						ref, losses := stagetest.Reference(t, j, M, steps)
 						ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 						defer cancel()
 						p := newPipeline(t, j, sched, S, M, (S+M)%3, nil, stage.Cost{})
 						for step := range steps {
-							stats, errs := p.step(ctx, int64(step))
+							stats, errs := p.Step(ctx, int64(step))
 							for s, err := range errs {
 								if err != nil {
 									t.Fatalf("step %d stage %d: %v", step, s, err)
@@ -43,32 +44,20 @@ func TestEquivalentToOneWorker(t *testing.T) {
 								t.Errorf("step %d: loss %v, want %v", step, got, losses[step])
 							}
 							for s, st := range stats {
-								if want := peakWant(sched, S, M, s); st.PeakInFlight != want {
-									t.Errorf("step %d stage %d: %d micro-batches in flight at most, want %d", step, s, st.PeakInFlight, want)
+								if want := peakWant(sched, S, M, s); st.PeakInFlight != want || p.Execs[s].Slots() != want {
+									t.Errorf("step %d stage %d: %d micro-batches in flight at most (%d slots), want %d", step, s, st.PeakInFlight, p.Execs[s].Slots(), want)
 								}
 							}
 							if step == steps-1 {
-								// The last step's gradients (the reference keeps only its last).
-								for s, n := range p.nets {
-									st := p.stages[s][s]
-									lo, hi := st.ParamOffset, st.ParamOffset+st.ParamLen
-									if err := sameBits(n.Grads()[lo:hi], ref.Grads()[lo:hi]); err != nil {
-										t.Fatalf("stage %d gradients: %v", s, err)
-									}
+								// The reference holds its last step's gradients.
+								if err := p.CompareGrads(ref); err != nil {
+									t.Fatal(err)
 								}
 							}
-							p.sgd()
+							p.SGD()
 						}
-						for s, n := range p.nets {
-							st := p.stages[s][s]
-							lo, hi := st.ParamOffset, st.ParamOffset+st.ParamLen
-							if err := sameBits(n.Params()[lo:hi], ref.Params()[lo:hi]); err != nil {
-								t.Errorf("stage %d parameters: %v", s, err)
-							}
-							blo, bhi := st.BufferOffset, st.BufferOffset+st.BufferLen
-							if err := sameBits(n.Buffers()[blo:bhi], ref.Buffers()[blo:bhi]); err != nil {
-								t.Errorf("stage %d buffers: %v", s, err)
-							}
+						if err := p.CompareState(ref); err != nil {
+							t.Error(err)
 						}
 					})
 				}

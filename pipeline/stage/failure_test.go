@@ -12,6 +12,7 @@ import (
 
 	"github.com/gradsync/gradsync/pipeline"
 	"github.com/gradsync/gradsync/pipeline/stage"
+	"github.com/gradsync/gradsync/pipeline/stage/stagetest"
 )
 
 // killer wraps the two links of a stage that dies at its k-th transfer:
@@ -78,7 +79,7 @@ func wrapKiller(k *killer, prev, next stage.Link) (stage.Link, stage.Link) {
 // with a *PeerError for it, the others through the neighbours' aborts.
 func TestPeerDiesMidStep(t *testing.T) {
 	const S, M = 4, 5
-	j := newJob("lenet5", 2*M, 9)
+	j := stagetest.NewJob("lenet5", 2*M, 9)
 	for _, sched := range pipeline.Schedules() {
 		for dead := range S {
 			for _, k := range []int{0, M / 2, M - 1} {
@@ -94,7 +95,7 @@ func TestPeerDiesMidStep(t *testing.T) {
 						p := newPipeline(t, j, sched, S, M, capacity, wrap, stage.Cost{})
 						ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 						defer cancel()
-						_, errs := p.step(ctx, 3)
+						_, errs := p.Step(ctx, 3)
 						if !errors.Is(errs[dead], errKilled) {
 							t.Errorf("the dead stage returned %v", errs[dead])
 						}
@@ -118,7 +119,7 @@ func TestPeerDiesMidStep(t *testing.T) {
 							}
 						}
 						// A failed executor is not reused.
-						if _, err := p.execs[(dead+1)%S].Step(ctx, 4, stage.Input{}); err == nil || !strings.Contains(err.Error(), "not reusable") {
+						if _, err := p.Execs[(dead+1)%S].Step(ctx, 4, stage.Input{}); err == nil || !strings.Contains(err.Error(), "not reusable") {
 							t.Errorf("a second step after the failure: %v", err)
 						}
 					})
@@ -133,18 +134,18 @@ func TestPeerDiesMidStep(t *testing.T) {
 // stages beyond fail through their aborts, naming the neighbour.
 func TestPeerHangsUntilDeadline(t *testing.T) {
 	const S, M = 3, 2
-	j := newJob("mlp", 2*M, 4)
+	j := stagetest.NewJob("mlp", 2*M, 4)
 	for _, sched := range pipeline.Schedules() {
 		p := newPipeline(t, j, sched, S, M, 1, nil, stage.Cost{})
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		errs := make([]error, S)
 		var wg sync.WaitGroup
 		for _, s := range []int{0, 2} { // stage 1 never runs
-			in := stage.Input{X: j.x}
+			in := stage.Input{X: j.X}
 			if s == 2 {
 				in = stage.Input{Loss: func(int, []float32, []float32) float32 { return 0 }}
 			}
-			wg.Go(func() { _, errs[s] = p.execs[s].Step(ctx, 0, in) })
+			wg.Go(func() { _, errs[s] = p.Execs[s].Step(ctx, 0, in) })
 		}
 		wg.Wait()
 		cancel()
@@ -177,7 +178,7 @@ func (l *tamper) Send(ctx context.Context, h stage.Header, data []float32) error
 // and both sides' steps fail.
 func TestWrongMessageRefused(t *testing.T) {
 	const S, M = 2, 3
-	j := newJob("mlp", 2*M, 5)
+	j := stagetest.NewJob("mlp", 2*M, 5)
 	for _, c := range []struct {
 		name  string
 		f     func(*stage.Header)
@@ -199,7 +200,7 @@ func TestWrongMessageRefused(t *testing.T) {
 			}
 			p := newPipeline(t, j, sched, S, M, 1, wrap, stage.Cost{})
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			_, errs := p.step(ctx, 7)
+			_, errs := p.Step(ctx, 7)
 			cancel()
 			var he *stage.HeaderError
 			if !errors.As(errs[1], &he) || he.Stale != c.stale || !strings.Contains(he.Error(), c.msg) {
@@ -238,8 +239,8 @@ func (l *delay) Recv(ctx context.Context, want stage.Header, dst []float32) erro
 func TestRandomDelays(t *testing.T) {
 	const S, steps = 3, 12
 	for _, M := range []int{2, 3, 5} {
-		j := newJob("mlp", 2*M, uint64(M))
-		ref, _ := reference(t, j, M, steps)
+		j := stagetest.NewJob("mlp", 2*M, uint64(M))
+		ref, _ := stagetest.Reference(t, j, M, steps)
 		for _, sched := range pipeline.Schedules() {
 			for _, capacity := range []int{0, 1} {
 				wrap := func(s int, prev, next stage.Link) (stage.Link, stage.Link) {
@@ -255,19 +256,15 @@ func TestRandomDelays(t *testing.T) {
 				p := newPipeline(t, j, sched, S, M, capacity, wrap, stage.Cost{})
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 				for step := range steps {
-					if _, errs := p.step(ctx, int64(step)); errors.Join(errs...) != nil {
+					if _, errs := p.Step(ctx, int64(step)); errors.Join(errs...) != nil {
 						cancel()
 						t.Fatalf("M=%d %s cap %d step %d: %v", M, sched, capacity, step, errors.Join(errs...))
 					}
-					p.sgd()
+					p.SGD()
 				}
 				cancel()
-				for s, n := range p.nets {
-					st := p.stages[s][s]
-					lo, hi := st.ParamOffset, st.ParamOffset+st.ParamLen
-					if err := sameBits(n.Params()[lo:hi], ref.Params()[lo:hi]); err != nil {
-						t.Errorf("M=%d %s cap %d: stage %d parameters after %d steps: %v", M, sched, capacity, s, steps, err)
-					}
+				if err := p.CompareState(ref); err != nil {
+					t.Errorf("M=%d %s cap %d, after %d steps: %v", M, sched, capacity, steps, err)
 				}
 			}
 		}
