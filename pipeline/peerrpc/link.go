@@ -285,19 +285,29 @@ func (l *Link) Recv(ctx context.Context, want stage.Header, dst []float32) error
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for the %v from stage %d: %w", want, l.peer, context.Cause(ctx))
 		}
-		n, last, err := checkFrame(f, want, got)
+		next, last, err := take(f, want, dst, got)
 		if err != nil {
 			l.fail(&stage.PeerError{Stage: l.peer, Err: err}, true)
 			return l.broken()
 		}
-		if err := wire.GetF32(dst[got:got+n], f.GetData()); err != nil {
-			panic(err) // checkFrame checked the length
-		}
-		got += n
-		if last {
+		if got = next; last {
 			return nil
 		}
 	}
+}
+
+// take checks f as the frame of want's tensor that starts at element got
+// (checkFrame) and copies its values into dst, the whole tensor; it
+// returns where the next frame must start and whether f was the last.
+func take(f *pb.PipelineFrame, want stage.Header, dst []float32, got int) (next int, last bool, err error) {
+	n, last, err := checkFrame(f, want, got)
+	if err != nil {
+		return got, false, err
+	}
+	if err := wire.GetF32(dst[got:got+n], f.GetData()); err != nil {
+		panic(err) // checkFrame checked the length
+	}
+	return got + n, last, nil
 }
 
 // checkFrame checks f as the frame of want's tensor that starts at
