@@ -108,49 +108,6 @@ func TestLinkCarriesLargeTensors(t *testing.T) {
 	}
 }
 
-// killer makes a stage's worker die at its k-th transfer: its server
-// stops and its connection closes, as when its process is killed.
-type killer struct {
-	mu   sync.Mutex // protects ops
-	ops  int
-	k    int
-	kill func()
-}
-
-var errKilled = errors.New("killed")
-
-func (k *killer) tick() error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.ops++
-	if k.ops == k.k+1 {
-		k.kill()
-	}
-	if k.ops > k.k {
-		return errKilled
-	}
-	return nil
-}
-
-type killerEnd struct {
-	k *killer
-	stage.Link
-}
-
-func (e killerEnd) Send(ctx context.Context, h stage.Header, data []float32) error {
-	if err := e.k.tick(); err != nil {
-		return err
-	}
-	return e.Link.Send(ctx, h, data)
-}
-
-func (e killerEnd) Recv(ctx context.Context, want stage.Header, dst []float32) error {
-	if err := e.k.tick(); err != nil {
-		return err
-	}
-	return e.Link.Recv(ctx, want, dst)
-}
-
 // A stage whose worker dies mid-step makes every other stage fail before
 // the deadline naming it; nothing hangs and no goroutine is left.
 func TestPeerDiesOverGRPC(t *testing.T) {
@@ -166,19 +123,14 @@ func TestPeerDiesOverGRPC(t *testing.T) {
 					defer cl.close()
 					plan, _ := pipeline.New(sched, S, M)
 					prev, next := links(cl)
-					kill := &killer{k: k, kill: func() {
+					kill := &stagetest.Tripwire{K: k, Fire: func() {
 						// Its process's connections all go: to the next stage and from the previous one.
 						if dead < S-1 {
 							cl.conns[dead].Close()
 						}
 						cl.workers[dead].stop()
 					}}
-					if prev[dead] != nil {
-						prev[dead] = killerEnd{kill, prev[dead]}
-					}
-					if next[dead] != nil {
-						next[dead] = killerEnd{kill, next[dead]}
-					}
+					prev[dead], next[dead] = kill.Wrap(prev[dead]), kill.Wrap(next[dead])
 					p := stagetest.New(t, j, plan, prev, next, stage.Cost{})
 					_, errs := p.Step(ctx, 0)
 					for s, err := range errs {

@@ -15,64 +15,6 @@ import (
 	"github.com/gradsync/gradsync/pipeline/stage/stagetest"
 )
 
-// killer wraps the two links of a stage that dies at its k-th transfer:
-// there it aborts both links, as a dying process's connections close,
-// and fails.
-type killer struct {
-	mu   sync.Mutex // protects ops
-	ops  int
-	k    int
-	prev stage.Link
-	next stage.Link
-}
-
-var errKilled = errors.New("killed")
-
-func (k *killer) tick() error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.ops++
-	if k.ops <= k.k {
-		return nil
-	}
-	for _, l := range []stage.Link{k.prev, k.next} {
-		if l != nil {
-			l.Abort(errKilled)
-		}
-	}
-	return errKilled
-}
-
-type killerEnd struct {
-	k *killer
-	stage.Link
-}
-
-func (e killerEnd) Send(ctx context.Context, h stage.Header, data []float32) error {
-	if err := e.k.tick(); err != nil {
-		return err
-	}
-	return e.Link.Send(ctx, h, data)
-}
-
-func (e killerEnd) Recv(ctx context.Context, want stage.Header, dst []float32) error {
-	if err := e.k.tick(); err != nil {
-		return err
-	}
-	return e.Link.Recv(ctx, want, dst)
-}
-
-func wrapKiller(k *killer, prev, next stage.Link) (stage.Link, stage.Link) {
-	k.prev, k.next = prev, next
-	if prev != nil {
-		prev = killerEnd{k, prev}
-	}
-	if next != nil {
-		next = killerEnd{k, next}
-	}
-	return prev, next
-}
-
 // A stage that dies mid-step (before it has forwarded the last
 // micro-batch) makes every other stage's step fail well before the
 // deadline, with an error that names the dead stage: its neighbours'
@@ -85,18 +27,25 @@ func TestPeerDiesMidStep(t *testing.T) {
 			for _, k := range []int{0, M / 2, M - 1} {
 				for _, capacity := range []int{0, 2} {
 					t.Run(fmt.Sprintf("%s/dead=%d/k=%d/cap=%d", sched, dead, k, capacity), func(t *testing.T) {
-						kill := &killer{k: k}
 						wrap := func(s int, prev, next stage.Link) (stage.Link, stage.Link) {
-							if s == dead {
-								return wrapKiller(kill, prev, next)
+							if s != dead {
+								return prev, next
 							}
-							return prev, next
+							// It dies as a process does: its links go.
+							kill := &stagetest.Tripwire{K: k, Fire: func() {
+								for _, l := range []stage.Link{prev, next} {
+									if l != nil {
+										l.Abort(stagetest.ErrKilled)
+									}
+								}
+							}}
+							return kill.Wrap(prev), kill.Wrap(next)
 						}
 						p := newPipeline(t, j, sched, S, M, capacity, wrap, stage.Cost{})
 						ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 						defer cancel()
 						_, errs := p.Step(ctx, 3)
-						if !errors.Is(errs[dead], errKilled) {
+						if !errors.Is(errs[dead], stagetest.ErrKilled) {
 							t.Errorf("the dead stage returned %v", errs[dead])
 						}
 						for s, err := range errs {

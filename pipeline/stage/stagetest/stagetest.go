@@ -6,6 +6,7 @@ package stagetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -212,4 +213,60 @@ func SameBits(a, b []float32) error {
 		}
 	}
 	return nil
+}
+
+// ErrKilled is the error of a Tripwire's transfers once it has fired.
+var ErrKilled = errors.New("stagetest: killed")
+
+// Tripwire makes a stage die mid-step: it wraps the stage's links, and
+// at their K-th transfer (counting both links' Sends and Recvs from 0)
+// it calls Fire — which ends the stage as a dying process would: aborting
+// its links, stopping its server — and fails that transfer and every
+// later one with ErrKilled.
+type Tripwire struct {
+	K    int
+	Fire func()
+
+	mu  sync.Mutex // protects ops
+	ops int
+}
+
+func (w *Tripwire) tick() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.ops++
+	if w.ops == w.K+1 {
+		w.Fire()
+	}
+	if w.ops > w.K {
+		return ErrKilled
+	}
+	return nil
+}
+
+// Wrap returns l behind the tripwire (nil for nil).
+func (w *Tripwire) Wrap(l stage.Link) stage.Link {
+	if l == nil {
+		return nil
+	}
+	return tripped{w, l}
+}
+
+type tripped struct {
+	w *Tripwire
+	stage.Link
+}
+
+func (t tripped) Send(ctx context.Context, h stage.Header, data []float32) error {
+	if err := t.w.tick(); err != nil {
+		return err
+	}
+	return t.Link.Send(ctx, h, data)
+}
+
+func (t tripped) Recv(ctx context.Context, want stage.Header, dst []float32) error {
+	if err := t.w.tick(); err != nil {
+		return err
+	}
+	return t.Link.Recv(ctx, want, dst)
 }
