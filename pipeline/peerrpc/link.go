@@ -241,7 +241,7 @@ func (l *Link) Send(ctx context.Context, h stage.Header, data []float32) error {
 		end := min(off+FrameElems, len(data))
 		f := &pb.PipelineFrame{JobId: l.job, Generation: l.gen, Stage: uint32(l.self), Direction: l.sendDir,
 			Step: h.Step, MicroBatch: uint32(h.MicroBatch), Shape: []uint64{uint64(h.Shape[0]), uint64(h.Shape[1])},
-			Offset: uint64(off), Last: end == len(data), Data: wire.PutF32(make([]byte, 4*(end-off)), data[off:end])}
+			Offset: uint64(off), Last: end == len(data), Data: wire.PutF32(make([]byte, 4*(end-off)), data[off:end]), Eval: h.Eval}
 		select {
 		case <-l.dead:
 			return l.broken()
@@ -318,7 +318,7 @@ func checkFrame(f *pb.PipelineFrame, want stage.Header, got int) (n int, last bo
 	if len(sh) != 2 || sh[0] > 1<<31 || sh[1] > 1<<31 {
 		return 0, false, &stage.HeaderError{Msg: fmt.Sprintf("frame shape %v; want two dimensions (samples, values per sample), each at most 2^31", sh)}
 	}
-	h := stage.Header{Step: f.GetStep(), MicroBatch: int(f.GetMicroBatch()), Dir: want.Dir, Shape: [2]int{int(sh[0]), int(sh[1])}}
+	h := stage.Header{Step: f.GetStep(), MicroBatch: int(f.GetMicroBatch()), Dir: want.Dir, Shape: [2]int{int(sh[0]), int(sh[1])}, Eval: f.GetEval()}
 	if err := want.Check(h); err != nil {
 		return 0, false, err
 	}

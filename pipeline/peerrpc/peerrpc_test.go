@@ -29,8 +29,8 @@ func links(c *cluster) (prev, next []stage.Link) {
 	return prev, next
 }
 
-// Over gRPC streams, stages train exactly as one worker: the stage
-// package's suite, for both schedules and M < S, M = S, M > S.
+// Over gRPC streams, stages train and evaluate exactly as one worker:
+// the stage package's suite, for both schedules and M < S, M = S, M > S.
 func TestEquivalentOverGRPC(t *testing.T) {
 	const steps = 3
 	for _, c := range []struct {
@@ -68,6 +68,15 @@ func TestEquivalentOverGRPC(t *testing.T) {
 				}
 				if err := p.CompareState(ref); err != nil {
 					t.Error(err)
+				}
+				// Evaluation through the same links, the last micro-batch short.
+				n := j.Batch - 1
+				got, errs := p.Infer(ctx, 0, n)
+				if err := errors.Join(errs...); err != nil {
+					t.Fatal(err)
+				}
+				if err := stagetest.SameBits(got, stagetest.ReferenceInfer(ref, j, n, j.Batch/c.M)); err != nil {
+					t.Errorf("evaluation logits: %v", err)
 				}
 			})
 		}

@@ -56,6 +56,7 @@ func TestRefusesWrongFrames(t *testing.T) {
 		{"stage", func(f *pb.PipelineFrame) { f.Stage = 2 }, codes.InvalidArgument, "from stage 2; this link's peer is stage 0"},
 		{"direction", func(f *pb.PipelineFrame) { f.Direction = pb.PipelineDirection_PIPELINE_DIRECTION_GRADIENT }, codes.InvalidArgument, "direction PIPELINE_DIRECTION_GRADIENT"},
 		{"no direction", func(f *pb.PipelineFrame) { f.Direction = 0 }, codes.InvalidArgument, "direction PIPELINE_DIRECTION_UNSPECIFIED"},
+		{"evaluation", func(f *pb.PipelineFrame) { f.Eval = true }, codes.InvalidArgument, "got the activation of micro-batch 1 of evaluation 5"},
 		{"earlier step", func(f *pb.PipelineFrame) { f.Step = 4 }, codes.Aborted, "want step 5"},
 		{"later step", func(f *pb.PipelineFrame) { f.Step = 6 }, codes.InvalidArgument, "want step 5"},
 		{"micro-batch", func(f *pb.PipelineFrame) { f.MicroBatch = 2 }, codes.InvalidArgument, "want micro-batch 1"},

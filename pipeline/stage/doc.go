@@ -30,6 +30,14 @@
 // Backward of the whole batch at once (GEMMs sum the batch in another
 // order), nor, with batch norm, equal to it at all.
 //
+// # Evaluation
+//
+// Infer runs samples forward only, in evaluation mode, in micro-batches
+// of the training micro-batch's size, through the same links (its
+// messages are marked Eval, so a stage that expects a training step's
+// refuses them): the logits are, bit for bit, those of the worker's
+// network on the same micro-batches.
+//
 // # Bounded memory
 //
 // New builds one twin per micro-batch the plan holds in flight at once on

@@ -178,15 +178,21 @@ func (e *Executor) Slots() int { return len(e.slots) }
 
 // StepError is a failed step of one stage: where in its plan it stopped
 // and why. A *PeerError in Err names the neighbour that failed.
+// Eval says it was an evaluation pass (Infer) and Step its number.
 type StepError struct {
 	Stage  int
 	Step   int64
+	Eval   bool
 	Action pipeline.Action
 	Err    error
 }
 
 func (e *StepError) Error() string {
-	return fmt.Sprintf("pipeline: stage %d at %v of step %d: %v", e.Stage, e.Action, e.Step, e.Err)
+	kind := "step"
+	if e.Eval {
+		kind = "evaluation"
+	}
+	return fmt.Sprintf("pipeline: stage %d at %v of %s %d: %v", e.Stage, e.Action, kind, e.Step, e.Err)
 }
 
 func (e *StepError) Unwrap() error { return e.Err }
@@ -215,15 +221,20 @@ func (e *Executor) Step(ctx context.Context, step int64, in Input) (Stats, error
 	err := e.run(ctx, step, in, &st)
 	st.Wall = e.now().Sub(start)
 	if err != nil {
-		e.failed = err
-		for _, l := range []Link{e.cfg.Prev, e.cfg.Next} {
-			if l != nil {
-				l.Abort(err)
-			}
-		}
+		e.fail(err)
 		return st, err
 	}
 	return st, nil
+}
+
+// fail marks the executor failed and aborts its links with err.
+func (e *Executor) fail(err error) {
+	e.failed = err
+	for _, l := range []Link{e.cfg.Prev, e.cfg.Next} {
+		if l != nil {
+			l.Abort(err)
+		}
+	}
 }
 
 func (e *Executor) run(ctx context.Context, step int64, in Input, st *Stats) error {

@@ -32,15 +32,22 @@ func (d Direction) String() string {
 // or activation gradient in a step, with its shape. Shape is (samples,
 // values per sample) of the row-major tensor: a stage's boundary is flat
 // to the layers on both sides of it.
+// Eval marks an evaluation pass's activations (Executor.Infer), whose
+// steps count apart from training's.
 type Header struct {
 	Step       int64
 	MicroBatch int
 	Dir        Direction
 	Shape      [2]int
+	Eval       bool
 }
 
 func (h Header) String() string {
-	return fmt.Sprintf("%v of micro-batch %d of step %d, shape %d×%d", h.Dir, h.MicroBatch, h.Step, h.Shape[0], h.Shape[1])
+	kind := "step"
+	if h.Eval {
+		kind = "evaluation"
+	}
+	return fmt.Sprintf("%v of micro-batch %d of %s %d, shape %d×%d", h.Dir, h.MicroBatch, kind, h.Step, h.Shape[0], h.Shape[1])
 }
 
 // Len is the number of values the header's tensor holds.
@@ -60,6 +67,8 @@ func (e *HeaderError) Error() string { return "pipeline: " + e.Msg }
 // *HeaderError saying what differs and what was expected.
 func (want Header) Check(got Header) error {
 	switch {
+	case got.Eval != want.Eval:
+		return &HeaderError{Msg: fmt.Sprintf("got the %v, want the %v", got, want)}
 	case got.Dir != want.Dir:
 		return &HeaderError{Msg: fmt.Sprintf("got an %v, want the %v", got.Dir, want)}
 	case got.Step != want.Step:

@@ -270,3 +270,40 @@ func (t tripped) Recv(ctx context.Context, want stage.Header, dst []float32) err
 	}
 	return t.Link.Recv(ctx, want, dst)
 }
+
+// Infer evaluates the first n samples of the job's batch through the
+// pipeline (Executor.Infer on every stage at once) and returns the
+// logits, n × classes, and the stages' errors.
+func (p *Pipeline) Infer(ctx context.Context, pass int64, n int) ([]float32, []error) {
+	S := len(p.Execs)
+	classes := p.Job.Opt.Classes
+	logits := make([]float32, n*classes)
+	errs := make([]error, S)
+	in := p.Nets[0].InputSize()
+	var wg sync.WaitGroup
+	for s, e := range p.Execs {
+		var x []float32
+		if s == 0 {
+			x = p.Job.X[:n*in]
+		}
+		var out func(lo int, y []float32)
+		if s == S-1 {
+			out = func(lo int, y []float32) { copy(logits[lo*classes:], y) }
+		}
+		wg.Go(func() { errs[s] = e.Infer(ctx, pass, n, x, out) })
+	}
+	wg.Wait()
+	return logits, errs
+}
+
+// ReferenceInfer is ref's evaluation of the first n samples of the
+// job's batch in micro-batches of k samples (the last one shorter).
+func ReferenceInfer(ref *models.Network, j Job, n, k int) []float32 {
+	classes, in := j.Opt.Classes, ref.InputSize()
+	logits := make([]float32, n*classes)
+	for lo := 0; lo < n; lo += k {
+		m := min(k, n-lo)
+		copy(logits[lo*classes:], ref.Forward(j.X[lo*in:(lo+m)*in], m, false))
+	}
+	return logits
+}

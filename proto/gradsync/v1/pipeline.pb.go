@@ -98,7 +98,10 @@ type PipelineFrame struct {
 	Data []byte `protobuf:"bytes,10,opt,name=data,proto3" json:"data,omitempty"`
 	// Set (on a frame with no tensor) when the sender gives up on the link:
 	// why. The receiver's pending and later operations fail saying so.
-	Abort         string `protobuf:"bytes,11,opt,name=abort,proto3" json:"abort,omitempty"`
+	Abort string `protobuf:"bytes,11,opt,name=abort,proto3" json:"abort,omitempty"`
+	// An evaluation pass's activation (forward only, no gradient comes
+	// back), not a training step's.
+	Eval          bool `protobuf:"varint,12,opt,name=eval,proto3" json:"eval,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -210,6 +213,13 @@ func (x *PipelineFrame) GetAbort() string {
 	return ""
 }
 
+func (x *PipelineFrame) GetEval() bool {
+	if x != nil {
+		return x.Eval
+	}
+	return false
+}
+
 type ExchangeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Frame         *PipelineFrame         `protobuf:"bytes,1,opt,name=frame,proto3" json:"frame,omitempty"`
@@ -302,7 +312,7 @@ var File_gradsync_v1_pipeline_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_pipeline_proto_rawDesc = "" +
 	"\n" +
-	"\x1agradsync/v1/pipeline.proto\x12\vgradsync.v1\"\xbb\x02\n" +
+	"\x1agradsync/v1/pipeline.proto\x12\vgradsync.v1\"\xcf\x02\n" +
 	"\rPipelineFrame\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1e\n" +
 	"\n" +
@@ -318,7 +328,8 @@ const file_gradsync_v1_pipeline_proto_rawDesc = "" +
 	"\x04last\x18\t \x01(\bR\x04last\x12\x12\n" +
 	"\x04data\x18\n" +
 	" \x01(\fR\x04data\x12\x14\n" +
-	"\x05abort\x18\v \x01(\tR\x05abort\"C\n" +
+	"\x05abort\x18\v \x01(\tR\x05abort\x12\x12\n" +
+	"\x04eval\x18\f \x01(\bR\x04eval\"C\n" +
 	"\x0fExchangeRequest\x120\n" +
 	"\x05frame\x18\x01 \x01(\v2\x1a.gradsync.v1.PipelineFrameR\x05frame\"D\n" +
 	"\x10ExchangeResponse\x120\n" +
