@@ -165,3 +165,34 @@ func TestPeerDiesOverGRPC(t *testing.T) {
 		}
 	}
 }
+
+// With random delays on every link end, over gRPC, both schedules finish
+// every step for M < S, M = S and M > S and train exactly as one worker.
+func TestRandomDelaysOverGRPC(t *testing.T) {
+	const S, steps = 3, 8
+	for _, M := range []int{2, 3, 5} {
+		j := stagetest.NewJob("mlp", 2*M, uint64(M))
+		ref, _ := stagetest.Reference(t, j, M, steps)
+		for _, sched := range pipeline.Schedules() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			cl := connect(ctx, t, "job-3", 1, S)
+			plan, _ := pipeline.New(sched, S, M)
+			prev, next := links(cl)
+			for s := range S {
+				prev[s], next[s] = stagetest.Jitter(prev[s], uint64(2*s), time.Millisecond), stagetest.Jitter(next[s], uint64(2*s+1), time.Millisecond)
+			}
+			p := stagetest.New(t, j, plan, prev, next, stage.Cost{})
+			for step := range steps {
+				if _, errs := p.Step(ctx, int64(step)); errors.Join(errs...) != nil {
+					t.Fatalf("M=%d %s step %d: %v", M, sched, step, errors.Join(errs...))
+				}
+				p.SGD()
+			}
+			if err := p.CompareState(ref); err != nil {
+				t.Errorf("M=%d %s: %v", M, sched, err)
+			}
+			cl.close()
+			cancel()
+		}
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -162,26 +161,6 @@ func TestWrongMessageRefused(t *testing.T) {
 	}
 }
 
-// delay wraps a link and sleeps a seeded random time before each
-// transfer, to shake the stages' relative timing.
-type delay struct {
-	stage.Link
-	r   *rand.Rand
-	max time.Duration
-}
-
-func (l *delay) pause() { time.Sleep(time.Duration(l.r.Int64N(int64(l.max) + 1))) }
-
-func (l *delay) Send(ctx context.Context, h stage.Header, data []float32) error {
-	l.pause()
-	return l.Link.Send(ctx, h, data)
-}
-
-func (l *delay) Recv(ctx context.Context, want stage.Header, dst []float32) error {
-	l.pause()
-	return l.Link.Recv(ctx, want, dst)
-}
-
 // With random delays on every link end, both schedules finish every step
 // for M < S, M = S and M > S, over rendezvous and buffered links, and
 // train exactly as one worker does.
@@ -193,14 +172,8 @@ func TestRandomDelays(t *testing.T) {
 		for _, sched := range pipeline.Schedules() {
 			for _, capacity := range []int{0, 1} {
 				wrap := func(s int, prev, next stage.Link) (stage.Link, stage.Link) {
-					r := rand.New(rand.NewPCG(uint64(s), uint64(M*10+capacity)))
-					if prev != nil {
-						prev = &delay{prev, rand.New(rand.NewPCG(r.Uint64(), 1)), time.Millisecond}
-					}
-					if next != nil {
-						next = &delay{next, rand.New(rand.NewPCG(r.Uint64(), 2)), time.Millisecond}
-					}
-					return prev, next
+					seed := uint64(100*s + 10*M + capacity)
+					return stagetest.Jitter(prev, 2*seed, time.Millisecond), stagetest.Jitter(next, 2*seed+1, time.Millisecond)
 				}
 				p := newPipeline(t, j, sched, S, M, capacity, wrap, stage.Cost{})
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

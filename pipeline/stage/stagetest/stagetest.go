@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gradsync/gradsync/models"
 	"github.com/gradsync/gradsync/pipeline"
@@ -306,4 +307,32 @@ func ReferenceInfer(ref *models.Network, j Job, n, k int) []float32 {
 		copy(logits[lo*classes:], ref.Forward(j.X[lo*in:(lo+m)*in], m, false))
 	}
 	return logits
+}
+
+// Jitter returns l (nil for nil) delayed by a random time in [0, max],
+// drawn from seed, before each of its transfers, to shake the stages'
+// relative timing.
+func Jitter(l stage.Link, seed uint64, max time.Duration) stage.Link {
+	if l == nil {
+		return nil
+	}
+	return &jitter{Link: l, r: rand.New(rand.NewPCG(seed, 0x6a17)), max: max}
+}
+
+type jitter struct {
+	stage.Link
+	r   *rand.Rand // used by the stage's goroutine only
+	max time.Duration
+}
+
+func (l *jitter) pause() { time.Sleep(time.Duration(l.r.Int64N(int64(l.max) + 1))) }
+
+func (l *jitter) Send(ctx context.Context, h stage.Header, data []float32) error {
+	l.pause()
+	return l.Link.Send(ctx, h, data)
+}
+
+func (l *jitter) Recv(ctx context.Context, want stage.Header, dst []float32) error {
+	l.pause()
+	return l.Link.Recv(ctx, want, dst)
 }
