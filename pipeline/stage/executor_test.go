@@ -25,6 +25,9 @@ func TestEquivalentToOneWorker(t *testing.T) {
 				for _, sched := range pipeline.Schedules() {
 					name := fmt.Sprintf("%s/S=%d/M=%d/%s", arch, S, M, sched)
 					t.Run(name, func(t *testing.T) {
+						if testing.Short() && arch != "mlp" && M != S {
+							t.Skip("-short: M = S only beyond mlp")
+						}
 						j := stagetest.NewJob(arch, 2*M, uint64(S*100+M))
 						if nb := len(j.Net(t).Blocks()); S > nb {
 							t.Skipf("%s has %d blocks", arch, nb)
