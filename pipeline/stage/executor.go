@@ -111,6 +111,9 @@ func New(cfg Config) (*Executor, error) {
 	if cfg.Stage < 0 || cfg.Stage >= S {
 		return nil, fmt.Errorf("stage: stage %d out of [0, %d)", cfg.Stage, S)
 	}
+	if err := checkStages(cfg.Net, cfg.Stages); err != nil {
+		return nil, err
+	}
 	if cfg.Batch < M || cfg.Batch%M != 0 {
 		return nil, fmt.Errorf("stage: batch %d is not a positive multiple of %d micro-batches", cfg.Batch, M)
 	}
@@ -148,6 +151,37 @@ func New(cfg Config) (*Executor, error) {
 	}
 	e.free = append(e.free, e.slots...)
 	return e, nil
+}
+
+// checkStages checks that stages cut net as models.Partition does: runs
+// of net's own blocks, in order, that together are all of them, each
+// stage's ranges those of its blocks.
+func checkStages(net *models.Network, stages []models.Stage) error {
+	blocks := net.Blocks()
+	at := 0
+	for s, st := range stages {
+		bad := func(why string) error {
+			return fmt.Errorf("stage: stage %d is not a stage of %s's partition (models.Partition): %s", s, net.Name(), why)
+		}
+		if len(st.Blocks) == 0 || at+len(st.Blocks) > len(blocks) {
+			return bad(fmt.Sprintf("%d blocks from block %d of %d", len(st.Blocks), at, len(blocks)))
+		}
+		for i, b := range st.Blocks {
+			if b != blocks[at+i] {
+				return bad(fmt.Sprintf("its block %d is %+v, want %+v", i, b, blocks[at+i]))
+			}
+		}
+		f, l := st.Blocks[0], st.Blocks[len(st.Blocks)-1]
+		if st.First != f.First || st.End != l.End || st.ParamOffset != f.ParamOffset || st.ParamLen != l.ParamOffset+l.ParamLen-f.ParamOffset ||
+			st.BufferOffset != f.BufferOffset || st.BufferLen != l.BufferOffset+l.BufferLen-f.BufferOffset {
+			return bad("its ranges are not its blocks'")
+		}
+		at += len(st.Blocks)
+	}
+	if at != len(blocks) {
+		return fmt.Errorf("stage: the stages hold %d of %s's %d blocks: not its partition (models.Partition)", at, net.Name(), len(blocks))
+	}
+	return nil
 }
 
 // peakHeld is the most micro-batches acts holds at once, counted as the
