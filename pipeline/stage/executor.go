@@ -51,8 +51,10 @@ type Stats struct {
 	// held at once (from receiving or starting a Forward to sending the
 	// input gradient or ending the Backward).
 	PeakInFlight int
-	// Sent and Received count the values sent and received on both links.
-	Sent, Received int64
+	// The bytes of tensor data sent to and received from each neighbour
+	// (4 per value): activations go to the next stage and come from the
+	// previous one, gradients the other way.
+	BytesToPrev, BytesToNext, BytesFromPrev, BytesFromNext int64
 }
 
 // Input is what a step needs beyond the links.
@@ -308,7 +310,7 @@ func (e *Executor) run(ctx context.Context, step int64, in Input, st *Stats) err
 			if err := e.cfg.Prev.Recv(ctx, e.header(step, mb, Activation, e.inLen), sl.in); err != nil {
 				return fail(err)
 			}
-			st.Received += int64(len(sl.in))
+			st.BytesFromPrev += 4 * int64(len(sl.in))
 		case pipeline.Forward:
 			t0 := e.now()
 			x := sl.in
@@ -335,12 +337,12 @@ func (e *Executor) run(ctx context.Context, step int64, in Input, st *Stats) err
 			if err := e.cfg.Next.Send(ctx, e.header(step, mb, Activation, e.outLen), sl.out); err != nil {
 				return fail(err)
 			}
-			st.Sent += int64(len(sl.out))
+			st.BytesToNext += 4 * int64(len(sl.out))
 		case pipeline.RecvGrad:
 			if err := e.cfg.Next.Recv(ctx, e.header(step, mb, Gradient, e.outLen), sl.dout); err != nil {
 				return fail(err)
 			}
-			st.Received += int64(len(sl.dout))
+			st.BytesFromNext += 4 * int64(len(sl.dout))
 		case pipeline.Backward:
 			t0 := e.now()
 			sl.dx = sl.net.BackwardStage(e.st, sl.dout)
@@ -357,7 +359,7 @@ func (e *Executor) run(ctx context.Context, step int64, in Input, st *Stats) err
 			if err := e.cfg.Prev.Send(ctx, e.header(step, mb, Gradient, e.inLen), sl.dx); err != nil {
 				return fail(err)
 			}
-			st.Sent += int64(len(sl.dx))
+			st.BytesToPrev += 4 * int64(len(sl.dx))
 			e.release(sl)
 		default:
 			return fail(fmt.Errorf("unknown operation %v", a.Op))

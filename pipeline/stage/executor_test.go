@@ -50,6 +50,22 @@ func TestEquivalentToOneWorker(t *testing.T) {
 								if want := peakWant(sched, S, M, s); st.PeakInFlight != want || p.Execs[s].Slots() != want {
 									t.Errorf("step %d stage %d: %d micro-batches in flight at most (%d slots), want %d", step, s, st.PeakInFlight, p.Execs[s].Slots(), want)
 								}
+								// What one stage sends the next receives, M tensors each way.
+								in, out := p.Execs[s].InShape(), p.Execs[s].OutShape()
+								wantIn, wantOut := int64(4*M*in[0]*in[1]), int64(4*M*out[0]*out[1])
+								if s == 0 {
+									wantIn = 0
+								}
+								if s == S-1 {
+									wantOut = 0
+								}
+								if st.BytesFromPrev != wantIn || st.BytesToPrev != wantIn || st.BytesToNext != wantOut || st.BytesFromNext != wantOut {
+									t.Errorf("step %d stage %d: bytes from/to prev %d/%d, to/from next %d/%d; want %d, %d", step, s,
+										st.BytesFromPrev, st.BytesToPrev, st.BytesToNext, st.BytesFromNext, wantIn, wantOut)
+								}
+								if s > 0 && st.BytesFromPrev != stats[s-1].BytesToNext {
+									t.Errorf("step %d: stage %d received %d bytes, stage %d sent %d", step, s, st.BytesFromPrev, s-1, stats[s-1].BytesToNext)
+								}
 							}
 							if step == steps-1 {
 								// The reference holds its last step's gradients.
