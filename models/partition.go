@@ -414,3 +414,20 @@ func (n *Network) BackwardStage(st Stage, dy []float32) []float32 {
 	}
 	return dy
 }
+
+// Twin returns a second copy of n's layers whose parameter, gradient and
+// buffer views point into n's own flat buffers (Params, Grads and Buffers
+// are shared: a Backward on either adds into the one gradient buffer, a
+// training Forward on either moves the one set of batch-norm statistics)
+// but which keeps its own activations. A layer holds only its last
+// Forward's activations for Backward, so a pipeline stage that has several
+// micro-batches in flight runs each on its own twin. A twin's dropout
+// layers keep their own counters (set them with SetDropoutCalls before
+// each Forward); it runs on one thread and holds nothing to Close.
+func (n *Network) Twin() *Network {
+	b := builder{seed: uint64(n.opt.Seed)}
+	layers, _ := archs[n.name](&b, n.opt) // no initialiser: the parameters are n's
+	b.bind(n.params, n.grads, n.bufs)
+	return &Network{name: n.name, opt: n.opt, layers: layers, params: n.params, grads: n.grads, segs: n.segs,
+		bufs: n.bufs, bufSegs: n.bufSegs, dropouts: b.dropouts, bns: b.bns}
+}

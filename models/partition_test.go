@@ -369,3 +369,55 @@ func TestCuts(t *testing.T) {
 		}
 	}
 }
+
+// A twin shares the network's parameters, gradients and buffers but keeps
+// its own activations: two micro-batches forwarded on the network and a
+// twin, then backwarded, give bit for bit the logits, gradients and
+// batch-norm statistics of one network that forwards and backwards them
+// one after the other (dropout masks set to the same forward numbers).
+func TestTwin(t *testing.T) {
+	const batch = 2
+	for _, arch := range Names() {
+		t.Run(arch, func(t *testing.T) {
+			ref, _ := New(arch, Options{Seed: 3})
+			net, _ := New(arch, Options{Seed: 3})
+			twin := net.Twin()
+			r := rand.New(rand.NewPCG(2, 2))
+			fill := func(n int) []float32 {
+				v := make([]float32, n)
+				for i := range v {
+					v[i] = float32(r.NormFloat64())
+				}
+				return v
+			}
+			x0, x1 := fill(batch*ref.InputSize()), fill(batch*ref.InputSize())
+			d0, d1 := fill(batch*ref.Options().Classes), fill(batch*ref.Options().Classes)
+			ref.SetDropoutCalls(0)
+			want0 := slices.Clone(ref.Forward(x0, batch, true))
+			ref.Backward(d0)
+			want1 := slices.Clone(ref.Forward(x1, batch, true))
+			ref.Backward(d1)
+
+			net.SetDropoutCalls(0)
+			twin.SetDropoutCalls(1)
+			got0 := slices.Clone(net.Forward(x0, batch, true))
+			got1 := slices.Clone(twin.Forward(x1, batch, true))
+			net.Backward(d0)
+			twin.Backward(d1)
+			for _, c := range []struct {
+				what      string
+				got, want []float32
+			}{
+				{"logits 0", got0, want0}, {"logits 1", got1, want1},
+				{"grads", net.Grads(), ref.Grads()}, {"buffers", net.Buffers(), ref.Buffers()},
+				{"twin grads", twin.Grads(), ref.Grads()},
+			} {
+				for i := range c.want {
+					if math.Float32bits(c.got[i]) != math.Float32bits(c.want[i]) {
+						t.Fatalf("%s[%d] = %v, want %v", c.what, i, c.got[i], c.want[i])
+					}
+				}
+			}
+		})
+	}
+}

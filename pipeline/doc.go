@@ -10,6 +10,13 @@
 // and cost estimates. How a model is cut into stages is
 // models.Partition.
 //
+// The runtime lives in subpackages: pipeline/stage's Executor is the
+// shell that walks one stage's list every step over a Link to each
+// neighbour (in process: stage.Pipe; between workers: pipeline/peerrpc,
+// one gRPC stream per link), and pipeline/stage/stagetest checks any
+// link against one worker, bit for bit. The job spec, placement and
+// worker wiring are not there yet (see below).
+//
 // # Plans
 //
 // GPipe(S, M) and OneFOneB(S, M) return a Plan: for every stage s, an

@@ -32,7 +32,8 @@ var layers = []struct {
 	{"shells (gRPC, processes, I/O)", []string{"server", "worker", "paramserver", "federation", "bench/…"}},
 	{"cores and domain packages", []string{
 		"coordinator", "aggregator", "aggregator/ringrpc", "aggregator/ringtest", "aggregator/shmring", "paramserver/psstep", "compress",
-		"federated", "models", "models/modeltest", "data", "checkpoint", "jobspec", "pipeline"}},
+		"federated", "models", "models/modeltest", "data", "checkpoint", "jobspec", "pipeline",
+		"pipeline/stage", "pipeline/stage/stagetest", "pipeline/peerrpc"}},
 	{"machinery (internal)", []string{"internal/…"}},
 	{"wire contract", []string{"proto/…"}},
 }
