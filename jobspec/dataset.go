@@ -168,14 +168,24 @@ func checkStreamedShape(d *pb.DatasetSpec) error {
 	return nil
 }
 
-// checkModelShape builds nothing but the model for the data's shape, so
-// a shape the architecture cannot take (too small for its pools, say) is
-// refused at submission rather than on the workers.
-func checkModelShape(s *pb.JobSpec) error {
+// checkModelShape builds the model for the data's shape, so a shape the
+// architecture cannot take (an input too small for its pools, say) is
+// refused at submission rather than on the workers. A layer that panics on
+// an impossible geometry (the models package's shape checks are panics in
+// some constructors) is turned into the same refusal.
+func checkModelShape(s *pb.JobSpec) (err error) {
 	c, h, w, classes := InputShape(s)
-	if _, err := models.New(s.Model, models.Options{Channels: c, Height: h, Width: w, Classes: classes, Seed: s.GetSeed()}); err != nil {
+	refuse := func(why any) error {
 		return errf("model", "%s cannot be built for dataset %s's %d×%d×%d inputs and %d classes: %v",
-			s.Model, s.GetDataset().GetName(), c, h, w, classes, strings.TrimPrefix(err.Error(), "models: "))
+			s.Model, s.GetDataset().GetName(), c, h, w, classes, strings.TrimPrefix(fmt.Sprint(why), "models: "))
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = refuse(r)
+		}
+	}()
+	if _, err := models.New(s.Model, models.Options{Channels: c, Height: h, Width: w, Classes: classes, Seed: s.GetSeed()}); err != nil {
+		return refuse(err)
 	}
 	return nil
 }
