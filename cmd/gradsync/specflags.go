@@ -288,7 +288,11 @@ func (f *specFlags) build(c *cobra.Command) (*pb.JobSpec, error) {
 	}
 	// A streamed data set's shape is read here, from the data, so the
 	// coordinator holds none (jobspec.ResolveShape).
-	ctx, cancel := context.WithTimeout(c.Context(), resolveShapeTimeout)
+	parent := c.Context()
+	if parent == nil { // a command not run through Execute (tests)
+		parent = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(parent, resolveShapeTimeout)
 	defer cancel()
 	if err := jobspec.ResolveShape(ctx, spec, ""); err != nil {
 		return nil, fmt.Errorf("reading the data set's shape: %w", err)
