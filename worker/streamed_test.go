@@ -339,3 +339,56 @@ func TestStreamedBadInput(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamedMultiLabel: an ImageFolder with a labels.csv trains as a
+// multi-label task: each batch's targets are its examples' label sets,
+// pos_weight is (N−P)/P per class, and the evaluation gives F1 and mAP.
+func TestStreamedMultiLabel(t *testing.T) {
+	dir := writeFolder(t)
+	csv := "path,labels\n"
+	for i := range 8 {
+		labels := []string{"even"}
+		if i%2 == 1 {
+			labels = []string{"odd"}
+		}
+		if i >= 6 {
+			labels = append(labels, "big")
+		}
+		csv += "train/" + string(rune('0'+i%2)) + "/" + string(rune('0'+i)) + ".png," + strings.Join(labels, ";") + "\n"
+	}
+	csv += "test/0/0.png,even\ntest/1/1.png,odd;big\n"
+	writeBytes(t, filepath.Join(dir, data.LabelsCSV), []byte(csv))
+	spec := streamedSpec(t, &pb.DatasetSpec{Name: "imagefolder", DataDir: dir, Channels: 1}, nil)
+	if sh := spec.Dataset.Shape; !sh.MultiLabel || sh.Classes != 3 {
+		t.Fatalf("resolved shape %v; want multi-label with 3 classes (big, even, odd)", sh)
+	}
+	s, err := openStreamed(context.Background(), spec, "", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	// Classes sorted: big 0, even 1, odd 2; big on 2 of 8.
+	if s.posWeight[0] != 3 || s.posWeight[2] != 1 {
+		t.Errorf("pos_weight %v; want big 6/2 = 3, odd 4/4 = 1", s.posWeight)
+	}
+	order := []int{7, 0}
+	if err := s.startEpoch(context.Background(), order, 2); err != nil {
+		t.Fatal(err)
+	}
+	x := make([]float32, 2*64)
+	if err := s.batch(order, x, 0); err != nil {
+		t.Fatal(err)
+	}
+	want := []float32{1, 0, 1 /* 7: odd, big */, 0, 1, 0 /* 0: even */}
+	if !slices.Equal(s.ym, want) {
+		t.Errorf("targets %v, want %v", s.ym, want)
+	}
+	s.endEpoch()
+	res, err := trainerOver(t, spec, s, &fakeSync{}, quietEnv()).run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.MeanAveragePrecision <= 0 || res.TestLoss <= 0 {
+		t.Errorf("result mAP %v, loss %v; want both > 0", res.MeanAveragePrecision, res.TestLoss)
+	}
+}
