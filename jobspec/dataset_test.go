@@ -28,9 +28,9 @@ func TestNormalizeDatasetFields(t *testing.T) {
 	if c, h, w, k := InputShape(got); c != 3 || h != 32 || w != 32 || k != 100 {
 		t.Errorf("InputShape = %d×%d×%d, %d classes; want 3×32×32, 100", c, h, w, k)
 	}
-	got, err = Normalize(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 20, 30, 1000), ImageSize: []int32{20, 30}}}, nil)
-	if err == nil {
-		t.Errorf("1000 single-label classes accepted; want not implemented yet (byte labels)")
+	_, err = Normalize(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 20, 30, 1000), ImageSize: []int32{20, 30}}}, nil)
+	if fe, ok := err.(*FieldError); !ok || fe.Field != "dataset.shape.classes" || !strings.Contains(fe.Msg, notImplementedSuffix) {
+		t.Errorf("1000 single-label classes: %v; want not implemented yet (byte labels)", err)
 	}
 	got, err = Normalize(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagefolder",
 		Shape: &pb.DataShape{Channels: 3, Height: 20, Width: 30, Classes: 1000, MultiLabel: true}, ImageSize: []int32{20, 30}}}, nil)
