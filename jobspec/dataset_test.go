@@ -71,7 +71,7 @@ func TestNormalizeDatasetFields(t *testing.T) {
 		{"class names of the wrong count", &pb.DatasetSpec{Name: "cifar10", Shape: &pb.DataShape{Channels: 3, Height: 32, Width: 32, Classes: 10, ClassNames: []string{"a"}}}, "", "", "dataset.shape.class_names"},
 		{"multi-label cifar", &pb.DatasetSpec{Name: "cifar10", Shape: &pb.DataShape{Channels: 3, Height: 32, Width: 32, Classes: 10, MultiLabel: true}}, "", "", "dataset.shape.multi_label"},
 		{"input too small for the model", &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 4, 4, 2)}, "lenet5", "", "model"},
-		{"fedavg on a streamed set", &pb.DatasetSpec{Name: "cifar10", Shape: shape(3, 32, 32, 10)}, "", "fedavg", "mode"},
+		{"fedavg on a multi-label set", &pb.DatasetSpec{Name: "imagefolder", Shape: &pb.DataShape{Channels: 3, Height: 8, Width: 8, Classes: 4, MultiLabel: true}}, "", "fedavg", "mode"},
 	} {
 		_, err := Normalize(&pb.JobSpec{Dataset: c.d, Model: c.model, Mode: c.mode}, nil)
 		fe, ok := err.(*FieldError)

@@ -37,6 +37,7 @@ type streamed struct {
 	info        data.Info // of the training split
 	test        data.Info
 	norm        *data.Normalizer
+	mean, std   []float64 // what norm applies
 	fill        []float32 // per channel: the normalised value of a black pixel
 	aug         *data.Augmenter
 	trainCache  *data.ImageCache
@@ -87,6 +88,7 @@ func openStreamed(ctx context.Context, spec *pb.JobSpec, dir string, log *slog.L
 		}
 		mean, std = st.Mean, st.Std
 	}
+	s.mean, s.std = mean, std
 	if s.norm, err = data.NewNormalizer(s.info, mean, std); err != nil {
 		return nil, err
 	}
@@ -321,6 +323,30 @@ func fillConfusion(res *pb.JobResult, conf *eval.Confusion) {
 	for _, row := range conf.Matrix() {
 		res.ConfusionMatrix = append(res.ConfusionMatrix, row...)
 	}
+}
+
+// materializeStreamed reads a streamed data set's two splits into memory
+// for a fedavg task (the federated clients and partitioners take
+// in-memory Datasets), normalised per channel as openStreamed normalises
+// them.
+func materializeStreamed(ctx context.Context, spec *pb.JobSpec, dir string, log *slog.Logger) (train, test *data.Dataset, err error) {
+	s, err := openStreamed(ctx, spec, dir, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer s.close()
+	tr, ok1 := s.srcs.Train.(data.Source)
+	te, ok2 := s.srcs.Test.(data.Source)
+	if !ok1 || !ok2 {
+		return nil, nil, errors.New("mode fedavg on a multi-label data set is not implemented yet")
+	}
+	if train, err = data.Materialize(ctx, tr, s.mean, s.std, s.workers); err != nil {
+		return nil, nil, err
+	}
+	if test, err = data.Materialize(ctx, te, s.mean, s.std, s.workers); err != nil {
+		return nil, nil, err
+	}
+	return train, test, nil
 }
 
 // loaderRate turns the loader totals at two times into images per second

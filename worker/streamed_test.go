@@ -392,3 +392,45 @@ func TestStreamedMultiLabel(t *testing.T) {
 		t.Errorf("result mAP %v, loss %v; want both > 0", res.MeanAveragePrecision, res.TestLoss)
 	}
 }
+
+// TestStreamedFederated: a fedavg job on a streamed set trains its
+// clients on the set read into memory, normalised per channel, with the
+// partitioners over its 100 fine classes.
+func TestStreamedFederated(t *testing.T) {
+	dir := t.TempDir()
+	if err := data.WriteColorSet(dir, 200, 40, 3); err != nil {
+		t.Fatal(err)
+	}
+	in := &pb.JobSpec{Model: "mlp", Mode: "fedavg", Dataset: &pb.DatasetSpec{Name: "cifar100", DataDir: dir},
+		Partition: &pb.PartitionSpec{Type: "dirichlet", Alpha: 0.5},
+		Federated: &pb.FederatedSpec{Rounds: 2, Clients: 4, Fraction: 0.5, LocalEpochs: 1, LocalBatchSize: 10}}
+	if err := jobspec.ResolveShape(context.Background(), in, ""); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := jobspec.Normalize(in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	train, test, err := materializeStreamed(context.Background(), spec, "", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if train.Classes != 100 || train.C != 3 || len(train.ChannelMean) != 3 || test.N != 40 {
+		t.Fatalf("materialised %d classes, %d channels, channel means %v, %d test", train.Classes, train.C, train.ChannelMean, test.N)
+	}
+	if train.ChannelMean[0] == train.ChannelMean[1] {
+		t.Errorf("channel means %v: the per-channel statistics were not used", train.ChannelMean)
+	}
+	net, err := models.New(spec.Model, models.Options{Channels: 3, Height: 32, Width: 32, Classes: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &pb.Assignment{JobId: "job-1", Generation: 1, Spec: spec, Rank: 0, WorldSize: 1, NumParams: int64(net.NumParams())}
+	res, err := runFederated(context.Background(), a, quietEnv(), train, test)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Epochs != 2 || !(res.TestLoss > 0) || res.TestLoss > 100 {
+		t.Errorf("result: %d rounds, test loss %v; want 2 rounds and a finite loss", res.Epochs, res.TestLoss)
+	}
+}

@@ -59,11 +59,17 @@ func runAssignment(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.Job
 	if env.dataDir != "" {
 		dir = env.dataDir
 	}
-	if jobspec.Streamed(ds) {
+	var train, test *data.Dataset
+	var err error
+	switch {
+	case jobspec.Streamed(ds) && spec.GetMode() != "fedavg":
 		return runStreamed(ctx, a, env, dir)
+	case jobspec.Streamed(ds):
+		train, test, err = materializeStreamed(ctx, spec, dir, log)
+	default:
+		train, test, err = data.Load(ctx, data.LoadOptions{Name: name, Dir: dir,
+			SyntheticTrain: int(ds.GetSyntheticTrain()), SyntheticTest: int(ds.GetSyntheticTest()), Seed: seed})
 	}
-	train, test, err := data.Load(ctx, data.LoadOptions{Name: name, Dir: dir,
-		SyntheticTrain: int(ds.GetSyntheticTrain()), SyntheticTest: int(ds.GetSyntheticTest()), Seed: seed})
 	if err != nil {
 		return nil, err
 	}
@@ -92,9 +98,6 @@ func runAssignment(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.Job
 // runStreamed runs a ps or ring task on a streamed data set (imagefolder,
 // cifar10, cifar100), opened from dir (or dataset.data_dir).
 func runStreamed(ctx context.Context, a *pb.Assignment, env *taskEnv, dir string) (*pb.JobResult, error) {
-	if a.Spec.GetMode() == "fedavg" {
-		return nil, errors.New("mode fedavg on a streamed data set is not implemented yet")
-	}
 	s, err := openStreamed(ctx, a.Spec, dir, env.log)
 	if err != nil {
 		return nil, err
