@@ -30,7 +30,14 @@ type Augmenter struct {
 // pixel space, as torchvision's RandomCrop does before normalisation.
 // (It is recomputed from the float32 Mean and Std, so it may differ from
 // the stored value of a black pixel in the last bit.)
+//
+// A Dataset standardised per channel has no single such value: ZeroPixel
+// panics for it (augment its channels one at a time, each with its own
+// fill).
 func (d *Dataset) ZeroPixel() float32 {
+	if len(d.ChannelMean) > 0 {
+		panic("data: ZeroPixel of a Dataset standardised per channel")
+	}
 	return float32(-float64(d.Mean) / float64(d.Std))
 }
 

@@ -26,6 +26,11 @@ type Dataset struct {
 	// deviation on the [0, 1] scale (p/255); both splits are standardised
 	// with them.
 	Mean, Std float32
+	// ChannelMean and ChannelStd are set instead when the channels were
+	// standardised separately ([Materialize] with per-channel statistics):
+	// channel c is (p/255 − ChannelMean[c]) / ChannelStd[c]. Mean and Std
+	// then hold channel 0's values.
+	ChannelMean, ChannelStd []float64
 }
 
 // Len returns the number of examples.

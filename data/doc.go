@@ -37,6 +37,10 @@
 //   - [OpenCIFAR10], [OpenCIFAR100]: the official binary files, CIFAR-100
 //     with fine or coarse labels; pixels read record by record.
 //
+// [OpenSources] opens either kind by its job-spec name ("imagefolder",
+// "cifar10", "cifar100"; an ImageFolder directory holding a labels.csv
+// opens as multi-label).
+//
 // A [Loader] streams a source in a sampler's index order through a bounded
 // pool of decoders with prefetch and an optional [ImageCache];
 // [ChannelStats] (cached beside the data by [CachedChannelStats]) gives the

@@ -50,6 +50,22 @@ type LoaderStats struct {
 	// that Next spent blocked on batches not yet decoded: a large share
 	// means the loader is the bottleneck.
 	Elapsed, Waiting time.Duration
+	// Busy is the time the pool's goroutines spent producing images
+	// (decoding or copying from the cache), summed over them; Workers is
+	// the pool's size.
+	Busy    time.Duration
+	Workers int
+}
+
+// Capacity returns the images per second the pool produces while busy,
+// (Decoded + CacheHits) / (Busy / Workers): what the loader could deliver
+// if never held back by its consumer. Compared with training's images per
+// second it shows whether steps wait for data.
+func (s LoaderStats) Capacity() float64 {
+	if s.Busy <= 0 || s.Workers <= 0 {
+		return 0
+	}
+	return float64(s.Decoded+s.CacheHits) / (s.Busy.Seconds() / float64(s.Workers))
 }
 
 // PerSecond returns the delivered images per second of elapsed time.
@@ -88,7 +104,7 @@ type Loader struct {
 
 	start                      time.Time
 	images, decoded, cacheHits atomic.Int64
-	waiting                    atomic.Int64 // nanoseconds
+	waiting, busy              atomic.Int64 // nanoseconds
 }
 
 // pending is one batch being decoded.
@@ -194,6 +210,7 @@ func (l *Loader) decode(jobs <-chan loadJob) {
 		}
 		i := jb.p.b.Indices[jb.j]
 		dst := jb.p.b.Pix[jb.j*l.size : (jb.j+1)*l.size]
+		t0 := time.Now()
 		if c := l.cfg.Cache; c != nil && c.get(i, dst) {
 			l.cacheHits.Add(1)
 		} else {
@@ -204,6 +221,7 @@ func (l *Loader) decode(jobs <-chan loadJob) {
 				c.put(i, dst)
 			}
 		}
+		l.busy.Add(int64(time.Since(t0)))
 		if jb.p.left.Add(-1) == 0 {
 			close(jb.p.done)
 		}
@@ -283,6 +301,8 @@ func (l *Loader) Stats() LoaderStats {
 		CacheHits: l.cacheHits.Load(),
 		Elapsed:   time.Since(l.start),
 		Waiting:   time.Duration(l.waiting.Load()),
+		Busy:      time.Duration(l.busy.Load()),
+		Workers:   l.cfg.Workers,
 	}
 }
 

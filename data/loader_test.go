@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -119,7 +120,8 @@ func TestLoaderOrderAndDeterminism(t *testing.T) {
 				t.Fatalf("%+v: batch %d differs from one worker's", cfg, k)
 			}
 		}
-		if st := l.Stats(); st.Images != 17 || st.Decoded+st.CacheHits != 17 || st.PerSecond() < 0 {
+		if st := l.Stats(); st.Images != 17 || st.Decoded+st.CacheHits != 17 || st.PerSecond() < 0 ||
+			st.Busy <= 0 || st.Workers < 1 || st.Capacity() <= 0 {
 			t.Errorf("%+v: stats %+v", cfg, st)
 		}
 	}
@@ -254,5 +256,17 @@ func TestLoaderCloseMidEpoch(t *testing.T) {
 	l.Close()
 	if _, err := l.Next(context.Background()); err == nil || err == io.EOF {
 		t.Errorf("Next after Close = %v, want the loader's stop", err)
+	}
+}
+
+// TestLoaderCapacity: images produced per second of the pool's busy time,
+// per goroutine; nothing measured is 0.
+func TestLoaderCapacity(t *testing.T) {
+	st := LoaderStats{Decoded: 30, CacheHits: 10, Busy: 4 * time.Second, Workers: 2}
+	if got := st.Capacity(); got != 20 {
+		t.Errorf("40 images in 4 busy seconds over 2 goroutines: %v images/s, want 20", got)
+	}
+	if got := (LoaderStats{Decoded: 5}).Capacity(); got != 0 {
+		t.Errorf("no busy time: %v, want 0", got)
 	}
 }

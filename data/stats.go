@@ -195,10 +195,10 @@ const maxMaterializeBytes = MaxIDXBytes
 // IDX loaders use, so that a source holding an IDX set's pixels gives a
 // bit-identical Dataset. It is the bridge from sources to today's training
 // code, and so has that code's limits, each a clear error: labels must fit
-// uint8 (Classes ≤ 256), and the Dataset's one Mean/Std must describe every
-// channel — mean and std have one entry, or C entries that are all equal
-// (per-channel normalisation of colour sets needs a Dataset that carries
-// it). Pass the training split's statistics for both splits.
+// uint8 (Classes ≤ 256). mean and std have one entry, or C entries; when
+// those differ the channels are standardised separately through a
+// [Normalizer] and the Dataset records them in ChannelMean and ChannelStd.
+// Pass the training split's statistics for both splits.
 func Materialize(ctx context.Context, src Source, mean, std []float64, workers int) (*Dataset, error) {
 	in := src.Info()
 	switch {
@@ -209,9 +209,14 @@ func Materialize(ctx context.Context, src Source, mean, std []float64, workers i
 	case int64(in.N)*int64(in.ImageSize()) > maxMaterializeBytes:
 		return nil, fmt.Errorf("data: Materialize %s: %d images of %d bytes exceed %d bytes in memory; stream it with a Loader", in.Name, in.N, in.ImageSize(), maxMaterializeBytes)
 	}
+	var norm *Normalizer
 	for c := 1; c < len(mean); c++ {
 		if mean[c] != mean[0] || std[c] != std[0] {
-			return nil, fmt.Errorf("data: Materialize %s: per-channel statistics (mean %v, std %v) do not fit a Dataset's single Mean and Std; pass one value for all channels", in.Name, mean, std)
+			var err error
+			if norm, err = NewNormalizer(in, mean, std); err != nil {
+				return nil, err
+			}
+			break
 		}
 	}
 	if std[0] <= 0 || math.IsNaN(std[0]) || math.IsInf(std[0], 0) || math.IsNaN(mean[0]) || math.IsInf(mean[0], 0) {
@@ -241,9 +246,16 @@ func Materialize(ctx context.Context, src Source, mean, std []float64, workers i
 			labels = append(labels, uint8(y))
 		}
 	}
-	return &Dataset{
+	var images []float32
+	if norm != nil {
+		images = make([]float32, len(pix))
+		norm.Apply(images, pix)
+	} else {
+		images = standardise(pix, mean[0], std[0])
+	}
+	d := &Dataset{
 		Name:    in.Name,
-		Images:  standardise(pix, mean[0], std[0]),
+		Images:  images,
 		Labels:  labels,
 		N:       in.N,
 		C:       in.C,
@@ -252,5 +264,9 @@ func Materialize(ctx context.Context, src Source, mean, std []float64, workers i
 		Classes: in.Classes,
 		Mean:    float32(mean[0]),
 		Std:     float32(std[0]),
-	}, nil
+	}
+	if norm != nil {
+		d.ChannelMean, d.ChannelStd = slices.Clone(mean), slices.Clone(std)
+	}
+	return d, nil
 }

@@ -95,8 +95,8 @@ func TestChannelStatsRGB(t *testing.T) {
 	if m, s := pixelStats(all); st.OverallMean != m || st.OverallStd != s {
 		t.Errorf("overall %v ± %v, want %v ± %v", st.OverallMean, st.OverallStd, m, s)
 	}
-	// A colour source materialises with the pooled statistics, and refuses
-	// per-channel ones a Dataset cannot hold.
+	// A colour source materialises with the pooled statistics, or with
+	// per-channel ones, each channel through its own table.
 	ds, err := Materialize(context.Background(), src, []float64{st.OverallMean}, []float64{st.OverallStd}, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -104,8 +104,34 @@ func TestChannelStatsRGB(t *testing.T) {
 	if ds.C != 3 || ds.N != 9 || ds.Labels[8] != 1 || len(ds.Images) != 9*18 {
 		t.Errorf("materialised N=%d C=%d labels %v", ds.N, ds.C, ds.Labels)
 	}
-	_, err = Materialize(context.Background(), src, st.Mean, st.Std, 0)
-	wantErr(t, err, "per-channel statistics", "single Mean and Std")
+	pc, err := Materialize(context.Background(), src, st.Mean, st.Std, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	norm, err := NewNormalizer(src.Info(), st.Mean, st.Std)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pix := make([]uint8, 18)
+	want := make([]float32, 18)
+	if err := src.Read(4, pix); err != nil {
+		t.Fatal(err)
+	}
+	norm.Apply(want, pix)
+	if !slices.Equal(pc.Image(4), want) || !slices.Equal(pc.ChannelMean, st.Mean) || !slices.Equal(pc.ChannelStd, st.Std) {
+		t.Errorf("per-channel Materialize: image 4 %v, want %v; channel stats %v, %v", pc.Image(4), want, pc.ChannelMean, pc.ChannelStd)
+	}
+	if ds.ChannelMean != nil {
+		t.Errorf("pooled Materialize recorded channel statistics %v", ds.ChannelMean)
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("ZeroPixel of a per-channel Dataset did not panic")
+			}
+		}()
+		pc.ZeroPixel()
+	}()
 	_, err = Materialize(context.Background(), src, []float64{0.5, 0.5}, []float64{1, 1}, 0)
 	wantErr(t, err, "2 means and 2 standard deviations for 3 channels")
 	_, err = Materialize(context.Background(), src, []float64{0.5}, []float64{0}, 0)

@@ -154,6 +154,9 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	default:
 		return nil, errf("dataset.augment", "unknown augmentation %q; allowed: none, crop, crop-flip", d.Augment)
 	}
+	if err := normalizeDataset(d); err != nil {
+		return nil, err
+	}
 	// Mode.
 	if s.Mode == "" {
 		s.Mode = DefaultMode
@@ -331,6 +334,12 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if s.NonfinitePolicy != "fail" && s.NonfinitePolicy != "skip" {
 		return nil, errf("nonfinite_policy", "unknown policy %q; allowed: fail, skip", s.NonfinitePolicy)
 	}
+	if Streamed(d) && s.Mode == "fedavg" && d.GetShape().GetMultiLabel() {
+		return nil, errf("mode", "fedavg on a multi-label data set %s; use mode ps or ring", notImplementedSuffix)
+	}
+	if err := checkModelShape(s); err != nil {
+		return nil, err
+	}
 	if s.Name == "" {
 		s.Name = s.Model + "-" + d.Name
 	}
@@ -401,17 +410,10 @@ func normalizeOptimizer(s *pb.JobSpec) error {
 // by side (1×28×56), the target being the set of both.
 const MultiLabelMNIST = "mnist-pairs"
 
-// DatasetNames are the data sets a spec may name: data.Names() and the
-// multi-label task.
+// DatasetNames are the data sets a spec may name: data.Names(), the
+// multi-label task and data.SourceNames(), sorted.
 func DatasetNames() []string {
-	return append(data.Names(), MultiLabelMNIST)
-}
-
-// InputShape is the model shape (channels, height, width, classes) a
-// normalized spec's data set needs.
-func InputShape(spec *pb.JobSpec) (c, h, w, classes int) {
-	if spec.GetDataset().GetName() == MultiLabelMNIST {
-		return 1, 28, 56, 10
-	}
-	return 1, 28, 28, 10
+	names := append(append(data.Names(), MultiLabelMNIST), data.SourceNames()...)
+	slices.Sort(names)
+	return names
 }

@@ -11,18 +11,21 @@ import "github.com/gradsync/gradsync/models"
 // norm statistics and dropout masks are per micro-batch, as in PyTorch).
 // ready (nil: none) hears backward's progress in the last micro-batch
 // only: before it, no gradient is final. x and dl hold micro examples. An
-// empty batch adds nothing and returns 0.
-func forwardBackward(net *models.Network, obj objective, batch []int, micro int, x, dl []float32, epoch int, ready func(from int)) float32 {
+// empty batch adds nothing and returns 0. An error making a batch
+// (obj.batch) is returned as it is.
+func forwardBackward(net *models.Network, obj objective, batch []int, micro int, x, dl []float32, epoch int, ready func(from int)) (float32, error) {
 	n := len(batch)
 	if n == 0 {
-		return 0
+		return 0, nil
 	}
 	inSize, classes := net.InputSize(), net.Options().Classes
 	var loss float64
 	for lo := 0; lo < n; lo += micro {
 		part := batch[lo:min(lo+micro, n)]
 		k := len(part)
-		obj.batch(part, x[:k*inSize], epoch)
+		if err := obj.batch(part, x[:k*inSize], epoch); err != nil {
+			return 0, err
+		}
 		logits := net.Forward(x[:k*inSize], k, true)
 		d := dl[:k*classes]
 		l := obj.loss(logits, k, d)
@@ -39,5 +42,5 @@ func forwardBackward(net *models.Network, obj objective, batch []int, micro int,
 		}
 		net.BackwardNotify(d, notify)
 	}
-	return float32(loss / float64(n))
+	return float32(loss / float64(n)), nil
 }

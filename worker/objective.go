@@ -18,8 +18,9 @@ type objective interface {
 	shape() models.Options
 	trainLen() int
 	// batch fills x (n images) with training examples indices, augmented
-	// for epoch where the task does so, and keeps their targets.
-	batch(indices []int, x []float32, epoch int)
+	// for epoch where the task does so, and keeps their targets. An error
+	// (a streamed image that cannot be decoded) fails the task.
+	batch(indices []int, x []float32, epoch int) error
 	// loss is the mean loss of the kept targets against logits (n rows)
 	// and writes d(loss)/d(logits) into dlogits.
 	loss(logits []float32, n int, dlogits []float32) float32
@@ -72,7 +73,7 @@ func (c *classification) shape() models.Options {
 
 func (c *classification) trainLen() int { return c.train.Len() }
 
-func (c *classification) batch(indices []int, x []float32, epoch int) {
+func (c *classification) batch(indices []int, x []float32, epoch int) error {
 	n := len(indices)
 	if cap(c.y) < n {
 		c.y = make([]uint8, n)
@@ -83,6 +84,7 @@ func (c *classification) batch(indices []int, x []float32, epoch int) {
 	if c.aug != nil {
 		c.aug.Apply(x, n, t.C, t.H, t.W, indices, epoch, t.ZeroPixel())
 	}
+	return nil
 }
 
 func (c *classification) loss(logits []float32, n int, dlogits []float32) float32 {
@@ -106,18 +108,8 @@ func (c *classification) evaluate(ctx context.Context, net *models.Network, res 
 	if err != nil {
 		return err
 	}
-	res.TestAccuracy = conf.Accuracy()
 	res.TestLoss = lossSum / float64(c.test.Len())
-	res.ClassAccuracy = conf.ClassAccuracy(res.ClassAccuracy[:0])
-	for i, v := range res.ClassAccuracy {
-		if v != v { // no test example of this class
-			res.ClassAccuracy[i] = 0
-		}
-	}
-	res.ConfusionMatrix = res.ConfusionMatrix[:0]
-	for _, row := range conf.Matrix() {
-		res.ConfusionMatrix = append(res.ConfusionMatrix, row...)
-	}
+	fillConfusion(res, conf)
 	return nil
 }
 
@@ -148,13 +140,14 @@ func (m *multiLabel) shape() models.Options {
 
 func (m *multiLabel) trainLen() int { return m.train.Len() }
 
-func (m *multiLabel) batch(indices []int, x []float32, _ int) {
+func (m *multiLabel) batch(indices []int, x []float32, _ int) error {
 	k := len(indices) * m.train.Classes
 	if cap(m.y) < k {
 		m.y = make([]float32, k)
 	}
 	m.y = m.y[:k]
 	m.train.Batch(indices, x, m.y)
+	return nil
 }
 
 func (m *multiLabel) loss(logits []float32, n int, dlogits []float32) float32 {

@@ -59,8 +59,17 @@ func runAssignment(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.Job
 	if env.dataDir != "" {
 		dir = env.dataDir
 	}
-	train, test, err := data.Load(ctx, data.LoadOptions{Name: name, Dir: dir,
-		SyntheticTrain: int(ds.GetSyntheticTrain()), SyntheticTest: int(ds.GetSyntheticTest()), Seed: seed})
+	var train, test *data.Dataset
+	var err error
+	switch {
+	case jobspec.Streamed(ds) && spec.GetMode() != "fedavg":
+		return runStreamed(ctx, a, env, dir)
+	case jobspec.Streamed(ds):
+		train, test, err = materializeStreamed(ctx, spec, dir, log)
+	default:
+		train, test, err = data.Load(ctx, data.LoadOptions{Name: name, Dir: dir,
+			SyntheticTrain: int(ds.GetSyntheticTrain()), SyntheticTest: int(ds.GetSyntheticTest()), Seed: seed})
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -83,6 +92,22 @@ func runAssignment(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.Job
 		}
 		obj = newMultiLabel(mtrain, mtest)
 	}
+	return runTrainer(ctx, a, env, obj)
+}
+
+// runStreamed runs a ps or ring task on a streamed data set (imagefolder,
+// cifar10, cifar100), opened from dir (or dataset.data_dir).
+func runStreamed(ctx context.Context, a *pb.Assignment, env *taskEnv, dir string) (*pb.JobResult, error) {
+	s, err := openStreamed(ctx, a.Spec, dir, env.log)
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	return runTrainer(ctx, a, env, s)
+}
+
+// runTrainer runs a ps or ring task's Trainer over obj.
+func runTrainer(ctx context.Context, a *pb.Assignment, env *taskEnv, obj objective) (*pb.JobResult, error) {
 	t, err := newTrainer(a, env, obj)
 	if err != nil {
 		return nil, err

@@ -50,7 +50,8 @@ type Trainer struct {
 	lossSum    float64 // since the last progress report
 	lossN      int
 	images     int
-	evaluated  bool // rank 0 has evaluated the parameters after the last step
+	evaluated  bool             // rank 0 has evaluated the parameters after the last step
+	lastLoader data.LoaderStats // streamed data: the loader's totals at the last report
 }
 
 // newTrainer builds the model and the step plan of a task and reads the
@@ -158,6 +159,14 @@ func (t *Trainer) epoch(ctx context.Context, epoch int) error {
 	}
 	nb := t.plan.stepsIn(epoch, t.from)
 	bs := t.plan.batch
+	if st, ok := t.obj.(*streamed); ok {
+		// Streamed data: the loader decodes this epoch's order ahead of
+		// the steps, in the micro-batches forwardBackward asks for.
+		if err := st.startEpoch(ctx, idx, t.micro); err != nil {
+			return err
+		}
+		defer st.endEpoch()
+	}
 	var epochLoss float64
 	var epochN int
 	for b := 0; b < nb && t.at.step < t.total; b++ {
@@ -207,7 +216,10 @@ func (t *Trainer) step(ctx context.Context, epoch int, batch []int) (float32, er
 	if err != nil {
 		return 0, fmt.Errorf("step %d: %w", t.at.step, err)
 	}
-	loss := forwardBackward(net, t.obj, batch, t.micro, t.x, t.dl, epoch, ready)
+	loss, err := forwardBackward(net, t.obj, batch, t.micro, t.x, t.dl, epoch, ready)
+	if err != nil {
+		return 0, fmt.Errorf("step %d: %w", t.at.step, err)
+	}
 	syncStart := time.Now()
 	t.times.step(syncStart.Sub(stepStart))
 	if err := t.sync.step(ctx, net.Grads(), net.Params()); err != nil {
@@ -253,6 +265,11 @@ func (t *Trainer) report(epoch int) {
 		p.SentBytesPerStep = float64(c.SentBytes) / float64(c.Steps)
 		p.CompressionRatio = float64(c.RawBytes) / float64(c.SentBytes)
 	}
+	if sd, ok := t.obj.(*streamed); ok {
+		now := sd.loaderStats()
+		p.LoaderImagesPerSecond = loaderRate(t.lastLoader, now)
+		t.lastLoader = now
+	}
 	t.times.report(p, st.leftWait)
 	st.staleness.fill(p, nil)
 	t.env.metrics.SetImagesPerSecond(t.a.JobId, int(t.a.Rank), p.ImagesPerSecond)
@@ -279,6 +296,9 @@ func (t *Trainer) finish(ctx context.Context) (*pb.JobResult, error) {
 	res.ParameterChecksum = models.Checksum(t.net.Params())
 	wall := time.Since(t.start).Seconds()
 	res.ImagesPerSecond = float64(step-t.from.step) * float64(t.plan.batch) / wall
+	if sd, ok := t.obj.(*streamed); ok {
+		res.LoaderImagesPerSecond = sd.loaderStats().Capacity()
+	}
 	if st.snapshots > 0 && step > t.from.step {
 		t.env.log.Info("in-memory snapshots", "job", t.a.JobId, "rank", int(t.a.Rank), "taken", st.snapshots,
 			"copy_us_per_step", float64(st.snapshotCopying.Microseconds())/float64(st.snapshots),

@@ -266,7 +266,7 @@ func newWorkerCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.Name, "name", "", "human-readable name (default host/address)")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics), e.g. :9091")
 	f.StringVar(&linkRate, "link-rate", "", linkRateHelp)
-	f.StringVar(&cfg.DataDir, "data-dir", "", "folder holding this worker's IDX files (mnist, fashion-mnist); overrides the job's dataset.data_dir here, so each real federated client trains on its own data")
+	f.StringVar(&cfg.DataDir, "data-dir", "", "folder holding this worker's data (the IDX files of mnist or fashion-mnist, an ImageFolder, the CIFAR files); overrides the job's dataset.data_dir here, so each real federated client trains on its own data")
 	f.IntVar(&cfg.Threads, "threads", 1, threadsHelp)
 	f.DurationVar(&cfg.DebugStepDelay, "debug-step-delay", 0, "fault injection for tests: wait this long before every training step (a slow worker, which the coordinator reports as a straggler)")
 	return c

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gradsync/gradsync/data"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -65,5 +67,51 @@ func TestSpecFlagsOverrideFile(t *testing.T) {
 	}
 	if spec.BatchSize != nil || spec.Optimizer.Momentum != nil {
 		t.Errorf("unset flags wrote fields: %v", spec)
+	}
+}
+
+// The dataset flags fill the dataset fields, and build reads a streamed
+// data set's shape from the data (the submitting client's half).
+func TestSpecFlagsDataset(t *testing.T) {
+	dir := t.TempDir()
+	if err := data.WriteColorSet(dir, 4, 2, 1); err != nil {
+		t.Fatal(err)
+	}
+	var sf specFlags
+	c := &cobra.Command{Use: "x"}
+	sf.register(c)
+	if err := c.ParseFlags([]string{"--dataset", "cifar100", "--data-dir", dir, "--label-granularity", "coarse",
+		"--augment", "crop-flip", "--cache-mb", "0", "--mean", "0.5,0.4,0.3", "--std", "0.2,0.2,0.2"}); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := sf.build(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := spec.Dataset
+	if d.LabelGranularity != "coarse" || d.Augment != "crop-flip" || d.CacheMb == nil || *d.CacheMb != 0 || len(d.Mean) != 3 || d.Std[2] != 0.2 {
+		t.Errorf("dataset %v", d)
+	}
+	if sh := d.Shape; sh.GetClasses() != 20 || sh.GetChannels() != 3 || sh.GetHeight() != 32 {
+		t.Errorf("shape %v, want 3×32×32 with 20 classes", sh)
+	}
+	for v, want := range map[string][2]int32{"32x24": {32, 24}, "64": {64, 64}, "7X9": {7, 9}} {
+		if h, w, err := parseImageSize(v); err != nil || h != want[0] || w != want[1] {
+			t.Errorf("--image-size %s: %d, %d, %v", v, h, w, err)
+		}
+	}
+	for _, v := range []string{"", "0x4", "ax4", "4x"} {
+		if _, _, err := parseImageSize(v); err == nil {
+			t.Errorf("--image-size %q accepted", v)
+		}
+	}
+	var bad specFlags
+	c = &cobra.Command{Use: "x"}
+	bad.register(c)
+	if err := c.ParseFlags([]string{"--dataset", "imagefolder", "--data-dir", filepath.Join(dir, "missing")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bad.build(c); err == nil || !strings.Contains(err.Error(), "missing") {
+		t.Errorf("a missing folder: %v; want an error naming it", err)
 	}
 }

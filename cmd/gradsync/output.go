@@ -80,9 +80,12 @@ type progressEvent struct {
 	TotalSteps      int64   `json:"total_steps"`
 	Loss            float64 `json:"loss"`
 	ImagesPerSecond float64 `json:"images_per_second"`
-	EtaSeconds      float64 `json:"eta_seconds"`
-	ElapsedSeconds  float64 `json:"elapsed_seconds"`
-	LearningRate    float64 `json:"learning_rate"`
+	// LoaderImagesPerSecond: rank 0's data loader capacity (streamed data
+	// sets only), beside images_per_second.
+	LoaderImagesPerSecond float64 `json:"loader_images_per_second,omitempty"`
+	EtaSeconds            float64 `json:"eta_seconds"`
+	ElapsedSeconds        float64 `json:"elapsed_seconds"`
+	LearningRate          float64 `json:"learning_rate"`
 }
 
 // evalEvent: a test-set evaluation (after an epoch, or a fedavg round).

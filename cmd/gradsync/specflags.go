@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
@@ -21,6 +23,12 @@ type specFlags struct {
 	model     string
 	dataset   string
 	dataDir   string
+	imageSize string
+	channels  int32
+	granular  string
+	augment   string
+	cacheMB   int32
+	mean, std []float64
 	mode      string
 	workers   int32
 	batchSize int32
@@ -60,8 +68,15 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.StringVarP(&f.file, "file", "f", "", "job spec file (YAML or JSON); flags override its fields")
 	fl.StringVar(&f.name, "name", "", "job name (default model-dataset)")
 	fl.StringVar(&f.model, "model", "", "architecture: "+fmt.Sprint(jobspec.Architectures)+" (default mlp)")
-	fl.StringVar(&f.dataset, "dataset", "", "dataset: mnist, fashion-mnist or synthetic (default mnist)")
-	fl.StringVar(&f.dataDir, "data-dir", "", "folder holding the four IDX files (default: built-in locations)")
+	fl.StringVar(&f.dataset, "dataset", "", "dataset: "+strings.Join(jobspec.DatasetNames(), ", ")+" (default mnist)")
+	fl.StringVar(&f.dataDir, "data-dir", "", "folder holding the four IDX files, the ImageFolder or the CIFAR binary files (default for the IDX sets: built-in locations)")
+	fl.StringVar(&f.imageSize, "image-size", "", "imagefolder: resize and centre-crop every image to HxW, e.g. 32x32 (default: keep sizes, which must then agree)")
+	fl.Int32Var(&f.channels, "channels", 0, "imagefolder: 1 (grayscale) or 3 (RGB; default)")
+	fl.StringVar(&f.granular, "label-granularity", "", "cifar100: fine (100 classes; default) or coarse (20 superclasses)")
+	fl.StringVar(&f.augment, "augment", "", "training augmentation: none (default), crop (random crop with zero padding: 2 for the 28×28 sets, 4 for imagefolder and cifar) or crop-flip (also a horizontal flip)")
+	fl.Int32Var(&f.cacheMB, "cache-mb", 0, "imagefolder, cifar: MiB of decoded images a worker keeps in memory; larger sets stream from disk every epoch (default 1024; 0: none)")
+	fl.Float64SliceVar(&f.mean, "mean", nil, "imagefolder, cifar: per-channel mean on the [0, 1] scale, e.g. 0.49,0.48,0.45 (default: computed over the training split and cached beside the data)")
+	fl.Float64SliceVar(&f.std, "std", nil, "imagefolder, cifar: per-channel standard deviation (with --mean)")
 	fl.StringVar(&f.mode, "mode", "", "how workers agree on updates: ps, ring or fedavg (default ps)")
 	fl.Int32Var(&f.workers, "workers", 0, "number of workers (default 1)")
 	fl.Int32Var(&f.batchSize, "batch-size", 0, "examples per worker per step (default 32)")
@@ -130,6 +145,31 @@ func (f *specFlags) build(c *cobra.Command) (*pb.JobSpec, error) {
 	}
 	if ch("data-dir") {
 		ds().DataDir = f.dataDir
+	}
+	if ch("image-size") {
+		h, w, err := parseImageSize(f.imageSize)
+		if err != nil {
+			return nil, err
+		}
+		ds().ImageSize = []int32{h, w}
+	}
+	if ch("channels") {
+		ds().Channels = f.channels
+	}
+	if ch("label-granularity") {
+		ds().LabelGranularity = f.granular
+	}
+	if ch("augment") {
+		ds().Augment = f.augment
+	}
+	if ch("cache-mb") {
+		ds().CacheMb = proto.Int32(f.cacheMB)
+	}
+	if ch("mean") {
+		ds().Mean = f.mean
+	}
+	if ch("std") {
+		ds().Std = f.std
 	}
 	if ch("mode") {
 		spec.Mode = f.mode
@@ -246,7 +286,35 @@ func (f *specFlags) build(c *cobra.Command) (*pb.JobSpec, error) {
 		}
 		spec.Compression = c
 	}
+	// A streamed data set's shape is read here, from the data, so the
+	// coordinator holds none (jobspec.ResolveShape).
+	parent := c.Context()
+	if parent == nil { // a command not run through Execute (tests)
+		parent = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(parent, resolveShapeTimeout)
+	defer cancel()
+	if err := jobspec.ResolveShape(ctx, spec, ""); err != nil {
+		return nil, fmt.Errorf("reading the data set's shape: %w", err)
+	}
 	return spec, nil
+}
+
+// resolveShapeTimeout bounds listing a data set's folders for its shape.
+const resolveShapeTimeout = 10 * time.Minute
+
+// parseImageSize reads --image-size HxW (or a single N for NxN).
+func parseImageSize(v string) (h, w int32, err error) {
+	hs, ws, ok := strings.Cut(strings.ToLower(v), "x")
+	if !ok {
+		ws = hs
+	}
+	hv, err1 := strconv.ParseInt(strings.TrimSpace(hs), 10, 32)
+	wv, err2 := strconv.ParseInt(strings.TrimSpace(ws), 10, 32)
+	if err1 != nil || err2 != nil || hv < 1 || wv < 1 {
+		return 0, 0, fmt.Errorf("--image-size %q: want HxW with positive integers, e.g. 32x32", v)
+	}
+	return int32(hv), int32(wv), nil
 }
 
 // parseCompress reads --compress TYPE[:KEY=VALUE,...].

@@ -61,9 +61,9 @@ func (p *printer) drawBars(j *pb.Job) {
 		fmt.Fprintf(&b, format, a...)
 		b.WriteByte('\n')
 	}
-	line("[%6.1fs] epoch %d/%d  step %d/%d  loss %.4f  %s img/s  eta %s", pr.GetElapsedSeconds(), pr.GetEpoch(),
+	line("[%6.1fs] epoch %d/%d  step %d/%d  loss %.4f  %s img/s%s  eta %s", pr.GetElapsedSeconds(), pr.GetEpoch(),
 		j.GetSpec().GetEpochs(), pr.GetStep(), pr.GetTotalSteps(), pr.GetLoss(), thousands(pr.GetImagesPerSecond()),
-		(time.Duration(pr.GetEtaSeconds()) * time.Second).String())
+		loaderRate(pr.GetLoaderImagesPerSecond()), (time.Duration(pr.GetEtaSeconds()) * time.Second).String())
 	const width = 30
 	for r, rp := range j.GetRanks() {
 		frac := 0.0
@@ -129,7 +129,7 @@ func (p *printer) event(ev *pb.WatchJobResponse) {
 		}
 		if p.json {
 			p.jsonLine(progressEvent{Event: "progress", JobID: j.GetId(), Epoch: pr.Epoch, Epochs: j.GetSpec().GetEpochs(),
-				Step: pr.Step, TotalSteps: pr.TotalSteps, Loss: pr.Loss, ImagesPerSecond: pr.ImagesPerSecond,
+				Step: pr.Step, TotalSteps: pr.TotalSteps, Loss: pr.Loss, ImagesPerSecond: pr.ImagesPerSecond, LoaderImagesPerSecond: pr.LoaderImagesPerSecond,
 				EtaSeconds: pr.EtaSeconds, ElapsedSeconds: pr.ElapsedSeconds, LearningRate: pr.LearningRate})
 			return
 		}
@@ -151,9 +151,9 @@ func (p *printer) event(ev *pb.WatchJobResponse) {
 				pr.Loss, (time.Duration(pr.EtaSeconds) * time.Second).String())
 			return
 		}
-		fmt.Fprintf(p.out, "[%6.1fs] epoch %d/%d  step %d/%d (%4.1f%%)  loss %.4f  %s img/s  eta %s\n",
+		fmt.Fprintf(p.out, "[%6.1fs] epoch %d/%d  step %d/%d (%4.1f%%)  loss %.4f  %s img/s%s  eta %s\n",
 			pr.ElapsedSeconds, pr.Epoch, j.GetSpec().GetEpochs(), pr.Step, pr.TotalSteps, pct, pr.Loss,
-			thousands(pr.ImagesPerSecond), (time.Duration(pr.EtaSeconds) * time.Second).String())
+			thousands(pr.ImagesPerSecond), loaderRate(pr.LoaderImagesPerSecond), (time.Duration(pr.EtaSeconds) * time.Second).String())
 	case pb.EventKind_EVENT_KIND_EVAL:
 		if p.json {
 			p.jsonLine(evalEvent{Event: "eval", JobID: j.GetId(), Epoch: ev.Epoch, TestAccuracy: ev.TestAccuracy, TestLoss: ev.TestLoss})
@@ -191,7 +191,11 @@ func (p *printer) summary(j *pb.Job) {
 	if s.Mode == "fedavg" {
 		fmt.Fprintf(p.out, "  model %s  dataset %s  mode %s  rounds %d\n", s.Model, s.Dataset, s.Mode, s.Steps)
 	} else {
-		fmt.Fprintf(p.out, "  model %s  dataset %s  mode %s  workers %d  epochs %d  steps %d\n", s.Model, s.Dataset, s.Mode, s.Workers, s.Epochs, s.Steps)
+		ds := s.Dataset
+		if s.LabelGranularity != "" {
+			ds += " (" + s.LabelGranularity + " labels)"
+		}
+		fmt.Fprintf(p.out, "  model %s  dataset %s  mode %s  workers %d  epochs %d  steps %d\n", s.Model, ds, s.Mode, s.Workers, s.Epochs, s.Steps)
 	}
 	if s.State == "SUCCEEDED" {
 		if s.MicroF1 != 0 || s.MeanAveragePrecision != 0 {
@@ -200,7 +204,7 @@ func (p *printer) summary(j *pb.Job) {
 			fmt.Fprintf(p.out, "  test accuracy %.2f%%  test loss %.4f\n", 100*s.TestAccuracy, s.TestLoss)
 		}
 	}
-	fmt.Fprintf(p.out, "  wall %.1fs  throughput %s img/s", s.WallSeconds, thousands(s.ImagesPerSecond))
+	fmt.Fprintf(p.out, "  wall %.1fs  throughput %s img/s%s", s.WallSeconds, thousands(s.ImagesPerSecond), loaderRate(s.LoaderImagesPerSecond))
 	if s.GemmBackend != "" {
 		fmt.Fprintf(p.out, "  gemm %s", s.GemmBackend)
 	}
@@ -266,4 +270,13 @@ func thousands(f float64) string {
 		return "-" + b.String()
 	}
 	return b.String()
+}
+
+// loaderRate is the progress lines' "(loader N img/s)" for the streamed
+// data sets, or nothing.
+func loaderRate(v float64) string {
+	if v <= 0 {
+		return ""
+	}
+	return " (loader " + thousands(v) + " img/s)"
 }

@@ -35,8 +35,13 @@ type Summary struct {
 	TrainLoss       float64 `json:"train_loss"`
 	WallSeconds     float64 `json:"wall_seconds"`
 	ImagesPerSecond float64 `json:"images_per_second"`
-	GemmBackend     string  `json:"gemm_backend,omitempty"`
-	RunDir          string  `json:"run_dir"`
+	// LoaderImagesPerSecond is rank 0's data loader capacity (streamed
+	// data sets: imagefolder, cifar10, cifar100), beside images_per_second.
+	LoaderImagesPerSecond float64 `json:"loader_images_per_second,omitempty"`
+	// LabelGranularity is cifar100's label granularity (fine or coarse).
+	LabelGranularity string `json:"label_granularity,omitempty"`
+	GemmBackend      string `json:"gemm_backend,omitempty"`
+	RunDir           string `json:"run_dir"`
 	// ParameterChecksum fingerprints the final parameters (FNV-1a over
 	// their float32 bits, as JobResult.parameter_checksum), as 16 hex
 	// digits: two runs that computed the same thing print the same value.
@@ -68,11 +73,13 @@ func SummaryOf(j *pb.Job) Summary {
 		JobID: j.GetId(), Name: j.GetSpec().GetName(), State: StateName(j.GetState()), Message: j.GetMessage(),
 		Model: j.GetSpec().GetModel(), Dataset: j.GetSpec().GetDataset().GetName(), Mode: j.GetSpec().GetMode(),
 		Workers: j.GetSpec().GetWorkers(), RunDir: j.GetRunDir(),
+		LabelGranularity: j.GetSpec().GetDataset().GetLabelGranularity(),
 	}
 	if r := j.GetResult(); r != nil {
 		s.Epochs, s.Steps = r.Epochs, r.Steps
 		s.TestAccuracy, s.TestLoss, s.TrainLoss = r.TestAccuracy, r.TestLoss, r.TrainLoss
 		s.WallSeconds, s.ImagesPerSecond, s.GemmBackend = r.WallSeconds, r.ImagesPerSecond, r.GemmBackend
+		s.LoaderImagesPerSecond = r.LoaderImagesPerSecond
 		s.ClassAccuracy = r.ClassAccuracy
 		if r.ParameterChecksum != 0 {
 			s.ParameterChecksum = fmt.Sprintf("%016x", r.ParameterChecksum)

@@ -288,11 +288,15 @@ func (x *JobSpec) GetNonfinitePolicy() string {
 type DatasetSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// mnist | fashion-mnist | synthetic | mnist-pairs (multi-label: two
-	// MNIST digits side by side, 1×28×56, the target is the set of both).
-	// Default mnist.
+	// MNIST digits side by side, 1×28×56, the target is the set of both) |
+	// imagefolder (DIR/{train,test|val}/<class>/*.{png,jpg,jpeg}, or a
+	// multi-label set indexed by DIR/labels.csv) | cifar10 | cifar100 (the
+	// official binary files). Default mnist.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// A folder holding the four IDX files (gzipped or not). Empty: the
-	// built-in locations (the GoMNIST module, /usr/share/datasets/fashion-mnist).
+	// A folder holding the four IDX files (gzipped or not), the ImageFolder,
+	// or the CIFAR binary files. Empty: the built-in locations (the GoMNIST
+	// module, /usr/share/datasets/fashion-mnist); required for imagefolder,
+	// cifar10 and cifar100.
 	DataDir string `protobuf:"bytes,2,opt,name=data_dir,json=dataDir,proto3" json:"data_dir,omitempty"`
 	// Sizes of the synthetic set (defaults 6000 / 1000).
 	SyntheticTrain int32 `protobuf:"varint,3,opt,name=synthetic_train,json=syntheticTrain,proto3" json:"synthetic_train,omitempty"`
@@ -301,7 +305,33 @@ type DatasetSpec struct {
 	// crop after zero-padding by 2, torchvision's RandomCrop(28, padding=2))
 	// | "crop-flip" (also a horizontal flip with probability 0.5: not for
 	// digits).
-	Augment       string `protobuf:"bytes,5,opt,name=augment,proto3" json:"augment,omitempty"`
+	Augment string `protobuf:"bytes,5,opt,name=augment,proto3" json:"augment,omitempty"`
+	// imagefolder: resize (bilinear, shorter side to min(H, W)) then
+	// centre-crop to [H, W], as torchvision's Resize + CenterCrop. Empty:
+	// every image keeps its size, and all must then have the same.
+	ImageSize []int32 `protobuf:"varint,6,rep,packed,name=image_size,json=imageSize,proto3" json:"image_size,omitempty"`
+	// cifar100 only: fine (default, 100 classes) | coarse (20 superclasses).
+	LabelGranularity string `protobuf:"bytes,7,opt,name=label_granularity,json=labelGranularity,proto3" json:"label_granularity,omitempty"`
+	// imagefolder: 1 (grayscale) or 3 (RGB, default, torchvision's loader;
+	// RGBA and palette images become RGB).
+	Channels int32 `protobuf:"varint,8,opt,name=channels,proto3" json:"channels,omitempty"`
+	// Per-channel mean and standard deviation on the [0, 1] scale that
+	// inputs are normalised with, (p/255 - mean[c]) / std[c]; one value for
+	// every channel, or one per channel. Empty: imagefolder and cifar
+	// compute them over the training split once and cache them beside the
+	// data (gradsync-stats.json); the IDX sets use their one pixel mean/std.
+	Mean []float64 `protobuf:"fixed64,9,rep,packed,name=mean,proto3" json:"mean,omitempty"`
+	Std  []float64 `protobuf:"fixed64,10,rep,packed,name=std,proto3" json:"std,omitempty"`
+	// The data's shape, resolved by the submitting client (gradsync submit
+	// and local read the data set's folders or headers and fill it), so the
+	// coordinator holds no data. Required for imagefolder, cifar10 and
+	// cifar100 (InvalidArgument without it); filled by Normalize for the
+	// IDX and synthetic sets. Each worker checks its data against it.
+	Shape *DataShape `protobuf:"bytes,11,opt,name=shape,proto3" json:"shape,omitempty"`
+	// Decoded images a worker keeps in memory (imagefolder, cifar), in MiB:
+	// a set that fits is decoded once; a larger one streams from disk
+	// through the loader every epoch. Unset: 1024; 0: no cache.
+	CacheMb       *int32 `protobuf:"varint,12,opt,name=cache_mb,json=cacheMb,proto3,oneof" json:"cache_mb,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -371,6 +401,144 @@ func (x *DatasetSpec) GetAugment() string {
 	return ""
 }
 
+func (x *DatasetSpec) GetImageSize() []int32 {
+	if x != nil {
+		return x.ImageSize
+	}
+	return nil
+}
+
+func (x *DatasetSpec) GetLabelGranularity() string {
+	if x != nil {
+		return x.LabelGranularity
+	}
+	return ""
+}
+
+func (x *DatasetSpec) GetChannels() int32 {
+	if x != nil {
+		return x.Channels
+	}
+	return 0
+}
+
+func (x *DatasetSpec) GetMean() []float64 {
+	if x != nil {
+		return x.Mean
+	}
+	return nil
+}
+
+func (x *DatasetSpec) GetStd() []float64 {
+	if x != nil {
+		return x.Std
+	}
+	return nil
+}
+
+func (x *DatasetSpec) GetShape() *DataShape {
+	if x != nil {
+		return x.Shape
+	}
+	return nil
+}
+
+func (x *DatasetSpec) GetCacheMb() int32 {
+	if x != nil && x.CacheMb != nil {
+		return *x.CacheMb
+	}
+	return 0
+}
+
+// DataShape is what a model is built for: C×H×W inputs and the label space.
+type DataShape struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Channels int32                  `protobuf:"varint,1,opt,name=channels,proto3" json:"channels,omitempty"`
+	Height   int32                  `protobuf:"varint,2,opt,name=height,proto3" json:"height,omitempty"`
+	Width    int32                  `protobuf:"varint,3,opt,name=width,proto3" json:"width,omitempty"`
+	Classes  int32                  `protobuf:"varint,4,opt,name=classes,proto3" json:"classes,omitempty"`
+	// Multi-label (imagefolder with a labels.csv): the target is a set of
+	// classes, trained with BCE-with-logits.
+	MultiLabel bool `protobuf:"varint,5,opt,name=multi_label,json=multiLabel,proto3" json:"multi_label,omitempty"`
+	// Names of the classes in index order (an ImageFolder's folders, CIFAR's
+	// meta files), when known.
+	ClassNames    []string `protobuf:"bytes,6,rep,name=class_names,json=classNames,proto3" json:"class_names,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DataShape) Reset() {
+	*x = DataShape{}
+	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DataShape) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DataShape) ProtoMessage() {}
+
+func (x *DataShape) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DataShape.ProtoReflect.Descriptor instead.
+func (*DataShape) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *DataShape) GetChannels() int32 {
+	if x != nil {
+		return x.Channels
+	}
+	return 0
+}
+
+func (x *DataShape) GetHeight() int32 {
+	if x != nil {
+		return x.Height
+	}
+	return 0
+}
+
+func (x *DataShape) GetWidth() int32 {
+	if x != nil {
+		return x.Width
+	}
+	return 0
+}
+
+func (x *DataShape) GetClasses() int32 {
+	if x != nil {
+		return x.Classes
+	}
+	return 0
+}
+
+func (x *DataShape) GetMultiLabel() bool {
+	if x != nil {
+		return x.MultiLabel
+	}
+	return false
+}
+
+func (x *DataShape) GetClassNames() []string {
+	if x != nil {
+		return x.ClassNames
+	}
+	return nil
+}
+
 // OptimizerSpec follows torch.optim semantics.
 type OptimizerSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -392,7 +560,7 @@ type OptimizerSpec struct {
 
 func (x *OptimizerSpec) Reset() {
 	*x = OptimizerSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -404,7 +572,7 @@ func (x *OptimizerSpec) String() string {
 func (*OptimizerSpec) ProtoMessage() {}
 
 func (x *OptimizerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -417,7 +585,7 @@ func (x *OptimizerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OptimizerSpec.ProtoReflect.Descriptor instead.
 func (*OptimizerSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{2}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *OptimizerSpec) GetName() string {
@@ -493,7 +661,7 @@ type ScheduleSpec struct {
 
 func (x *ScheduleSpec) Reset() {
 	*x = ScheduleSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -505,7 +673,7 @@ func (x *ScheduleSpec) String() string {
 func (*ScheduleSpec) ProtoMessage() {}
 
 func (x *ScheduleSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -518,7 +686,7 @@ func (x *ScheduleSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduleSpec.ProtoReflect.Descriptor instead.
 func (*ScheduleSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{3}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ScheduleSpec) GetName() string {
@@ -566,7 +734,7 @@ type CompressionSpec struct {
 
 func (x *CompressionSpec) Reset() {
 	*x = CompressionSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -578,7 +746,7 @@ func (x *CompressionSpec) String() string {
 func (*CompressionSpec) ProtoMessage() {}
 
 func (x *CompressionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -591,7 +759,7 @@ func (x *CompressionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompressionSpec.ProtoReflect.Descriptor instead.
 func (*CompressionSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{4}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CompressionSpec) GetType() string {
@@ -664,7 +832,7 @@ type CheckpointSpec struct {
 
 func (x *CheckpointSpec) Reset() {
 	*x = CheckpointSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -676,7 +844,7 @@ func (x *CheckpointSpec) String() string {
 func (*CheckpointSpec) ProtoMessage() {}
 
 func (x *CheckpointSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -689,7 +857,7 @@ func (x *CheckpointSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointSpec.ProtoReflect.Descriptor instead.
 func (*CheckpointSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{5}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CheckpointSpec) GetEverySteps() int64 {
@@ -766,7 +934,7 @@ type FederatedSpec struct {
 
 func (x *FederatedSpec) Reset() {
 	*x = FederatedSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +946,7 @@ func (x *FederatedSpec) String() string {
 func (*FederatedSpec) ProtoMessage() {}
 
 func (x *FederatedSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +959,7 @@ func (x *FederatedSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederatedSpec.ProtoReflect.Descriptor instead.
 func (*FederatedSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{6}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *FederatedSpec) GetRounds() int32 {
@@ -926,7 +1094,7 @@ type PartitionSpec struct {
 
 func (x *PartitionSpec) Reset() {
 	*x = PartitionSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -938,7 +1106,7 @@ func (x *PartitionSpec) String() string {
 func (*PartitionSpec) ProtoMessage() {}
 
 func (x *PartitionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -951,7 +1119,7 @@ func (x *PartitionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionSpec.ProtoReflect.Descriptor instead.
 func (*PartitionSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{7}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PartitionSpec) GetType() string {
@@ -997,7 +1165,7 @@ type ParameterServerSpec struct {
 
 func (x *ParameterServerSpec) Reset() {
 	*x = ParameterServerSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1009,7 +1177,7 @@ func (x *ParameterServerSpec) String() string {
 func (*ParameterServerSpec) ProtoMessage() {}
 
 func (x *ParameterServerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1022,7 +1190,7 @@ func (x *ParameterServerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParameterServerSpec.ProtoReflect.Descriptor instead.
 func (*ParameterServerSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{8}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ParameterServerSpec) GetShards() int32 {
@@ -1096,13 +1264,32 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\v_batch_sizeB\t\n" +
 	"\a_epochsB\a\n" +
 	"\x05_seedB\x13\n" +
-	"\x11_eval_every_epoch\"\xa6\x01\n" +
+	"\x11_eval_every_epoch\"\x8f\x03\n" +
 	"\vDatasetSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bdata_dir\x18\x02 \x01(\tR\adataDir\x12'\n" +
 	"\x0fsynthetic_train\x18\x03 \x01(\x05R\x0esyntheticTrain\x12%\n" +
 	"\x0esynthetic_test\x18\x04 \x01(\x05R\rsyntheticTest\x12\x18\n" +
-	"\aaugment\x18\x05 \x01(\tR\aaugment\"\xea\x01\n" +
+	"\aaugment\x18\x05 \x01(\tR\aaugment\x12\x1d\n" +
+	"\n" +
+	"image_size\x18\x06 \x03(\x05R\timageSize\x12+\n" +
+	"\x11label_granularity\x18\a \x01(\tR\x10labelGranularity\x12\x1a\n" +
+	"\bchannels\x18\b \x01(\x05R\bchannels\x12\x12\n" +
+	"\x04mean\x18\t \x03(\x01R\x04mean\x12\x10\n" +
+	"\x03std\x18\n" +
+	" \x03(\x01R\x03std\x12,\n" +
+	"\x05shape\x18\v \x01(\v2\x16.gradsync.v1.DataShapeR\x05shape\x12\x1e\n" +
+	"\bcache_mb\x18\f \x01(\x05H\x00R\acacheMb\x88\x01\x01B\v\n" +
+	"\t_cache_mb\"\xb1\x01\n" +
+	"\tDataShape\x12\x1a\n" +
+	"\bchannels\x18\x01 \x01(\x05R\bchannels\x12\x16\n" +
+	"\x06height\x18\x02 \x01(\x05R\x06height\x12\x14\n" +
+	"\x05width\x18\x03 \x01(\x05R\x05width\x12\x18\n" +
+	"\aclasses\x18\x04 \x01(\x05R\aclasses\x12\x1f\n" +
+	"\vmulti_label\x18\x05 \x01(\bR\n" +
+	"multiLabel\x12\x1f\n" +
+	"\vclass_names\x18\x06 \x03(\tR\n" +
+	"classNames\"\xea\x01\n" +
 	"\rOptimizerSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x13\n" +
 	"\x02lr\x18\x02 \x01(\x01H\x00R\x02lr\x88\x01\x01\x12\x1f\n" +
@@ -1180,32 +1367,34 @@ func file_gradsync_v1_spec_proto_rawDescGZIP() []byte {
 	return file_gradsync_v1_spec_proto_rawDescData
 }
 
-var file_gradsync_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_gradsync_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_gradsync_v1_spec_proto_goTypes = []any{
 	(*JobSpec)(nil),             // 0: gradsync.v1.JobSpec
 	(*DatasetSpec)(nil),         // 1: gradsync.v1.DatasetSpec
-	(*OptimizerSpec)(nil),       // 2: gradsync.v1.OptimizerSpec
-	(*ScheduleSpec)(nil),        // 3: gradsync.v1.ScheduleSpec
-	(*CompressionSpec)(nil),     // 4: gradsync.v1.CompressionSpec
-	(*CheckpointSpec)(nil),      // 5: gradsync.v1.CheckpointSpec
-	(*FederatedSpec)(nil),       // 6: gradsync.v1.FederatedSpec
-	(*PartitionSpec)(nil),       // 7: gradsync.v1.PartitionSpec
-	(*ParameterServerSpec)(nil), // 8: gradsync.v1.ParameterServerSpec
+	(*DataShape)(nil),           // 2: gradsync.v1.DataShape
+	(*OptimizerSpec)(nil),       // 3: gradsync.v1.OptimizerSpec
+	(*ScheduleSpec)(nil),        // 4: gradsync.v1.ScheduleSpec
+	(*CompressionSpec)(nil),     // 5: gradsync.v1.CompressionSpec
+	(*CheckpointSpec)(nil),      // 6: gradsync.v1.CheckpointSpec
+	(*FederatedSpec)(nil),       // 7: gradsync.v1.FederatedSpec
+	(*PartitionSpec)(nil),       // 8: gradsync.v1.PartitionSpec
+	(*ParameterServerSpec)(nil), // 9: gradsync.v1.ParameterServerSpec
 }
 var file_gradsync_v1_spec_proto_depIdxs = []int32{
 	1, // 0: gradsync.v1.JobSpec.dataset:type_name -> gradsync.v1.DatasetSpec
-	2, // 1: gradsync.v1.JobSpec.optimizer:type_name -> gradsync.v1.OptimizerSpec
-	3, // 2: gradsync.v1.JobSpec.lr_schedule:type_name -> gradsync.v1.ScheduleSpec
-	4, // 3: gradsync.v1.JobSpec.compression:type_name -> gradsync.v1.CompressionSpec
-	5, // 4: gradsync.v1.JobSpec.checkpoint:type_name -> gradsync.v1.CheckpointSpec
-	6, // 5: gradsync.v1.JobSpec.federated:type_name -> gradsync.v1.FederatedSpec
-	7, // 6: gradsync.v1.JobSpec.partition:type_name -> gradsync.v1.PartitionSpec
-	8, // 7: gradsync.v1.JobSpec.parameter_server:type_name -> gradsync.v1.ParameterServerSpec
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	3, // 1: gradsync.v1.JobSpec.optimizer:type_name -> gradsync.v1.OptimizerSpec
+	4, // 2: gradsync.v1.JobSpec.lr_schedule:type_name -> gradsync.v1.ScheduleSpec
+	5, // 3: gradsync.v1.JobSpec.compression:type_name -> gradsync.v1.CompressionSpec
+	6, // 4: gradsync.v1.JobSpec.checkpoint:type_name -> gradsync.v1.CheckpointSpec
+	7, // 5: gradsync.v1.JobSpec.federated:type_name -> gradsync.v1.FederatedSpec
+	8, // 6: gradsync.v1.JobSpec.partition:type_name -> gradsync.v1.PartitionSpec
+	9, // 7: gradsync.v1.JobSpec.parameter_server:type_name -> gradsync.v1.ParameterServerSpec
+	2, // 8: gradsync.v1.DatasetSpec.shape:type_name -> gradsync.v1.DataShape
+	9, // [9:9] is the sub-list for method output_type
+	9, // [9:9] is the sub-list for method input_type
+	9, // [9:9] is the sub-list for extension type_name
+	9, // [9:9] is the sub-list for extension extendee
+	0, // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_spec_proto_init() }
@@ -1214,15 +1403,16 @@ func file_gradsync_v1_spec_proto_init() {
 		return
 	}
 	file_gradsync_v1_spec_proto_msgTypes[0].OneofWrappers = []any{}
-	file_gradsync_v1_spec_proto_msgTypes[2].OneofWrappers = []any{}
-	file_gradsync_v1_spec_proto_msgTypes[4].OneofWrappers = []any{}
+	file_gradsync_v1_spec_proto_msgTypes[1].OneofWrappers = []any{}
+	file_gradsync_v1_spec_proto_msgTypes[3].OneofWrappers = []any{}
+	file_gradsync_v1_spec_proto_msgTypes[5].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gradsync_v1_spec_proto_rawDesc), len(file_gradsync_v1_spec_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
