@@ -25,7 +25,9 @@ func (l *AvgPool2D) actBufs() (fwd, bwd []*[]float32) { return []*[]float32{&l.y
 func (l *GlobalAvgPool) actBufs() (fwd, bwd []*[]float32) {
 	return []*[]float32{&l.y}, []*[]float32{&l.dx}
 }
-func (l *ClassToken) actBufs() (fwd, bwd []*[]float32) { return []*[]float32{&l.y}, []*[]float32{&l.dx} }
+func (l *ClassToken) actBufs() (fwd, bwd []*[]float32) {
+	return []*[]float32{&l.y}, []*[]float32{&l.dx}
+}
 func (l *BatchNorm2d) actBufs() (fwd, bwd []*[]float32) {
 	return []*[]float32{&l.y, &l.xhat, &l.invStd}, []*[]float32{&l.dx}
 }
