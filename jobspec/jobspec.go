@@ -331,6 +331,14 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if s.NonfinitePolicy != "fail" && s.NonfinitePolicy != "skip" {
 		return nil, errf("nonfinite_policy", "unknown policy %q; allowed: fail, skip", s.NonfinitePolicy)
 	}
+	switch s.ActivationCheckpointing { // models.ParseCheckpointing's names
+	case "", "none", "blocks", "sqrt":
+	default:
+		return nil, errf("activation_checkpointing", "unknown mode %q; allowed: none, blocks, sqrt", s.ActivationCheckpointing)
+	}
+	if s.Precision != "" && s.Precision != "fp32" {
+		return nil, errf("precision", "unknown precision %q; allowed: fp32", s.Precision)
+	}
 	if s.Name == "" {
 		s.Name = s.Model + "-" + d.Name
 	}

@@ -188,6 +188,8 @@ func TestNormalizeRejects(t *testing.T) {
 		{"step timeout negative", &pb.JobSpec{StepTimeoutSeconds: -1}, "step_timeout_seconds", "out of range"},
 		{"step timeout NaN", &pb.JobSpec{StepTimeoutSeconds: math.NaN()}, "step_timeout_seconds", "out of range"},
 		{"nonfinite policy", &pb.JobSpec{NonfinitePolicy: "ignore"}, "nonfinite_policy", "unknown policy"},
+		{"activation checkpointing", &pb.JobSpec{ActivationCheckpointing: "layers"}, "activation_checkpointing", "allowed: none, blocks, sqrt"},
+		{"precision", &pb.JobSpec{Precision: "fp8"}, "precision", "unknown precision"},
 		{"schedule unknown", &pb.JobSpec{LrSchedule: &pb.ScheduleSpec{Name: "exp"}}, "lr_schedule.name", "unknown schedule"},
 		{"schedule step without size", &pb.JobSpec{LrSchedule: &pb.ScheduleSpec{Name: "step"}}, "lr_schedule.step_size", "step_size"},
 		{"schedule step gamma 2", &pb.JobSpec{LrSchedule: &pb.ScheduleSpec{Name: "step", StepSize: 1, Gamma: 2}}, "lr_schedule.gamma", "out of range"},

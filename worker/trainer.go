@@ -92,6 +92,14 @@ func newTrainer(a *pb.Assignment, env *taskEnv, obj objective) (*Trainer, error)
 			return nil, err
 		}
 	}
+	ck, err := models.ParseCheckpointing(spec.GetActivationCheckpointing())
+	if err == nil {
+		err = net.SetCheckpointing(ck)
+	}
+	if err != nil {
+		net.Close()
+		return nil, err
+	}
 	return t, nil
 }
 

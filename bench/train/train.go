@@ -37,6 +37,9 @@ type Options struct {
 	// Backend is the GEMM backend ("openblas", "gonum", "auto"); empty
 	// keeps the current one.
 	Backend string
+	// ActivationCheckpointing is the network's activation checkpointing
+	// ("none", "blocks", "sqrt"; models.ParseCheckpointing); empty: none.
+	ActivationCheckpointing string
 }
 
 // Result is one measurement.
@@ -49,6 +52,13 @@ type Result struct {
 	ImagesPerSecond float64 `json:"images_per_second"`
 	Steps           int     `json:"steps"`
 	SecondsPerStep  float64 `json:"seconds_per_step"`
+	// ActivationCheckpointing is the mode the steps ran with.
+	ActivationCheckpointing string `json:"activation_checkpointing"`
+	// PeakActivationBytes is the activation memory the network held
+	// after the timed steps (models.Network.ActivationBytes): a step's peak.
+	PeakActivationBytes int64 `json:"peak_activation_bytes"`
+	// KernelSet is the vector kernels the process runs (kernels.KernelSet).
+	KernelSet string `json:"kernel_set"`
 }
 
 // warmSteps are run untimed first: they size every buffer (no step
@@ -91,6 +101,9 @@ func (o Options) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("bench: unknown backend %q (want auto, openblas or gonum)", o.Backend))
 	}
+	if _, err := models.ParseCheckpointing(o.ActivationCheckpointing); err != nil {
+		errs = append(errs, fmt.Errorf("bench: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -110,6 +123,10 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 	}
 	defer net.Close()
 	if err := net.SetThreads(opt.Threads); err != nil {
+		return Result{}, err
+	}
+	ck, _ := models.ParseCheckpointing(opt.ActivationCheckpointing) // checked by Validate
+	if err := net.SetCheckpointing(ck); err != nil {
 		return Result{}, err
 	}
 	if opt.Backend != "" {
@@ -169,5 +186,9 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 		ImagesPerSecond: float64(steps*opt.BatchSize) / sec,
 		Steps:           steps,
 		SecondsPerStep:  sec / float64(steps),
+
+		ActivationCheckpointing: ck.String(),
+		PeakActivationBytes:     net.ActivationBytes(),
+		KernelSet:               kernels.KernelSet(),
 	}, nil
 }

@@ -76,3 +76,27 @@ func BenchmarkTrain(b *testing.B) {
 		})
 	}
 }
+
+// TestTrainCheckpointing runs checkpointed steps and checks that they
+// report their mode and hold less activation memory on resnet8, and that
+// an unknown mode is an error.
+func TestTrainCheckpointing(t *testing.T) {
+	ctx := context.Background()
+	var bytes [2]int64
+	for i, mode := range []string{"none", "blocks"} {
+		res, err := Run(ctx, Options{Model: "resnet8", BatchSize: 8, Seconds: 0.01, ActivationCheckpointing: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ActivationCheckpointing != mode || res.PeakActivationBytes <= 0 || res.KernelSet == "" {
+			t.Fatalf("result %+v", res)
+		}
+		bytes[i] = res.PeakActivationBytes
+	}
+	if bytes[1] >= bytes[0] {
+		t.Errorf("blocks: %d activation bytes, not below %d without checkpointing", bytes[1], bytes[0])
+	}
+	if _, err := Run(ctx, Options{Model: "mlp", ActivationCheckpointing: "all"}); err == nil || !strings.Contains(err.Error(), "blocks") {
+		t.Fatalf("unknown checkpointing: %v", err)
+	}
+}
