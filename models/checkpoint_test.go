@@ -156,7 +156,8 @@ func TestParseCheckpointing(t *testing.T) {
 
 // TestCheckpointingDoesNotAllocate checks that warm checkpointed steps
 // allocate nothing, as steps without checkpointing (the arenas are sized
-// by the first steps), on one thread and on two.
+// by the first steps), on one thread and on two, in fp32 and in bf16
+// (whose rounded operands live in per-layer scratch).
 func TestCheckpointingDoesNotAllocate(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		t.Skip("allocation accounting (not under -short or -race)")
@@ -166,9 +167,16 @@ func TestCheckpointingDoesNotAllocate(t *testing.T) {
 			t.Skip("gonum's GEMM allocates")
 		}
 		for _, name := range Names() {
-			for _, threads := range []int{1, 2} {
+			for _, cfg := range []struct {
+				threads int
+				prec    Precision
+			}{{1, FP32}, {2, FP32}, {1, BF16}} {
+				threads := cfg.threads
 				n, _ := New(name, Options{})
 				if err := n.SetThreads(threads); err != nil {
+					t.Fatal(err)
+				}
+				if err := n.SetPrecision(cfg.prec); err != nil {
 					t.Fatal(err)
 				}
 				if err := n.SetCheckpointing(CheckpointBlocks); err != nil {
@@ -185,7 +193,7 @@ func TestCheckpointingDoesNotAllocate(t *testing.T) {
 				step()
 				step()
 				if a := testing.AllocsPerRun(10, step); a != 0 {
-					t.Errorf("%s, %d threads: %v allocations per checkpointed step, want 0", name, threads, a)
+					t.Errorf("%s, %d threads, %v: %v allocations per checkpointed step, want 0", name, threads, cfg.prec, a)
 				}
 				n.Close()
 			}

@@ -72,6 +72,8 @@ type Network struct {
 	ckMode    Checkpointing
 	ck        *stackCk
 	lastInput []float32
+	// prec is SetPrecision's precision.
+	prec Precision
 }
 
 // builder lays out the flat buffers: layers declare their parameters, then

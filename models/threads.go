@@ -113,6 +113,7 @@ func (n *Network) SetThreads(t int) error {
 		}
 		b.bind(n.params, r.grads, n.bufs)
 		r.ck = n.newStackCk(layers, false)
+		setPrecision(layers, n.prec)
 		for i, d := range r.dropouts {
 			d.calls = n.dropouts[i].calls
 		}
