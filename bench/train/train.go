@@ -40,6 +40,10 @@ type Options struct {
 	// ActivationCheckpointing is the network's activation checkpointing
 	// ("none", "blocks", "sqrt"; models.ParseCheckpointing); empty: none.
 	ActivationCheckpointing string
+	// Precision is the network's arithmetic ("fp32", "bf16", "fp16";
+	// models.ParsePrecision); empty: fp32. The fp16 steps take no loss
+	// scaling (the batch is fixed and its gradients do not underflow).
+	Precision string
 }
 
 // Result is one measurement.
@@ -52,6 +56,8 @@ type Result struct {
 	ImagesPerSecond float64 `json:"images_per_second"`
 	Steps           int     `json:"steps"`
 	SecondsPerStep  float64 `json:"seconds_per_step"`
+	// Precision is the arithmetic the steps ran in.
+	Precision string `json:"precision"`
 	// ActivationCheckpointing is the mode the steps ran with.
 	ActivationCheckpointing string `json:"activation_checkpointing"`
 	// PeakActivationBytes is the activation memory the network held
@@ -104,6 +110,9 @@ func (o Options) Validate() error {
 	if _, err := models.ParseCheckpointing(o.ActivationCheckpointing); err != nil {
 		errs = append(errs, fmt.Errorf("bench: %w", err))
 	}
+	if _, err := models.ParsePrecision(o.Precision); err != nil {
+		errs = append(errs, fmt.Errorf("bench: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -127,6 +136,10 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 	}
 	ck, _ := models.ParseCheckpointing(opt.ActivationCheckpointing) // checked by Validate
 	if err := net.SetCheckpointing(ck); err != nil {
+		return Result{}, err
+	}
+	prec, _ := models.ParsePrecision(opt.Precision) // checked by Validate
+	if err := net.SetPrecision(prec); err != nil {
 		return Result{}, err
 	}
 	if opt.Backend != "" {
@@ -187,6 +200,7 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 		Steps:           steps,
 		SecondsPerStep:  sec / float64(steps),
 
+		Precision:               prec.String(),
 		ActivationCheckpointing: ck.String(),
 		PeakActivationBytes:     net.ActivationBytes(),
 		KernelSet:               kernels.KernelSet(),

@@ -100,3 +100,21 @@ func TestTrainCheckpointing(t *testing.T) {
 		t.Fatalf("unknown checkpointing: %v", err)
 	}
 }
+
+// TestTrainPrecision runs bf16 and fp16 steps and checks that they say
+// so, and that an unknown precision is an error.
+func TestTrainPrecision(t *testing.T) {
+	ctx := context.Background()
+	for _, p := range []string{"bf16", "fp16"} {
+		res, err := Run(ctx, Options{Model: "lenet5", BatchSize: 4, Seconds: 0.01, Precision: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Precision != p || res.Steps < 1 {
+			t.Fatalf("result %+v", res)
+		}
+	}
+	if _, err := Run(ctx, Options{Model: "mlp", Precision: "fp8"}); err == nil || !strings.Contains(err.Error(), "bf16") {
+		t.Fatalf("unknown precision: %v", err)
+	}
+}
