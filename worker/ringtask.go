@@ -164,6 +164,7 @@ func (r *ringTask) stats() syncStats {
 	if st, ok := r.ring.(ringStatser); ok {
 		_, s.leftWait = st.WaitStats()
 	}
+	r.scalerStats(&s)
 	return s
 }
 

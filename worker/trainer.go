@@ -96,6 +96,12 @@ func newTrainer(a *pb.Assignment, env *taskEnv, obj objective) (*Trainer, error)
 	if err == nil {
 		err = net.SetCheckpointing(ck)
 	}
+	if err == nil {
+		var p models.Precision
+		if p, err = models.ParsePrecision(spec.GetPrecision()); err == nil {
+			err = net.SetPrecision(p)
+		}
+	}
 	if err != nil {
 		net.Close()
 		return nil, err
@@ -215,7 +221,11 @@ func (t *Trainer) step(ctx context.Context, epoch int, batch []int) (float32, er
 	if err != nil {
 		return 0, fmt.Errorf("step %d: %w", t.at.step, err)
 	}
-	loss := forwardBackward(net, t.obj, batch, t.micro, t.x, t.dl, epoch, ready)
+	scale := float32(1)
+	if s, ok := t.sync.(lossScaler); ok {
+		scale = s.lossScale()
+	}
+	loss := forwardBackward(net, t.obj, batch, t.micro, t.x, t.dl, epoch, scale, ready)
 	syncStart := time.Now()
 	t.times.step(syncStart.Sub(stepStart))
 	if err := t.sync.step(ctx, net.Grads(), net.Params()); err != nil {
@@ -262,6 +272,7 @@ func (t *Trainer) report(epoch int) {
 		p.CompressionRatio = float64(c.RawBytes) / float64(c.SentBytes)
 	}
 	t.times.report(p, st.leftWait)
+	p.SkippedSteps, p.LossScale = st.skipped, float64(st.lossScale)
 	st.staleness.fill(p, nil)
 	t.env.metrics.SetImagesPerSecond(t.a.JobId, int(t.a.Rank), p.ImagesPerSecond)
 	t.env.rep.trySend(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Progress{Progress: &pb.TaskProgress{
@@ -284,6 +295,7 @@ func (t *Trainer) finish(ctx context.Context) (*pb.JobResult, error) {
 		res.CompressSeconds = c.CompressSeconds
 	}
 	st.staleness.fill(nil, res)
+	res.SkippedSteps, res.LossScale = st.skipped, float64(st.lossScale)
 	res.ParameterChecksum = models.Checksum(t.net.Params())
 	wall := time.Since(t.start).Seconds()
 	res.ImagesPerSecond = float64(step-t.from.step) * float64(t.plan.batch) / wall

@@ -329,8 +329,12 @@ type Progress struct {
 	PsStaleUpdatesMax  int64   `protobuf:"varint,16,opt,name=ps_stale_updates_max,json=psStaleUpdatesMax,proto3" json:"ps_stale_updates_max,omitempty"`
 	PsWaitSeconds      float64 `protobuf:"fixed64,17,opt,name=ps_wait_seconds,json=psWaitSeconds,proto3" json:"ps_wait_seconds,omitempty"`
 	PsRefused          int64   `protobuf:"varint,18,opt,name=ps_refused,json=psRefused,proto3" json:"ps_refused,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// precision fp16: optimiser steps the loss scaler skipped so far for
+	// inf/NaN gradients (this task), and the loss scale now.
+	SkippedSteps  int64   `protobuf:"varint,160,opt,name=skipped_steps,json=skippedSteps,proto3" json:"skipped_steps,omitempty"`
+	LossScale     float64 `protobuf:"fixed64,161,opt,name=loss_scale,json=lossScale,proto3" json:"loss_scale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Progress) Reset() {
@@ -489,6 +493,20 @@ func (x *Progress) GetPsRefused() int64 {
 	return 0
 }
 
+func (x *Progress) GetSkippedSteps() int64 {
+	if x != nil {
+		return x.SkippedSteps
+	}
+	return 0
+}
+
+func (x *Progress) GetLossScale() float64 {
+	if x != nil {
+		return x.LossScale
+	}
+	return 0
+}
+
 // JobResult is what a finished job achieved.
 type JobResult struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
@@ -526,8 +544,12 @@ type JobResult struct {
 	PsStaleUpdatesMax  int64   `protobuf:"varint,22,opt,name=ps_stale_updates_max,json=psStaleUpdatesMax,proto3" json:"ps_stale_updates_max,omitempty"`
 	PsWaitSeconds      float64 `protobuf:"fixed64,23,opt,name=ps_wait_seconds,json=psWaitSeconds,proto3" json:"ps_wait_seconds,omitempty"`
 	PsRefused          int64   `protobuf:"varint,24,opt,name=ps_refused,json=psRefused,proto3" json:"ps_refused,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// precision fp16: optimiser steps rank 0's loss scaler skipped for
+	// inf/NaN gradients (this task), and its final loss scale.
+	SkippedSteps  int64   `protobuf:"varint,160,opt,name=skipped_steps,json=skippedSteps,proto3" json:"skipped_steps,omitempty"`
+	LossScale     float64 `protobuf:"fixed64,161,opt,name=loss_scale,json=lossScale,proto3" json:"loss_scale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobResult) Reset() {
@@ -724,6 +746,20 @@ func (x *JobResult) GetPsWaitSeconds() float64 {
 func (x *JobResult) GetPsRefused() int64 {
 	if x != nil {
 		return x.PsRefused
+	}
+	return 0
+}
+
+func (x *JobResult) GetSkippedSteps() int64 {
+	if x != nil {
+		return x.SkippedSteps
+	}
+	return 0
+}
+
+func (x *JobResult) GetLossScale() float64 {
+	if x != nil {
+		return x.LossScale
 	}
 	return 0
 }
@@ -1273,7 +1309,7 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\arun_dir\x18\f \x01(\tR\x06runDir\x12+\n" +
 	"\x05ranks\x18\r \x03(\v2\x15.gradsync.v1.ProgressR\x05ranks\x12\x1f\n" +
 	"\vresume_from\x18\x0e \x01(\tR\n" +
-	"resumeFrom\"\xbc\x05\n" +
+	"resumeFrom\"\x82\x06\n" +
 	"\bProgress\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x05R\x05epoch\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1f\n" +
@@ -1296,7 +1332,10 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\x14ps_stale_updates_max\x18\x10 \x01(\x03R\x11psStaleUpdatesMax\x12&\n" +
 	"\x0fps_wait_seconds\x18\x11 \x01(\x01R\rpsWaitSeconds\x12\x1d\n" +
 	"\n" +
-	"ps_refused\x18\x12 \x01(\x03R\tpsRefused\"\xb4\a\n" +
+	"ps_refused\x18\x12 \x01(\x03R\tpsRefused\x12$\n" +
+	"\rskipped_steps\x18\xa0\x01 \x01(\x03R\fskippedSteps\x12\x1e\n" +
+	"\n" +
+	"loss_scale\x18\xa1\x01 \x01(\x01R\tlossScale\"\xfa\a\n" +
 	"\tJobResult\x12#\n" +
 	"\rtest_accuracy\x18\x01 \x01(\x01R\ftestAccuracy\x12\x1b\n" +
 	"\ttest_loss\x18\x02 \x01(\x01R\btestLoss\x12\x1d\n" +
@@ -1324,7 +1363,10 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\x14ps_stale_updates_max\x18\x16 \x01(\x03R\x11psStaleUpdatesMax\x12&\n" +
 	"\x0fps_wait_seconds\x18\x17 \x01(\x01R\rpsWaitSeconds\x12\x1d\n" +
 	"\n" +
-	"ps_refused\x18\x18 \x01(\x03R\tpsRefused\"`\n" +
+	"ps_refused\x18\x18 \x01(\x03R\tpsRefused\x12$\n" +
+	"\rskipped_steps\x18\xa0\x01 \x01(\x03R\fskippedSteps\x12\x1e\n" +
+	"\n" +
+	"loss_scale\x18\xa1\x01 \x01(\x01R\tlossScale\"`\n" +
 	"\x10SubmitJobRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.gradsync.v1.JobSpecR\x04spec\x12\"\n" +
 	"\rresume_job_id\x18\x02 \x01(\tR\vresumeJobId\"7\n" +

@@ -1,0 +1,138 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/internal/optim"
+	"github.com/gradsync/gradsync/jobspec"
+	"github.com/gradsync/gradsync/models"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// TestRingLossScaler drives two ring ranks of an fp16 job through a
+// script of steps whose gradients are finite or hold an inf (on one rank
+// only) or a NaN, each rank's gradient scaled by the loss scale as
+// backward would leave it. Every rank must skip exactly the steps
+// GradScaler's algorithm skips (optim.LossScaler run on the script),
+// keep the parameters on a skipped step, take the step on the unscaled
+// mean otherwise, and report the same skipped count and scale.
+func TestRingLossScaler(t *testing.T) {
+	const world = 2
+	// per step: which rank's gradient is poisoned, and with what (0: none)
+	type poison struct {
+		rank int
+		v    float32
+	}
+	script := []poison{{}, {0, float32(math.Inf(1))}, {}, {}, {1, float32(math.NaN())}, {1, float32(math.Inf(-1))}, {}, {}}
+	spec, err := jobspec.Normalize(&pb.JobSpec{Model: "logreg", Mode: "ring", Precision: "fp16", Dataset: &pb.DatasetSpec{Name: "synthetic"},
+		Workers: proto.Int32(world), BatchSize: proto.Int32(4)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &pb.Assignment{Generation: 1, Spec: spec}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// what GradScaler does with the script
+	ref, _ := optim.NewLossScaler(optim.ScalerConfig{})
+	var wantSkips []bool
+	for _, p := range script {
+		wantSkips = append(wantSkips, !ref.Update(p.v == 0))
+	}
+
+	rings := aggregator.NewMemRing(world, 4)
+	nets := make([]*models.Network, world)
+	type outcome struct {
+		skips  []bool
+		params [][]float32
+		stats  syncStats
+	}
+	out := make([]outcome, world)
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := range world {
+		nets[r], _ = models.New("logreg", models.Options{Seed: 1})
+		wg.Go(func() {
+			net := nets[r]
+			rs, err := newRingSync(ctx, rings[r], nil, a, net, int64(len(script)), nil)
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			rs.noOverlap = true
+			for s, p := range script {
+				before := slices.Clone(net.Params())
+				g := net.Grads()
+				scale := rs.lossScale()
+				for i := range g {
+					g[i] = scale * float32(i%7-3) * 0x1p-10 * float32(r+1)
+				}
+				if p.v != 0 && p.rank == r {
+					g[s] = p.v
+				}
+				skippedBefore := rs.scaler.Skipped()
+				if err := rs.step(ctx, g, net.Params()); err != nil {
+					errs[r] = err
+					return
+				}
+				skipped := rs.scaler.Skipped() > skippedBefore
+				out[r].skips = append(out[r].skips, skipped)
+				if skipped && !slices.Equal(before, net.Params()) {
+					errs[r] = fmt.Errorf("step %d skipped but the parameters moved", s)
+					return
+				}
+				out[r].params = append(out[r].params, slices.Clone(net.Params()))
+			}
+			rs.scalerStats(&out[r].stats)
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	for r := range world {
+		if !slices.Equal(out[r].skips, wantSkips) {
+			t.Errorf("rank %d skipped %v, want %v", r, out[r].skips, wantSkips)
+		}
+		if st := out[r].stats; st.skipped != ref.Skipped() || st.lossScale != ref.Scale() {
+			t.Errorf("rank %d: %d skipped at scale %v, want %d at %v", r, st.skipped, st.lossScale, ref.Skipped(), ref.Scale())
+		}
+		for s := range script {
+			if !slices.Equal(out[r].params[s], out[0].params[s]) {
+				t.Errorf("step %d: rank %d's parameters differ from rank 0's", s, r)
+			}
+		}
+	}
+	// the first step is clean: the update is SGD on the unscaled mean
+	// gradient, (1+2)/2 · (i%7−3)·2⁻¹⁰, whatever the scale was
+	init, _ := models.New("logreg", models.Options{Seed: 1})
+	sgd := optim.FromSpec(spec)
+	sgd.SetLR(float32(optim.LearningRate(spec, 0, int64(len(script)))))
+	g := make([]float32, init.NumParams())
+	for i := range g {
+		g[i] = 1.5 * float32(i%7-3) * 0x1p-10
+	}
+	sgd.Step(init.Params(), g)
+	if d := maxAbsDiff(init.Params(), out[0].params[0]); d > 1e-7 {
+		t.Errorf("first step: parameters differ from SGD on the unscaled mean gradient by %g", d)
+	}
+}
+
+func maxAbsDiff(a, b []float32) float64 {
+	var d float64
+	for i := range a {
+		d = math.Max(d, math.Abs(float64(a[i])-float64(b[i])))
+	}
+	return d
+}
