@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
@@ -135,4 +136,54 @@ func maxAbsDiff(a, b []float32) float64 {
 		d = math.Max(d, math.Abs(float64(a[i])-float64(b[i])))
 	}
 	return d
+}
+
+// TestLossScalerCheckpoint writes an fp16 ring rank's checkpoint after a
+// scripted history (growth, back-off, skipped steps) and checks that a
+// fresh scaler restored from the file has the same state, that a
+// checkpoint without the tensor leaves a scaler as it is, and that a
+// corrupt one is refused.
+func TestLossScalerCheckpoint(t *testing.T) {
+	spec, err := jobspec.Normalize(&pb.JobSpec{Model: "logreg", Mode: "ring", Precision: "fp16", Dataset: &pb.DatasetSpec{Name: "synthetic"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := optim.NewLossScaler(optim.ScalerConfig{GrowthInterval: 3})
+	for _, finite := range []bool{true, true, true, false, true, false, true} {
+		s.Update(finite)
+	}
+	r := &ringSync{scaler: s}
+	extra := map[string]models.Tensor{}
+	r.scalerExtra(extra)
+	net, _ := models.New("logreg", models.Options{Seed: 1})
+	c := &checkpointer{dir: t.TempDir(), spec: spec, jobID: "job-1", world: 2}
+	path, err := c.save(net, optim.FromSpec(spec), 7, 0, 7, extra, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := checkpoint.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, _ := optim.NewLossScaler(optim.ScalerConfig{GrowthInterval: 3})
+	if err := restoreScaler(st, fresh); err != nil {
+		t.Fatal(err)
+	}
+	if fresh.State() != s.State() {
+		t.Errorf("restored %+v, want %+v", fresh.State(), s.State())
+	}
+	other, _ := optim.NewLossScaler(optim.ScalerConfig{})
+	if err := restoreScaler(&checkpoint.State{}, other); err != nil || other.Scale() != optim.DefaultInitScale {
+		t.Errorf("checkpoint without a scaler: %v, scale %v", err, other.Scale())
+	}
+	bad := models.F32Tensor([]int{2}, []float32{1, 2})
+	if err := restoreScaler(&checkpoint.State{Extra: map[string]models.Tensor{extraScaler: bad}}, other); err == nil {
+		t.Error("an F32 scaler tensor: no error")
+	}
+	neg := extra[extraScaler]
+	neg.Data = slices.Clone(neg.Data)
+	neg.Data[8] = 0xff // growth tracker 255, beyond the interval of 3
+	if err := restoreScaler(&checkpoint.State{Extra: map[string]models.Tensor{extraScaler: neg}}, fresh); err == nil {
+		t.Error("a growth tracker beyond the interval: no error")
+	}
 }
