@@ -72,7 +72,9 @@ func ParseCheckpointing(s string) (Checkpointing, error) {
 
 // SetCheckpointing selects the activation checkpointing of the following
 // steps (default CheckpointNone). It must not be called during a step
-// (between Forward and Backward).
+// (between Forward and Backward). ForwardStage and BackwardStage (a
+// pipeline stage's layers) do not checkpoint and panic on a network
+// that does.
 func (n *Network) SetCheckpointing(c Checkpointing) error {
 	if c < CheckpointNone || c > CheckpointSqrt {
 		return fmt.Errorf("models: %s: unknown checkpointing mode %d", n.name, int(c))
@@ -83,6 +85,15 @@ func (n *Network) SetCheckpointing(c Checkpointing) error {
 		r.ck = n.newStackCk(r.layers, false)
 	}
 	return nil
+}
+
+// noCheckpointing panics when checkpointing is set: what runs layers
+// directly (ForwardStage, BackwardStage) would find the buffers of
+// different segments lent out of the same arena.
+func (n *Network) noCheckpointing(what string) {
+	if n.ck != nil {
+		panic(fmt.Sprintf("models: %s.%s: the network has activation checkpointing %s; stages run without it", n.name, what, n.ckMode))
+	}
 }
 
 // Checkpointing reports the mode set by SetCheckpointing.

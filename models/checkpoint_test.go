@@ -200,3 +200,27 @@ func TestCheckpointingDoesNotAllocate(t *testing.T) {
 		}
 	})
 }
+
+// TestCheckpointingRefusesStages checks that the stage entry points,
+// which run layers without checkpointing, refuse a network that has it.
+func TestCheckpointingRefusesStages(t *testing.T) {
+	n, _ := New("resnet8", Options{})
+	st := Stage{First: 0, End: 1}
+	n.ForwardStage(st, make([]float32, n.InputSize()), 1, true) // fine without checkpointing
+	if err := n.SetCheckpointing(CheckpointBlocks); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []func(){
+		func() { n.ForwardStage(st, make([]float32, n.InputSize()), 1, true) },
+		func() { n.BackwardStage(st, nil) },
+	} {
+		func() {
+			defer func() {
+				if r := recover(); r == nil {
+					t.Error("no panic on a checkpointed network")
+				}
+			}()
+			f()
+		}()
+	}
+}
