@@ -13,6 +13,7 @@ import (
 
 	"github.com/gradsync/gradsync/aggregator"
 	"github.com/gradsync/gradsync/checkpoint"
+	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
@@ -25,7 +26,8 @@ import (
 // backward would leave it. Every rank must skip exactly the steps
 // GradScaler's algorithm skips (optim.LossScaler run on the script),
 // keep the parameters on a skipped step, take the step on the unscaled
-// mean otherwise, and report the same skipped count and scale.
+// mean otherwise, and report the same skipped count and scale; rank 0
+// counts the skipped steps in Prometheus.
 func TestRingLossScaler(t *testing.T) {
 	const world = 2
 	// per step: which rank's gradient is poisoned, and with what (0: none)
@@ -51,6 +53,7 @@ func TestRingLossScaler(t *testing.T) {
 	}
 
 	rings := aggregator.NewMemRing(world, 4)
+	rank0Reg := metrics.NewRegistry()
 	nets := make([]*models.Network, world)
 	type outcome struct {
 		skips  []bool
@@ -64,7 +67,11 @@ func TestRingLossScaler(t *testing.T) {
 		nets[r], _ = models.New("logreg", models.Options{Seed: 1})
 		wg.Go(func() {
 			net := nets[r]
-			rs, err := newRingSync(ctx, rings[r], nil, a, net, int64(len(script)), nil)
+			var reg *metrics.Registry
+			if r == 0 {
+				reg = rank0Reg
+			}
+			rs, err := newRingSync(ctx, rings[r], nil, a, net, int64(len(script)), reg)
 			if err != nil {
 				errs[r] = err
 				return
@@ -114,6 +121,20 @@ func TestRingLossScaler(t *testing.T) {
 				t.Errorf("step %d: rank %d's parameters differ from rank 0's", s, r)
 			}
 		}
+	}
+	// Prometheus counts each skipped job step once (rank 0)
+	mfs, err := rank0Reg.Prometheus().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counted := -1.0
+	for _, mf := range mfs {
+		if mf.GetName() == "gradsync_nonfinite_steps_skipped_total" {
+			counted = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	if counted != float64(ref.Skipped()) {
+		t.Errorf("gradsync_nonfinite_steps_skipped_total = %v, want %d", counted, ref.Skipped())
 	}
 	// the first step is clean: the update is SGD on the unscaled mean
 	// gradient, (1+2)/2 · (i%7−3)·2⁻¹⁰, whatever the scale was

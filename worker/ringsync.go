@@ -195,6 +195,9 @@ func (r *ringSync) apply(ctx context.Context, grads, params []float32) error {
 		// how the scaler finds its scale)
 		finite = r.scaler.Update(r.scaler.Unscale(grads))
 		scaled = !finite
+		if scaled && r.ring.Rank() == 0 { // once per job step
+			r.metrics.NonFiniteStepSkipped() // gradsync_nonfinite_steps_skipped_total
+		}
 	} else {
 		for _, g := range grads {
 			if g-g != 0 {
