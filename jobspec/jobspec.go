@@ -340,6 +340,30 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if err := checkModelShape(s); err != nil {
 		return nil, err
 	}
+	switch s.ActivationCheckpointing { // models.ParseCheckpointing's names
+	case "", "none", "blocks", "sqrt":
+	default:
+		return nil, errf("activation_checkpointing", "unknown mode %q; allowed: none, blocks, sqrt", s.ActivationCheckpointing)
+	}
+	switch s.Precision { // models.ParsePrecision's names
+	case "", "fp32":
+	case "bf16", "fp16":
+		if s.Mode == "fedavg" {
+			return nil, errf("precision", "%s applies to modes ps and ring; fedavg clients compute in fp32", s.Precision)
+		}
+		if s.Precision == "fp16" && s.Mode != "ring" {
+			return nil, errf("precision", "fp16 (with its loss scaler) runs in mode ring only so far; bf16 needs no scaler and runs in ps mode too")
+		}
+		switch t := s.Compression.GetType(); {
+		case s.Precision != "fp16", t == "none", t == "fp16", t == "bf16":
+		default:
+			// their error feedback would keep residuals at the loss scale
+			// of the step that made them
+			return nil, errf("precision", "fp16 takes compression none, fp16 or bf16 (not %s, whose error feedback would mix loss scales)", t)
+		}
+	default:
+		return nil, errf("precision", "unknown precision %q; allowed: fp32, bf16, fp16", s.Precision)
+	}
 	if s.Name == "" {
 		s.Name = s.Model + "-" + d.Name
 	}

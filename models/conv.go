@@ -56,6 +56,7 @@ type Conv2D struct {
 	wm    []float32 // owned scratch: one block's products M, or their gradients dM (one per point at stride sm)
 	wdv   []float32 // owned scratch: one block's dV
 	wt    []float32 // owned scratch: one block's 2×2 output tiles (4, Out, P)
+	lp    lowp      // the GEMMs' precision (Network.SetPrecision)
 
 	// The last Forward came from ConvMaxPool's fused path: y is the
 	// pooled output (batch, Out, OutH/2, OutW/2), parg the window position
@@ -199,7 +200,7 @@ func (l *Conv2D) Forward(x []float32, batch int, train bool) []float32 {
 		switch {
 		case l.ReLU:
 			// bias and ReLU in one pass over the output, while it is in cache
-			kernels.Gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 0, yn, p)
+			l.lp.gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 0, yn, p)
 			for f := range l.Out {
 				var b float32
 				if l.B != nil {
@@ -214,9 +215,9 @@ func (l *Conv2D) Forward(x []float32, batch int, train bool) []float32 {
 			for f, b := range l.B {
 				fill(yn[f*p:(f+1)*p], b)
 			}
-			kernels.Gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 1, yn, p)
+			l.lp.gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 1, yn, p)
 		default:
-			kernels.Gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 0, yn, p)
+			l.lp.gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 0, yn, p)
 		}
 	}
 	return l.y
@@ -300,16 +301,16 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 		case !l.kept:
 			kernels.Im2col(col, xn, g)
 		}
-		kernels.Gemm(false, true, k, l.Out, p, 1, col, p, dyn, p, 1, l.dwt, l.Out)
+		l.lp.gemm(false, true, k, l.Out, p, 1, col, p, dyn, p, 1, l.dwt, l.Out)
 		if l.SkipInputGrad {
 			continue
 		}
 		dxn := l.dx[n*in : (n+1)*in]
 		if l.direct {
-			kernels.Gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, dxn, p)
+			l.lp.gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, dxn, p)
 			continue
 		}
-		kernels.Gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, l.dcol, p)
+		l.lp.gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, l.dcol, p)
 		clear(dxn)
 		kernels.Col2im(dxn, l.dcol, g)
 	}
@@ -347,7 +348,7 @@ func (l *Conv2D) smallBackward(dy []float32) []float32 {
 			dyn = l.dmask
 		}
 		dxn := l.dx[n*in : (n+1)*in]
-		kernels.Gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, l.dcol, p)
+		l.lp.gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, l.dcol, p)
 		clear(dxn)
 		kernels.Col2im(dxn, l.dcol, g)
 	}
@@ -418,7 +419,7 @@ func (l *Conv2D) winoForward(x []float32, batch int) {
 			kernels.WinogradInput(v, sv, x[n0*in:(n0+b)*in], g, b)
 		}
 		for xi := range pts {
-			kernels.Gemm(false, false, l.Out, P, g.C, 1, l.wu[xi*l.Out*g.C:], g.C, v[xi*sv:], P, 0, l.wm[xi*sm:], P)
+			l.lp.gemm(false, false, l.Out, P, g.C, 1, l.wu[xi*l.Out*g.C:], g.C, v[xi*sv:], P, 0, l.wm[xi*sm:], P)
 		}
 		switch {
 		case l.wino4 && l.pooled:
@@ -535,13 +536,13 @@ func (l *Conv2D) winoBackward(dy []float32) []float32 {
 		// transposed operand runs ~1.8× faster here, more than the copy costs
 		kernels.WinogradTransposeVN(l.wvt, g.C*P, v, sv, g.C, P, pts)
 		for xi := range pts {
-			kernels.Gemm(false, false, l.Out, g.C, P, 1, l.wm[xi*sm:], P, l.wvt[xi*g.C*P:], g.C, 1, l.wdu[xi*l.Out*g.C:], g.C)
+			l.lp.gemm(false, false, l.Out, g.C, P, 1, l.wm[xi*sm:], P, l.wvt[xi*g.C*P:], g.C, 1, l.wdu[xi*l.Out*g.C:], g.C)
 		}
 		if l.SkipInputGrad {
 			continue
 		}
 		for xi := range pts {
-			kernels.Gemm(true, false, g.C, P, l.Out, 1, l.wu[xi*l.Out*g.C:], g.C, l.wm[xi*sm:], P, 0, l.wdv[xi*sv:], P)
+			l.lp.gemm(true, false, g.C, P, l.Out, 1, l.wu[xi*l.Out*g.C:], g.C, l.wm[xi*sm:], P, 0, l.wdv[xi*sv:], P)
 		}
 		if l.wino4 {
 			kernels.Winograd4InputGrad(l.dx[n0*in:(n0+b)*in], l.wdv, sv, g, b)

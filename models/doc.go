@@ -28,6 +28,17 @@
 // reused from step to step: once warmed up for a batch size, Forward and
 // Backward do not allocate. Shape bugs panic with a "models: " prefix.
 //
+// SetCheckpointing trades compute for memory (activation checkpointing,
+// checkpoint.go): a training Forward keeps only the inputs of segments
+// of blocks, and Backward recomputes each segment before going through
+// it, replaying its dropout masks and leaving batch norm's running
+// statistics as one Forward moves them, so the gradients are
+// bit-identical; the segments' buffers are lent from shared arenas, and
+// ActivationBytes accounts the activation memory held. SetPrecision
+// selects bf16 or fp16 operands, with float32 accumulation, for the
+// matrix products of linear layers and convolutions (precision.go,
+// torch.autocast's semantics); fp32, the default, is unchanged bit for bit.
+//
 // Where it is exact, an activation is fused into its neighbour for speed:
 // a ReLU before a max pool runs inside the pool (relu∘max = max∘relu,
 // gradients included) and a ReLU after a convolution inside the

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-
-	"github.com/gradsync/gradsync/internal/kernels"
 )
 
 // Layer is one differentiable stage of a network working on a batch of
@@ -45,6 +43,7 @@ type Linear struct {
 	x     []float32 // borrowed input of the last Forward
 	batch int
 	y, dx []float32 // owned
+	lp    lowp      // the GEMMs' precision (Network.SetPrecision)
 }
 
 // NewLinear returns a Linear layer with no parameter storage; bind its
@@ -87,7 +86,7 @@ func (l *Linear) Forward(x []float32, batch int, train bool) []float32 {
 	for i := range batch {
 		copy(l.y[i*l.Out:(i+1)*l.Out], l.B)
 	}
-	kernels.Gemm(false, true, batch, l.Out, l.In, 1, x, l.In, l.W, l.In, 1, l.y, l.Out)
+	l.lp.gemm(false, true, batch, l.Out, l.In, 1, x, l.In, l.W, l.In, 1, l.y, l.Out)
 	return l.y
 }
 
@@ -97,7 +96,7 @@ func (l *Linear) Backward(dy []float32) []float32 {
 	if l.x == nil || len(dy) != l.batch*l.Out {
 		panic(fmt.Sprintf("models: Linear.Backward: len(dy)=%d, want batch %d × Out %d (after Forward)", len(dy), l.batch, l.Out))
 	}
-	kernels.Gemm(true, false, l.Out, l.In, l.batch, 1, dy, l.Out, l.x, l.In, 1, l.DW, l.In)
+	l.lp.gemm(true, false, l.Out, l.In, l.batch, 1, dy, l.Out, l.x, l.In, 1, l.DW, l.In)
 	for i := range l.batch {
 		row := dy[i*l.Out : (i+1)*l.Out]
 		for j, v := range row {
@@ -108,7 +107,7 @@ func (l *Linear) Backward(dy []float32) []float32 {
 		return nil
 	}
 	l.dx = grow(l.dx, l.batch*l.In)
-	kernels.Gemm(false, false, l.batch, l.In, l.Out, 1, dy, l.Out, l.W, l.In, 0, l.dx, l.In)
+	l.lp.gemm(false, false, l.batch, l.In, l.Out, 1, dy, l.Out, l.W, l.In, 0, l.dx, l.In)
 	return l.dx
 }
 

@@ -65,6 +65,15 @@ type Network struct {
 	logits []float32
 	// bnGroups are shared by the threads' copies of each batch norm.
 	bnGroups []*bnGroup
+
+	// ckMode is SetCheckpointing's mode and ck thread 0's checkpointing
+	// state (nil without checkpointing); lastInput is the last Forward's
+	// input, borrowed (ActivationBytes leaves it out).
+	ckMode    Checkpointing
+	ck        *stackCk
+	lastInput []float32
+	// prec is SetPrecision's precision.
+	prec Precision
 }
 
 // builder lays out the flat buffers: layers declare their parameters, then
@@ -254,14 +263,41 @@ func (n *Network) Forward(x []float32, batch int, train bool) []float32 {
 		panic(fmt.Sprintf("models: %s.Forward: len(x)=%d, want batch %d × %d×%d×%d",
 			n.name, len(x), batch, n.opt.Channels, n.opt.Height, n.opt.Width))
 	}
-	n.batch = batch
+	n.batch, n.lastInput = batch, x
 	if n.reps != nil {
 		return n.forwardSplit(x, batch, train)
 	}
-	for _, l := range n.layers {
+	return forwardLayers(n.layers, n.ck, x, batch, train)
+}
+
+// forwardLayers runs layers on x, through ck when checkpointing.
+func forwardLayers(layers []Layer, ck *stackCk, x []float32, batch int, train bool) []float32 {
+	if ck != nil {
+		return ck.forward(x, batch, train)
+	}
+	for _, l := range layers {
 		x = l.Forward(x, batch, train)
 	}
 	return x
+}
+
+// backwardLayers back-propagates d through layers last to first (through
+// ck when checkpointing), calling done(i) (if set) once layer i's
+// gradients are final; a layer that returns nil (no input gradient) ends it.
+func backwardLayers(layers []Layer, ck *stackCk, d []float32, done func(i int)) {
+	if ck != nil {
+		ck.backward(d, done)
+		return
+	}
+	for i := len(layers) - 1; i >= 0; i-- {
+		d = layers[i].Backward(d)
+		if d == nil {
+			return
+		}
+		if done != nil {
+			done(i)
+		}
+	}
 }
 
 // Backward back-propagates dlogits (batch, Classes) through the last
@@ -287,16 +323,7 @@ func (n *Network) checkDlogits(dlogits []float32) {
 // (if set) when layer i's gradients are final, and done(-1) at the end.
 func (n *Network) backward(dlogits []float32, done func(i int)) {
 	n.checkDlogits(dlogits)
-	d := dlogits
-	for i := len(n.layers) - 1; i >= 0; i-- {
-		d = n.layers[i].Backward(d)
-		if d == nil { // the first parameterised layer skips its input gradient
-			break
-		}
-		if done != nil {
-			done(i)
-		}
-	}
+	backwardLayers(n.layers, n.ck, dlogits, done)
 	if done != nil {
 		done(-1)
 	}

@@ -394,6 +394,7 @@ func (n *Network) ForwardStage(st Stage, x []float32, batch int, train bool) []f
 	if st.First < 0 || st.End > len(n.layers) || st.First >= st.End {
 		panic(fmt.Sprintf("models: %s.ForwardStage: layers [%d, %d) out of [0, %d)", n.name, st.First, st.End, len(n.layers)))
 	}
+	n.noCheckpointing("ForwardStage")
 	for _, l := range n.layers[st.First:st.End] {
 		x = l.Forward(x, batch, train)
 	}
@@ -409,6 +410,7 @@ func (n *Network) BackwardStage(st Stage, dy []float32) []float32 {
 	if st.First < 0 || st.End > len(n.layers) || st.First >= st.End {
 		panic(fmt.Sprintf("models: %s.BackwardStage: layers [%d, %d) out of [0, %d)", n.name, st.First, st.End, len(n.layers)))
 	}
+	n.noCheckpointing("BackwardStage")
 	for i := st.End - 1; i >= st.First && dy != nil; i-- {
 		dy = n.layers[i].Backward(dy)
 	}

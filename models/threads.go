@@ -25,6 +25,7 @@ type replica struct {
 	grads    []float32 // this thread's gradients, cleared before each Backward
 	dropouts []*Dropout
 	out      []float32 // the last Forward's logits of this slice
+	ck       *stackCk  // its checkpointing state (SetCheckpointing)
 
 	jobs   chan job      // closed by stopThreads
 	done   chan struct{} // one per finished Forward
@@ -60,23 +61,14 @@ func (r *replica) run() {
 			continue
 		}
 		if j.op == opForward {
-			x := j.x
-			for _, l := range r.layers {
-				x = l.Forward(x, j.batch, j.train)
-			}
-			r.out = x
+			r.out = forwardLayers(r.layers, r.ck, j.x, j.batch, j.train)
 			r.done <- struct{}{}
 			continue
 		}
 		clear(r.grads)
-		d := j.x
-		for i := len(r.layers) - 1; i >= 0; i-- {
-			d = r.layers[i].Backward(d)
-			if d == nil {
-				break
-			}
+		backwardLayers(r.layers, r.ck, j.x, func(i int) {
 			r.prog <- i // never blocks: prog holds a whole Backward's messages
-		}
+		})
 		r.prog <- -1
 	}
 }
@@ -120,6 +112,8 @@ func (n *Network) SetThreads(t int) error {
 			exited:   make(chan struct{}),
 		}
 		b.bind(n.params, r.grads, n.bufs)
+		r.ck = n.newStackCk(layers, false)
+		setPrecision(layers, n.prec)
 		for i, d := range r.dropouts {
 			d.calls = n.dropouts[i].calls
 		}
@@ -179,10 +173,7 @@ func (n *Network) forwardSplit(x []float32, batch int, train bool) []float32 {
 		}
 		r.jobs <- job{op: opForward, x: x[lo*in : hi*in], batch: hi - lo, train: train}
 	}
-	y := x[:n.split[1]*in]
-	for _, l := range n.layers {
-		y = l.Forward(y, n.split[1], train)
-	}
+	y := forwardLayers(n.layers, n.ck, x[:n.split[1]*in], n.split[1], train)
 	c := n.opt.Classes
 	n.logits = grow(n.logits, batch*c)
 	copy(n.logits, y)
@@ -218,13 +209,9 @@ func (n *Network) backwardSplit(dlogits []float32, ready func(from int)) {
 		n.ready = n.readyOffsets()
 	}
 	hi := len(n.grads)
-	d := dlogits[:n.split[1]*c]
-	for i := len(n.layers) - 1; i >= 0; i-- {
-		d = n.layers[i].Backward(d)
-		if d == nil {
-			break
-		}
-		if ready != nil {
+	var done func(i int)
+	if ready != nil {
+		done = func(i int) {
 			n.await(i)
 			lo := n.ready[i]
 			addGrads(n.grads[lo:hi], n.reps[:n.active-1], lo) // the replicas are mid-Backward: sum here
@@ -232,6 +219,7 @@ func (n *Network) backwardSplit(dlogits []float32, ready func(from int)) {
 			ready(lo)
 		}
 	}
+	backwardLayers(n.layers, n.ck, dlogits[:n.split[1]*c], done)
 	n.await(-1)
 	n.sumGrads(0, hi)
 	if ready != nil {

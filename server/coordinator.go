@@ -229,6 +229,9 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 				"sent_bytes_per_step": p.SentBytesPerStep, "compression_ratio": p.CompressionRatio,
 				"compute_seconds": p.ComputeSeconds, "left_wait_seconds": p.LeftWaitSeconds}
 			addPSStaleness(rec, e.job.Spec, p)
+			if e.job.Spec.GetPrecision() == "fp16" { // the loss scaler's figures, 0 skipped included
+				rec["skipped_steps"], rec["loss_scale"] = p.SkippedSteps, p.LossScale
+			}
 			s.runLogLocked(e, rec)
 		}
 		s.noteDelayLocked(e, int(r), p, now)

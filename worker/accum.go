@@ -12,8 +12,9 @@ import "github.com/gradsync/gradsync/models"
 // ready (nil: none) hears backward's progress in the last micro-batch
 // only: before it, no gradient is final. x and dl hold micro examples. An
 // empty batch adds nothing and returns 0. An error making a batch
-// (obj.batch) is returned as it is.
-func forwardBackward(net *models.Network, obj objective, batch []int, micro int, x, dl []float32, epoch int, ready func(from int)) (float32, error) {
+// (obj.batch) is returned as it is. scale multiplies the loss gradient
+// (the fp16 loss scale; 1 otherwise).
+func forwardBackward(net *models.Network, obj objective, batch []int, micro int, x, dl []float32, epoch int, scale float32, ready func(from int)) (float32, error) {
 	n := len(batch)
 	if n == 0 {
 		return 0, nil
@@ -30,10 +31,13 @@ func forwardBackward(net *models.Network, obj objective, batch []int, micro int,
 		d := dl[:k*classes]
 		l := obj.loss(logits, k, d)
 		loss += float64(l) * float64(k)
-		if k != n {
+		if k != n || scale != 1 {
 			w := float32(k) / float32(n)
+			if k == n {
+				w = 1
+			}
 			for i := range d {
-				d[i] *= w
+				d[i] = d[i] * w * scale
 			}
 		}
 		var notify func(int)

@@ -67,6 +67,10 @@ type ringSync struct {
 	steps   int64 // optimiser steps taken
 	skipped int64
 	sums    []float32
+	// scaler is precision fp16's dynamic loss scaler (nil otherwise): the
+	// reduced gradient is unscaled and checked on every rank alike, so
+	// all ranks skip the same steps.
+	scaler *optim.LossScaler
 }
 
 // newRingSync builds a rank's synchroniser; the caller then brings every
@@ -101,7 +105,28 @@ func newRingSync(ctx context.Context, ring aggregator.Ring, closeFn func(), a *p
 	}
 	r.state = st
 	r.overlap, _ = red.(overlapStarter)
+	if spec.GetPrecision() == "fp16" {
+		if r.scaler, err = optim.NewLossScaler(optim.ScalerConfig{}); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
+}
+
+// lossScale is the factor the loss gradient is multiplied by before
+// backward: the loss scaler's (precision fp16), else 1.
+func (r *ringSync) lossScale() float32 {
+	if r.scaler == nil {
+		return 1
+	}
+	return r.scaler.Scale()
+}
+
+// scalerStats fills s with the loss scaler's figures.
+func (r *ringSync) scalerStats(s *syncStats) {
+	if r.scaler != nil {
+		s.skipped, s.lossScale = r.scaler.Skipped(), r.scaler.Scale()
+	}
 }
 
 // broadcastParams gives every rank rank 0's parameters (a fresh start:
@@ -163,13 +188,26 @@ func (r *ringSync) step(ctx context.Context, grads, params []float32) error {
 // apply takes the optimiser step with the averaged gradient.
 func (r *ringSync) apply(ctx context.Context, grads, params []float32) error {
 	finite := true
-	for _, g := range grads {
-		if g-g != 0 {
-			finite = false
-			break
+	scaled := false
+	if r.scaler != nil {
+		// GradScaler: unscale; a step with inf/NaN is skipped and backs
+		// the scale off, whatever nonfinite_policy says (overflows are
+		// how the scaler finds its scale)
+		finite = r.scaler.Update(r.scaler.Unscale(grads))
+		scaled = !finite
+		if scaled && r.ring.Rank() == 0 { // once per job step
+			r.metrics.NonFiniteStepSkipped() // gradsync_nonfinite_steps_skipped_total
+		}
+	} else {
+		for _, g := range grads {
+			if g-g != 0 {
+				finite = false
+				break
+			}
 		}
 	}
 	switch {
+	case scaled:
 	case finite:
 		r.optim.SetLR(float32(optim.LearningRate(r.spec, r.steps, r.total)))
 		r.optim.Step(params, grads)

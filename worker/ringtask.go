@@ -67,6 +67,9 @@ func (r *ringTask) start(ctx context.Context, from resumeFrom) (origin, error) {
 		if err := restoreCompression(from.ckpt, rank, world, r.state, r.log, a.JobId); err != nil {
 			return origin{}, err
 		}
+		if err := restoreScaler(from.ckpt, r.scaler); err != nil {
+			return origin{}, err
+		}
 	}
 	r.total = from.plan.total(at)
 	if rank == 0 {
@@ -147,6 +150,7 @@ func (r *ringTask) save(ctx context.Context, at position, gather bool) error {
 	if err != nil {
 		return err
 	}
+	r.scalerExtra(extra)
 	if r.a.Rank != 0 {
 		return nil
 	}
@@ -164,6 +168,7 @@ func (r *ringTask) stats() syncStats {
 	if st, ok := r.ring.(ringStatser); ok {
 		_, s.leftWait = st.WaitStats()
 	}
+	r.scalerStats(&s)
 	return s
 }
 

@@ -98,6 +98,18 @@ type syncStats struct {
 	// the time spent copying them.
 	snapshots       int64
 	snapshotCopying time.Duration
+	// ring with precision fp16: steps the loss scaler skipped, and its
+	// scale now (0: no scaler)
+	skipped   int64
+	lossScale float32
+}
+
+// lossScaler is a synchronizer that scales the loss (precision fp16):
+// the trainer multiplies the loss gradient by lossScale before backward,
+// and step unscales the reduced gradient and skips the optimiser step
+// when it holds an inf or a NaN.
+type lossScaler interface {
+	lossScale() float32
 }
 
 // psStart is what a ps rank tells the parameter server as it joins: the

@@ -93,6 +93,20 @@ func newTrainer(a *pb.Assignment, env *taskEnv, obj objective) (*Trainer, error)
 			return nil, err
 		}
 	}
+	ck, err := models.ParseCheckpointing(spec.GetActivationCheckpointing())
+	if err == nil {
+		err = net.SetCheckpointing(ck)
+	}
+	if err == nil {
+		var p models.Precision
+		if p, err = models.ParsePrecision(spec.GetPrecision()); err == nil {
+			err = net.SetPrecision(p)
+		}
+	}
+	if err != nil {
+		net.Close()
+		return nil, err
+	}
 	return t, nil
 }
 
@@ -216,7 +230,11 @@ func (t *Trainer) step(ctx context.Context, epoch int, batch []int) (float32, er
 	if err != nil {
 		return 0, fmt.Errorf("step %d: %w", t.at.step, err)
 	}
-	loss, err := forwardBackward(net, t.obj, batch, t.micro, t.x, t.dl, epoch, ready)
+	scale := float32(1)
+	if s, ok := t.sync.(lossScaler); ok {
+		scale = s.lossScale()
+	}
+	loss, err := forwardBackward(net, t.obj, batch, t.micro, t.x, t.dl, epoch, scale, ready)
 	if err != nil {
 		return 0, fmt.Errorf("step %d: %w", t.at.step, err)
 	}
@@ -271,6 +289,7 @@ func (t *Trainer) report(epoch int) {
 		t.lastLoader = now
 	}
 	t.times.report(p, st.leftWait)
+	p.SkippedSteps, p.LossScale = st.skipped, float64(st.lossScale)
 	st.staleness.fill(p, nil)
 	t.env.metrics.SetImagesPerSecond(t.a.JobId, int(t.a.Rank), p.ImagesPerSecond)
 	t.env.rep.trySend(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Progress{Progress: &pb.TaskProgress{
@@ -293,6 +312,7 @@ func (t *Trainer) finish(ctx context.Context) (*pb.JobResult, error) {
 		res.CompressSeconds = c.CompressSeconds
 	}
 	st.staleness.fill(nil, res)
+	res.SkippedSteps, res.LossScale = st.skipped, float64(st.lossScale)
 	res.ParameterChecksum = models.Checksum(t.net.Params())
 	wall := time.Since(t.start).Seconds()
 	res.ImagesPerSecond = float64(step-t.from.step) * float64(t.plan.batch) / wall

@@ -37,6 +37,13 @@ type Options struct {
 	// Backend is the GEMM backend ("openblas", "gonum", "auto"); empty
 	// keeps the current one.
 	Backend string
+	// ActivationCheckpointing is the network's activation checkpointing
+	// ("none", "blocks", "sqrt"; models.ParseCheckpointing); empty: none.
+	ActivationCheckpointing string
+	// Precision is the network's arithmetic ("fp32", "bf16", "fp16";
+	// models.ParsePrecision); empty: fp32. The fp16 steps take no loss
+	// scaling (the batch is fixed and its gradients do not underflow).
+	Precision string
 }
 
 // Result is one measurement.
@@ -49,6 +56,15 @@ type Result struct {
 	ImagesPerSecond float64 `json:"images_per_second"`
 	Steps           int     `json:"steps"`
 	SecondsPerStep  float64 `json:"seconds_per_step"`
+	// Precision is the arithmetic the steps ran in.
+	Precision string `json:"precision"`
+	// ActivationCheckpointing is the mode the steps ran with.
+	ActivationCheckpointing string `json:"activation_checkpointing"`
+	// PeakActivationBytes is the activation memory the network held
+	// after the timed steps (models.Network.ActivationBytes): a step's peak.
+	PeakActivationBytes int64 `json:"peak_activation_bytes"`
+	// KernelSet is the vector kernels the process runs (kernels.KernelSet).
+	KernelSet string `json:"kernel_set"`
 }
 
 // warmSteps are run untimed first: they size every buffer (no step
@@ -91,6 +107,12 @@ func (o Options) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("bench: unknown backend %q (want auto, openblas or gonum)", o.Backend))
 	}
+	if _, err := models.ParseCheckpointing(o.ActivationCheckpointing); err != nil {
+		errs = append(errs, fmt.Errorf("bench: %w", err))
+	}
+	if _, err := models.ParsePrecision(o.Precision); err != nil {
+		errs = append(errs, fmt.Errorf("bench: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -110,6 +132,14 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 	}
 	defer net.Close()
 	if err := net.SetThreads(opt.Threads); err != nil {
+		return Result{}, err
+	}
+	ck, _ := models.ParseCheckpointing(opt.ActivationCheckpointing) // checked by Validate
+	if err := net.SetCheckpointing(ck); err != nil {
+		return Result{}, err
+	}
+	prec, _ := models.ParsePrecision(opt.Precision) // checked by Validate
+	if err := net.SetPrecision(prec); err != nil {
 		return Result{}, err
 	}
 	if opt.Backend != "" {
@@ -169,5 +199,10 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 		ImagesPerSecond: float64(steps*opt.BatchSize) / sec,
 		Steps:           steps,
 		SecondsPerStep:  sec / float64(steps),
+
+		Precision:               prec.String(),
+		ActivationCheckpointing: ck.String(),
+		PeakActivationBytes:     net.ActivationBytes(),
+		KernelSet:               kernels.KernelSet(),
 	}, nil
 }

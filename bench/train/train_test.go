@@ -76,3 +76,45 @@ func BenchmarkTrain(b *testing.B) {
 		})
 	}
 }
+
+// TestTrainCheckpointing runs checkpointed steps and checks that they
+// report their mode and hold less activation memory on resnet8, and that
+// an unknown mode is an error.
+func TestTrainCheckpointing(t *testing.T) {
+	ctx := context.Background()
+	var bytes [2]int64
+	for i, mode := range []string{"none", "blocks"} {
+		res, err := Run(ctx, Options{Model: "resnet8", BatchSize: 8, Seconds: 0.01, ActivationCheckpointing: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ActivationCheckpointing != mode || res.PeakActivationBytes <= 0 || res.KernelSet == "" {
+			t.Fatalf("result %+v", res)
+		}
+		bytes[i] = res.PeakActivationBytes
+	}
+	if bytes[1] >= bytes[0] {
+		t.Errorf("blocks: %d activation bytes, not below %d without checkpointing", bytes[1], bytes[0])
+	}
+	if _, err := Run(ctx, Options{Model: "mlp", ActivationCheckpointing: "all"}); err == nil || !strings.Contains(err.Error(), "blocks") {
+		t.Fatalf("unknown checkpointing: %v", err)
+	}
+}
+
+// TestTrainPrecision runs bf16 and fp16 steps and checks that they say
+// so, and that an unknown precision is an error.
+func TestTrainPrecision(t *testing.T) {
+	ctx := context.Background()
+	for _, p := range []string{"bf16", "fp16"} {
+		res, err := Run(ctx, Options{Model: "lenet5", BatchSize: 4, Seconds: 0.01, Precision: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Precision != p || res.Steps < 1 {
+			t.Fatalf("result %+v", res)
+		}
+	}
+	if _, err := Run(ctx, Options{Model: "mlp", Precision: "fp8"}); err == nil || !strings.Contains(err.Error(), "bf16") {
+		t.Fatalf("unknown precision: %v", err)
+	}
+}

@@ -112,7 +112,8 @@ func newBenchTrainCmd(g *globals) *cobra.Command {
 		RunE: func(c *cobra.Command, _ []string) error {
 			p := &printer{out: c.OutOrStdout(), json: g.json}
 			if !g.json {
-				fmt.Fprintf(c.OutOrStdout(), "%-10s %-9s %6s %7s %5s %14s %12s\n", "MODEL", "GEMM", "BATCH", "THREADS", "BLAS", "IMAGES/S", "MS/STEP")
+				fmt.Fprintf(c.OutOrStdout(), "%-10s %-9s %6s %7s %5s %-5s %-7s %14s %12s %12s %s\n",
+					"MODEL", "GEMM", "BATCH", "THREADS", "BLAS", "PREC", "CKPT", "IMAGES/S", "MS/STEP", "ACT-MIB", "KERNELS")
 			}
 			for _, m := range strings.Split(modelList, ",") {
 				o := opt
@@ -125,8 +126,8 @@ func newBenchTrainCmd(g *globals) *cobra.Command {
 					p.jsonLine(r)
 					continue
 				}
-				fmt.Fprintf(c.OutOrStdout(), "%-10s %-9s %6d %7d %5d %14s %12.3f\n", r.Model, r.Backend, r.BatchSize, r.Threads, r.BLASThreads,
-					thousands(r.ImagesPerSecond), 1000*r.SecondsPerStep)
+				fmt.Fprintf(c.OutOrStdout(), "%-10s %-9s %6d %7d %5d %-5s %-7s %14s %12.3f %12.2f %s\n", r.Model, r.Backend, r.BatchSize, r.Threads, r.BLASThreads,
+					r.Precision, r.ActivationCheckpointing, thousands(r.ImagesPerSecond), 1000*r.SecondsPerStep, float64(r.PeakActivationBytes)/(1<<20), r.KernelSet)
 			}
 			return nil
 		},
@@ -138,5 +139,8 @@ func newBenchTrainCmd(g *globals) *cobra.Command {
 	f.IntVar(&opt.BLASThreads, "blas-threads", 1, "OpenBLAS threads per GEMM")
 	f.Float64Var(&opt.Seconds, "seconds", 2, "timed seconds per model (after warm-up)")
 	f.StringVar(&opt.Backend, "gemm", "", "GEMM backend: auto, openblas or gonum (default: as selected at start)")
+	f.StringVar(&opt.ActivationCheckpointing, "activation-checkpointing", "none",
+		"keep only segment inputs in forward and recompute in backward: none, blocks or sqrt")
+	f.StringVar(&opt.Precision, "precision", "fp32", "matrix products' operands: fp32, bf16 or fp16 (float32 accumulation and master weights)")
 	return c
 }

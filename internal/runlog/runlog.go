@@ -60,6 +60,12 @@ type Summary struct {
 	MeanAveragePrecision float64   `json:"mean_average_precision,omitempty"`
 	ClassAccuracy        []float64 `json:"class_accuracy,omitempty"`
 	ConfusionMatrix      [][]int64 `json:"confusion_matrix,omitempty"`
+	// Precision of the engine's matrix products when not fp32; with fp16,
+	// the optimiser steps rank 0's loss scaler skipped for inf/NaN
+	// gradients (0 included) and its final scale.
+	Precision    string  `json:"precision,omitempty"`
+	SkippedSteps *int64  `json:"skipped_steps,omitempty"`
+	LossScale    float64 `json:"loss_scale,omitempty"`
 }
 
 // StateName is the short name of a job state ("SUCCEEDED").
@@ -75,6 +81,9 @@ func SummaryOf(j *pb.Job) Summary {
 		Workers: j.GetSpec().GetWorkers(), RunDir: j.GetRunDir(),
 		LabelGranularity: j.GetSpec().GetDataset().GetLabelGranularity(),
 	}
+	if p := j.GetSpec().GetPrecision(); p != "" && p != "fp32" {
+		s.Precision = p
+	}
 	if r := j.GetResult(); r != nil {
 		s.Epochs, s.Steps = r.Epochs, r.Steps
 		s.TestAccuracy, s.TestLoss, s.TrainLoss = r.TestAccuracy, r.TestLoss, r.TrainLoss
@@ -87,6 +96,9 @@ func SummaryOf(j *pb.Job) Summary {
 		s.MicroF1, s.MacroF1, s.MeanAveragePrecision = r.MicroF1, r.MacroF1, r.MeanAveragePrecision
 		s.RawBytesPerStep, s.SentBytesPerStep = r.RawBytesPerStep, r.SentBytesPerStep
 		s.CompressionRatio, s.CompressSeconds = r.CompressionRatio, r.CompressSeconds
+		if j.GetSpec().GetPrecision() == "fp16" {
+			s.SkippedSteps, s.LossScale = &r.SkippedSteps, r.LossScale
+		}
 		if k := len(r.ClassAccuracy); k > 0 && len(r.ConfusionMatrix) == k*k {
 			for i := range k {
 				s.ConfusionMatrix = append(s.ConfusionMatrix, r.ConfusionMatrix[i*k:(i+1)*k])

@@ -334,8 +334,12 @@ type Progress struct {
 	// beside images_per_second: a loader slower than training starves the
 	// step. 0 for the in-memory IDX and synthetic sets.
 	LoaderImagesPerSecond float64 `protobuf:"fixed64,100,opt,name=loader_images_per_second,json=loaderImagesPerSecond,proto3" json:"loader_images_per_second,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// precision fp16: optimiser steps the loss scaler skipped so far for
+	// inf/NaN gradients (this task), and the loss scale now.
+	SkippedSteps  int64   `protobuf:"varint,160,opt,name=skipped_steps,json=skippedSteps,proto3" json:"skipped_steps,omitempty"`
+	LossScale     float64 `protobuf:"fixed64,161,opt,name=loss_scale,json=lossScale,proto3" json:"loss_scale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Progress) Reset() {
@@ -501,6 +505,20 @@ func (x *Progress) GetLoaderImagesPerSecond() float64 {
 	return 0
 }
 
+func (x *Progress) GetSkippedSteps() int64 {
+	if x != nil {
+		return x.SkippedSteps
+	}
+	return 0
+}
+
+func (x *Progress) GetLossScale() float64 {
+	if x != nil {
+		return x.LossScale
+	}
+	return 0
+}
+
 // JobResult is what a finished job achieved.
 type JobResult struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
@@ -540,8 +558,12 @@ type JobResult struct {
 	PsRefused          int64   `protobuf:"varint,24,opt,name=ps_refused,json=psRefused,proto3" json:"ps_refused,omitempty"`
 	// Rank 0's data loader throughput over the whole run (see Progress).
 	LoaderImagesPerSecond float64 `protobuf:"fixed64,100,opt,name=loader_images_per_second,json=loaderImagesPerSecond,proto3" json:"loader_images_per_second,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// precision fp16: optimiser steps rank 0's loss scaler skipped for
+	// inf/NaN gradients (this task), and its final loss scale.
+	SkippedSteps  int64   `protobuf:"varint,160,opt,name=skipped_steps,json=skippedSteps,proto3" json:"skipped_steps,omitempty"`
+	LossScale     float64 `protobuf:"fixed64,161,opt,name=loss_scale,json=lossScale,proto3" json:"loss_scale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobResult) Reset() {
@@ -745,6 +767,20 @@ func (x *JobResult) GetPsRefused() int64 {
 func (x *JobResult) GetLoaderImagesPerSecond() float64 {
 	if x != nil {
 		return x.LoaderImagesPerSecond
+	}
+	return 0
+}
+
+func (x *JobResult) GetSkippedSteps() int64 {
+	if x != nil {
+		return x.SkippedSteps
+	}
+	return 0
+}
+
+func (x *JobResult) GetLossScale() float64 {
+	if x != nil {
+		return x.LossScale
 	}
 	return 0
 }
@@ -1294,7 +1330,7 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\arun_dir\x18\f \x01(\tR\x06runDir\x12+\n" +
 	"\x05ranks\x18\r \x03(\v2\x15.gradsync.v1.ProgressR\x05ranks\x12\x1f\n" +
 	"\vresume_from\x18\x0e \x01(\tR\n" +
-	"resumeFrom\"\xf5\x05\n" +
+	"resumeFrom\"\xbb\x06\n" +
 	"\bProgress\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x05R\x05epoch\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1f\n" +
@@ -1318,7 +1354,10 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\x0fps_wait_seconds\x18\x11 \x01(\x01R\rpsWaitSeconds\x12\x1d\n" +
 	"\n" +
 	"ps_refused\x18\x12 \x01(\x03R\tpsRefused\x127\n" +
-	"\x18loader_images_per_second\x18d \x01(\x01R\x15loaderImagesPerSecond\"\xed\a\n" +
+	"\x18loader_images_per_second\x18d \x01(\x01R\x15loaderImagesPerSecond\x12$\n" +
+	"\rskipped_steps\x18\xa0\x01 \x01(\x03R\fskippedSteps\x12\x1e\n" +
+	"\n" +
+	"loss_scale\x18\xa1\x01 \x01(\x01R\tlossScale\"\xb3\b\n" +
 	"\tJobResult\x12#\n" +
 	"\rtest_accuracy\x18\x01 \x01(\x01R\ftestAccuracy\x12\x1b\n" +
 	"\ttest_loss\x18\x02 \x01(\x01R\btestLoss\x12\x1d\n" +
@@ -1347,7 +1386,10 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\x0fps_wait_seconds\x18\x17 \x01(\x01R\rpsWaitSeconds\x12\x1d\n" +
 	"\n" +
 	"ps_refused\x18\x18 \x01(\x03R\tpsRefused\x127\n" +
-	"\x18loader_images_per_second\x18d \x01(\x01R\x15loaderImagesPerSecond\"`\n" +
+	"\x18loader_images_per_second\x18d \x01(\x01R\x15loaderImagesPerSecond\x12$\n" +
+	"\rskipped_steps\x18\xa0\x01 \x01(\x03R\fskippedSteps\x12\x1e\n" +
+	"\n" +
+	"loss_scale\x18\xa1\x01 \x01(\x01R\tlossScale\"`\n" +
 	"\x10SubmitJobRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.gradsync.v1.JobSpecR\x04spec\x12\"\n" +
 	"\rresume_job_id\x18\x02 \x01(\tR\vresumeJobId\"7\n" +

@@ -75,8 +75,18 @@ type JobSpec struct {
 	StepTimeoutSeconds float64 `protobuf:"fixed64,24,opt,name=step_timeout_seconds,json=stepTimeoutSeconds,proto3" json:"step_timeout_seconds,omitempty"`
 	// What to do with a gradient holding NaN or Inf: "fail" (default) or "skip".
 	NonfinitePolicy string `protobuf:"bytes,25,opt,name=nonfinite_policy,json=nonfinitePolicy,proto3" json:"nonfinite_policy,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Activation checkpointing of the engine's steps: "none" (default, or
+	// empty), "blocks" (each of the model's blocks is a segment) or "sqrt"
+	// (⌈√n⌉ runs of blocks). Only segment inputs are kept in forward; each
+	// segment is recomputed in backward; gradients are bit-identical.
+	ActivationCheckpointing string `protobuf:"bytes,30,opt,name=activation_checkpointing,json=activationCheckpointing,proto3" json:"activation_checkpointing,omitempty"`
+	// Arithmetic of the engine's steps: "fp32" (default, or empty), "bf16"
+	// or "fp16" (autocast: matrix products and convolutions in the low
+	// precision with fp32 accumulation, fp32 master weights; fp16 with a
+	// dynamic loss scaler).
+	Precision     string `protobuf:"bytes,31,opt,name=precision,proto3" json:"precision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -280,6 +290,20 @@ func (x *JobSpec) GetStepTimeoutSeconds() float64 {
 func (x *JobSpec) GetNonfinitePolicy() string {
 	if x != nil {
 		return x.NonfinitePolicy
+	}
+	return ""
+}
+
+func (x *JobSpec) GetActivationCheckpointing() string {
+	if x != nil {
+		return x.ActivationCheckpointing
+	}
+	return ""
+}
+
+func (x *JobSpec) GetPrecision() string {
+	if x != nil {
+		return x.Precision
 	}
 	return ""
 }
@@ -1225,7 +1249,7 @@ var File_gradsync_v1_spec_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\n" +
-	"\x16gradsync/v1/spec.proto\x12\vgradsync.v1\"\xf3\b\n" +
+	"\x16gradsync/v1/spec.proto\x12\vgradsync.v1\"\xcc\t\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x122\n" +
@@ -1258,7 +1282,9 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\x0flog_every_steps\x18\x16 \x01(\x05R\rlogEverySteps\x12-\n" +
 	"\x10eval_every_epoch\x18\x17 \x01(\bH\x04R\x0eevalEveryEpoch\x88\x01\x01\x120\n" +
 	"\x14step_timeout_seconds\x18\x18 \x01(\x01R\x12stepTimeoutSeconds\x12)\n" +
-	"\x10nonfinite_policy\x18\x19 \x01(\tR\x0fnonfinitePolicyB\n" +
+	"\x10nonfinite_policy\x18\x19 \x01(\tR\x0fnonfinitePolicy\x129\n" +
+	"\x18activation_checkpointing\x18\x1e \x01(\tR\x17activationCheckpointing\x12\x1c\n" +
+	"\tprecision\x18\x1f \x01(\tR\tprecisionB\n" +
 	"\n" +
 	"\b_workersB\r\n" +
 	"\v_batch_sizeB\t\n" +
