@@ -50,7 +50,7 @@ func (fj *fedJob) abort(err error) { fj.d.Abort(err) }
 
 // workerLostLocked: a lost worker's client misses the rounds it is
 // sampled for; the job fails only when every client is lost.
-func (fj *fedJob) workerLostLocked(w *workerEntry, reason string) { fj.d.WorkerLost(w.info.Id, reason) }
+func (fj *fedJob) workerLostLocked(id, reason string) { fj.d.WorkerLost(id, reason) }
 
 // activeLocked reports whether the job still runs this driver: what the
 // driver asks after the job ended, or once the server is stopping (which

@@ -2,8 +2,6 @@ package server
 
 import (
 	"fmt"
-	"slices"
-	"sort"
 
 	"github.com/gradsync/gradsync/coordinator"
 	"github.com/gradsync/gradsync/internal/runlog"
@@ -13,60 +11,15 @@ import (
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
-// scheduleLocked starts every queued job the FIFO gang scheduler places.
-func (s *Server) scheduleLocked() {
-	if s.closed {
-		return
-	}
-	var q []coordinator.Pending
-	for _, id := range s.queue {
-		q = append(q, coordinator.Pending{Job: id, Workers: int(s.jobs[id].job.Spec.GetWorkers())})
-	}
-	for _, p := range coordinator.Schedule(q, s.idleLocked()) {
-		s.queue = s.queue[1:]
-		s.startJobLocked(s.jobs[p.Job], p.Workers)
-	}
-	// Idle workers nobody queued for: elastic jobs running below their
-	// size grow onto them (from their latest checkpoint).
-	if len(s.queue) == 0 {
-		for _, e := range s.jobs {
-			if e.job.State == pb.JobState_JOB_STATE_RUNNING && !e.recovery.Rejoining() && !e.recovery.Pinning() && !slices.Contains(e.ranksDone, true) &&
-				len(e.job.WorkerIds) < int(e.job.Spec.GetWorkers()) && coordinator.Elastic(e.job.Spec) {
-				s.recoverLocked(e, nil, "", "")
-			}
-		}
-	}
-}
-
-// idleLocked lists the idle workers in the order they are picked: by
-// connection time, then id.
-func (s *Server) idleLocked() []string {
-	var idle []*workerEntry
-	for _, w := range s.workers {
-		if w.info.State == pb.WorkerState_WORKER_STATE_IDLE {
-			idle = append(idle, w)
-		}
-	}
-	sort.Slice(idle, func(a, b int) bool {
-		if !idle[a].connected.Equal(idle[b].connected) {
-			return idle[a].connected.Before(idle[b].connected)
-		}
-		return idle[a].info.Id < idle[b].info.Id
-	})
-	ids := make([]string, len(idle))
-	for i, w := range idle {
-		ids[i] = w.info.Id
-	}
-	return ids
-}
-
-// startJobLocked builds the job's initial parameters and parameter server,
-// opens its run directory, and sends every worker its assignment.
+// startJobLocked carries out the core's Place: it builds the job's
+// initial parameters and parameter server, opens its run directory, and
+// sends every worker its assignment.
 func (s *Server) startJobLocked(e *jobEntry, workerIDs []string) {
 	j := e.job
 	run, err := runlog.Create(j.RunDir, j.Spec)
 	if err != nil {
 		s.setStateLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("creating run directory: %v", err))
+		s.mustStepLocked(coordinator.Released{At: s.cfg.Now(), Job: j.Id, Workers: workerIDs})
 		return
 	}
 	e.run = run
@@ -131,13 +84,13 @@ func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
 	}
 	peers := make([]string, world)
 	for r, id := range workerIDs {
-		peers[r] = s.workers[id].info.Address
+		w, _ := s.workerLocked(id)
+		peers[r] = w.Address
 	}
+	s.mustStepLocked(coordinator.Assigned{At: s.cfg.Now(), Job: j.Id, Workers: workerIDs})
+	e.tasked = true
 	for r, id := range workerIDs {
-		w := s.workers[id]
-		w.info.State = pb.WorkerState_WORKER_STATE_BUSY
-		w.info.JobId = j.Id
-		w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Assignment{Assignment: &pb.Assignment{
+		s.sendLocked(id, &pb.ConnectResponse{Msg: &pb.ConnectResponse_Assignment{Assignment: &pb.Assignment{
 			JobId: j.Id, Generation: j.Generation, Rank: int32(r), WorldSize: int32(world),
 			Spec: spec, Peers: peers, PsAddresses: psAddrs, NumParams: int64(net.NumParams()),
 			CheckpointDir: ckptDir, ResumeFrom: j.ResumeFrom, TrainedSteps: e.recovery.Trained(),
