@@ -26,6 +26,13 @@ func (s *Server) stepLocked(in coordinator.Input) error {
 	}
 	s.actions = append(s.actions, acts...)
 	switch in.(type) {
+	case coordinator.Heard, coordinator.Tick:
+		// Only a worker's last-seen time changed, unless one was lost.
+		s.registryChanged = s.registryChanged || len(acts) > 0
+	default:
+		s.registryChanged = true
+	}
+	switch in.(type) {
 	case coordinator.Hello, coordinator.Submit, coordinator.Withdraw, coordinator.Released:
 		// Idle workers may have appeared: elastic jobs below their size
 		// grow onto what the queue leaves (after the placements).
@@ -46,6 +53,11 @@ func (s *Server) stepLocked(in coordinator.Input) error {
 		s.actions[0] = nil
 		s.actions = s.actions[1:]
 		s.applyLocked(a)
+	}
+	if s.registryChanged {
+		s.registryChanged = false
+		close(s.workersChanged)
+		s.workersChanged = make(chan struct{})
 	}
 	return nil
 }

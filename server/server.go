@@ -1,11 +1,14 @@
 // Package server is the gradsync coordinator's shell: the public
 // JobService and ClusterService, the worker-facing Coordinator stream, and
 // aggregator shard 0 (the ParameterServer). Thin gRPC handlers validate
-// input and apply the rules of package coordinator (lifecycle, gang
-// scheduling, recovery, stragglers, cut links) to the job table and
-// worker registry under one lock; the disk work those decisions call for
-// — job store writes, run-log records, checkpoint pins — runs after the
-// lock is released (lock.go).
+// input and feed package coordinator under one lock: its Core (worker
+// registry, liveness, queue, gang scheduler) through stepLocked (core.go),
+// whose actions the server carries out on its job table, and its rules
+// (lifecycle, recovery, stragglers, cut links) on each job's record. What
+// those decisions call for outside memory — sends to workers, job store
+// writes, run-log records, checkpoint pins and saves — is queued as
+// effects and carried out after the lock is released, by one ordered
+// FIFO (lock.go): in the order the lock was held.
 package server
 
 import (
@@ -137,6 +140,11 @@ type Server struct {
 	actions     []coordinator.Action
 	applying    bool
 	growPending bool
+	// workersChanged is closed (and replaced) once a step has changed
+	// the registry (registryChanged: one did, in the steps being
+	// carried out): what tests wait on instead of polling.
+	workersChanged  chan struct{}
+	registryChanged bool
 	// jobs by id.
 	jobs map[string]*jobEntry
 	// conns is each worker's latest connection, by id.
@@ -177,7 +185,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Logger, store: st,
 		core: coordinator.NewCore(cfg.HeartbeatTimeout),
-		jobs: map[string]*jobEntry{}, conns: map[string]*conn{},
+		jobs: map[string]*jobEntry{}, conns: map[string]*conn{}, workersChanged: make(chan struct{}),
 		plots: make(chan string, 256),
 	}
 	stored, err := st.jobs()
