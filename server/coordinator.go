@@ -112,7 +112,9 @@ func (s *Server) Connect(stream pb.Coordinator_ConnectServer) error {
 	}
 	s.log.Info("worker connected", "worker", id, "name", name, "address", hello.Address,
 		"cpu_cores", hello.GetResources().GetCpuCores(), "gpus", len(hello.GetResources().GetGpus()))
-	s.mu.Unlock()
+	// Not waiting for the effects (a job placed now is being prepared):
+	// the stream reads the worker's heartbeats meanwhile.
+	s.mu.unlockAsync()
 
 	// The sender goroutine is owned by this call: it ends when ctx does, and
 	// Connect waits for it before returning.
@@ -211,7 +213,9 @@ func (s *Server) workerLostLocked(a coordinator.WorkerLost) {
 // handleWorkerMessage applies one message from a worker's stream.
 func (s *Server) handleWorkerMessage(c *conn, m *pb.ConnectRequest) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	// Effects run in order without the stream waiting for them: it
+	// keeps reading (heartbeats) while a long one runs.
+	defer s.mu.unlockAsync()
 	now := s.cfg.Now()
 	id := c.id
 	if s.conns[id] == c {

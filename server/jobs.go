@@ -68,6 +68,10 @@ type jobEntry struct {
 	// tasked: assignments were sent (a job that fails while starting
 	// has no task to cancel).
 	tasked bool
+	// placed holds the workers the core placed the job on while what it
+	// needs is made (startJobLocked); numParams is its model's size.
+	placed    []string
+	numParams int
 }
 
 func newJobEntry(j *pb.Job) *jobEntry {
@@ -316,9 +320,12 @@ func (s *Server) endJobLocked(e *jobEntry, st pb.JobState, msg string) {
 	// Its workers are free (the next jobs are placed on them), or, for a
 	// pending job, it leaves the queue.
 	now := s.cfg.Now()
-	if wasRunning {
+	switch {
+	case wasRunning:
 		s.mustStepLocked(coordinator.Released{At: now, Job: e.job.Id, Workers: e.job.WorkerIds})
-	} else {
+	case e.placed != nil: // placed, still being prepared (startJobLocked)
+		s.mustStepLocked(coordinator.Released{At: now, Job: e.job.Id, Workers: e.placed})
+	default:
 		s.mustStepLocked(coordinator.Withdraw{At: now, Job: e.job.Id})
 	}
 }

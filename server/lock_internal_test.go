@@ -13,6 +13,7 @@ func TestShellLock(t *testing.T) {
 		t.Fatal("lock checks are off in the server's tests")
 	}
 	var l shellLock
+	l.init()
 	var order []int
 	l.Lock()
 	l.later(func() { l.offLock("first"); order = append(order, 1) })
@@ -48,6 +49,7 @@ func TestShellLock(t *testing.T) {
 // would wait for itself).
 func TestShellLockOrder(t *testing.T) {
 	var l shellLock
+	l.init()
 	var order []string // appended by effects only: they run one at a time
 	l.Lock()
 	l.later(func() {
@@ -85,4 +87,37 @@ func TestShellLockOrder(t *testing.T) {
 	if want := []string{"first", "from first", "second"}; !slices.Equal(order, want) && !slices.Equal(order, []string{"first", "second", "from first"}) {
 		t.Fatalf("effects ran %v; want %v", order, want)
 	}
+}
+
+// TestShellLockExecutor: with the executor goroutine running, Unlock
+// returns once its effects ran; unlockAsync returns at once and its
+// effects still run in order, before those queued after them.
+func TestShellLockExecutor(t *testing.T) {
+	var l shellLock
+	l.init()
+	started, done := make(chan struct{}), make(chan struct{})
+	go func() { // owned by the test: stopped below
+		defer close(done)
+		l.execute(started)
+	}()
+	<-started
+	var order []string // appended by effects only
+	release := make(chan struct{})
+	l.Lock()
+	l.later(func() { <-release; order = append(order, "async") })
+	l.unlockAsync() // returns although its effect is blocked
+	l.Lock()
+	l.later(func() { order = append(order, "waited") })
+	unlocked := make(chan struct{})
+	go func() { // owned by the test: it waits on unlocked
+		defer close(unlocked)
+		l.Unlock()
+	}()
+	close(release)
+	<-unlocked
+	if !slices.Equal(order, []string{"async", "waited"}) {
+		t.Fatalf("effects ran %v; want [async waited]", order)
+	}
+	l.stop()
+	<-done
 }

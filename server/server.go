@@ -188,6 +188,7 @@ func New(cfg Config) (*Server, error) {
 		jobs: map[string]*jobEntry{}, conns: map[string]*conn{}, workersChanged: make(chan struct{}),
 		plots: make(chan string, 256),
 	}
+	s.mu.init()
 	stored, err := st.jobs()
 	if err != nil {
 		st.close()
@@ -264,6 +265,14 @@ func (s *Server) serverOptions() []grpc.ServerOption {
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The effects executor first (lock.go): it runs what every handler
+	// queues under the lock, until every other goroutine is gone.
+	execStarted, execDone := make(chan struct{}), make(chan struct{})
+	go func() { // owned by Serve: stopped after the streams end
+		defer close(execDone)
+		s.mu.execute(execStarted)
+	}()
+	<-execStarted
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { // owned by Serve: the heartbeat monitor
@@ -294,6 +303,8 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	s.shutdown()
 	wg.Wait()
 	s.streams.Wait()
+	s.mu.stop()
+	<-execDone
 	if cerr := s.store.close(); err == nil {
 		err = cerr
 	}
