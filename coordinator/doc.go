@@ -1,15 +1,28 @@
-// Package coordinator is the coordinator's decision core: the rules by
-// which jobs move through their lifecycle (PENDING → RUNNING → SUCCEEDED
-// | FAILED | CANCELLED), are placed on workers by the FIFO gang
-// scheduler, grow onto idle workers, recover from lost ranks, and have
-// their stragglers and cut ring links named.
+// Package coordinator is the coordinator's decision core. Core is its
+// state machine for who runs what: the worker registry (address,
+// resources, state, job, last heartbeat), liveness (a worker silent past
+// the heartbeat timeout is lost), the queue of pending jobs and the FIFO
+// gang scheduler's placements. Beside it are the rules by which jobs move
+// through their lifecycle (PENDING → RUNNING → SUCCEEDED | FAILED |
+// CANCELLED), recover from lost ranks (Recovery: an explicit state
+// machine, steady → pinning → rejoining, failing by a deadline), grow onto
+// idle workers, and have their stragglers and cut ring links named.
+//
+// Where is recovery decided: here. Recovery plans a new generation's
+// workers (survivors first, then idle workers, never an evicted one),
+// decides when a rank's failure is final, and says what to announce
+// when a generation starts; RingCulprit names the rank cut off from the
+// frame counts; Stragglers applies the straggler rule. The shell (package
+// server) still holds each job's record and calls these rules with it.
 //
 // It is written the way federated.Server and etcd's raft are: every
-// input carries the time it happened, and the core answers with what
-// the caller must do — data, never side effects. There is no gRPC,
-// storage, goroutine, clock or lock in here (purity_test.go checks it),
-// so every rule is tested as a script against a fake clock. The gRPC
-// shell (package server) validates input, feeds the core under its
-// lock, and carries out the answers — store writes, run-log records,
-// checkpoint pins, sends — after releasing it.
+// input carries the time it happened (Core.Step takes Hello, Heard,
+// Disconnected, Tick, Submit, Withdraw, Assigned, Released, Shutdown),
+// and the core answers with what the caller must do (Welcome,
+// Disconnect, WorkerLost, Place) — data, never side effects. There is no
+// gRPC, storage, goroutine, clock or lock in here (purity_test.go checks
+// it), so every rule is tested as a script against a fake clock. The
+// gRPC shell validates input, feeds the core under its lock, and carries
+// out the answers — sends, store writes, run-log records, checkpoint
+// pins — after releasing it, in order.
 package coordinator

@@ -226,45 +226,35 @@ func testCtx(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// poll calls cond every 10ms until it reports true or ctx ends.
-func poll(ctx context.Context, t *testing.T, what string, cond func() (bool, error)) {
-	t.Helper()
-	tk := time.NewTicker(10 * time.Millisecond)
-	defer tk.Stop()
-	var lastErr error
-	for {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		lastErr = err
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s (last error: %v)", what, lastErr)
-		case <-tk.C:
-		}
-	}
-}
-
 // waitWorkers waits until ListWorkers shows every id in the given state.
+// It waits on the server's registry changes (WorkersChanged), never on
+// the clock: the deadline is ctx's.
 func (c *cluster) waitWorkers(ctx context.Context, state pb.WorkerState, ids ...string) {
 	c.t.Helper()
-	poll(ctx, c.t, fmt.Sprintf("workers %v %v", ids, state), func() (bool, error) {
+	for {
+		changed := c.srv.WorkersChanged() // before reading: no change is missed
 		resp, err := c.cl.ListWorkers(ctx, &pb.ListWorkersRequest{})
 		if err != nil {
-			return false, err
+			c.t.Fatalf("ListWorkers while waiting for workers %v %v: %v", ids, state, err)
 		}
 		n := 0
 		for _, w := range resp.Workers {
 			if slices.Contains(ids, w.Id) && w.State == state {
 				if state == pb.WorkerState_WORKER_STATE_IDLE && w.JobId != "" {
-					return false, fmt.Errorf("worker %s idle with job %s", w.Id, w.JobId)
+					c.t.Fatalf("worker %s idle with job %s", w.Id, w.JobId)
 				}
 				n++
 			}
 		}
-		return n == len(ids), fmt.Errorf("workers: %v", resp.Workers)
-	})
+		if n == len(ids) {
+			return
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			c.t.Fatalf("timed out waiting for workers %v %v (workers: %v)", ids, state, resp.Workers)
+		}
+	}
 }
 
 // submit submits a spec and fails the test on error.

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gradsync/gradsync/coordinator"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -22,28 +24,43 @@ import (
 // up is not reading and is dropped.
 const outboxSize = 64
 
-// workerEntry is a connected (or lost) worker. info and lastSeen are guarded
-// by Server.mu; out and stop belong to the Connect call serving it.
-type workerEntry struct {
-	info      *pb.Worker
-	connected time.Time
-	lastSeen  time.Time
+// conn is the stream of a connected worker: its outbox, drained by the
+// Connect call's sender goroutine, and how to end it. What the worker is
+// and does (state, job, last heartbeat) is the core's registry; conn is
+// only the way to reach it. Server.conns maps a worker id to its latest
+// connection.
+type conn struct {
+	id        string
 	out       chan *pb.ConnectResponse
 	stop      context.CancelFunc
 	closeOnce *sync.Once
 }
 
 // send queues a message for the worker without blocking; a full outbox
-// closes the connection (the worker is then lost).
-func (w *workerEntry) send(m *pb.ConnectResponse) {
+// closes the connection (the worker is then lost). It runs as an effect,
+// off the server's lock.
+func (c *conn) send(m *pb.ConnectResponse) {
 	select {
-	case w.out <- m:
+	case c.out <- m:
 	default:
-		w.close()
+		c.close()
 	}
 }
 
-func (w *workerEntry) close() { w.closeOnce.Do(w.stop) }
+func (c *conn) close() { c.closeOnce.Do(c.stop) }
+
+// sendLocked queues m for worker id's current connection, as an effect
+// carried out after the lock is released, in order with the others.
+func (s *Server) sendLocked(id string, m *pb.ConnectResponse) {
+	c := s.conns[id]
+	if c == nil {
+		return
+	}
+	s.mu.later(func() {
+		s.mu.offLock("a send to a worker")
+		c.send(m)
+	})
+}
 
 // Connect serves one worker's control stream: the hello, then heartbeats,
 // progress, evaluations and results; assignments and cancellations go the
@@ -78,29 +95,26 @@ func (s *Server) Connect(stream pb.Coordinator_ConnectServer) error {
 			name = p.Addr.String()
 		}
 	}
-	now := s.cfg.Now()
-	w := &workerEntry{
-		info: &pb.Worker{Id: id, Name: name, Address: hello.Address, Resources: hello.Resources,
-			State: pb.WorkerState_WORKER_STATE_IDLE, LastHeartbeat: tsNow(now), ConnectedAt: tsNow(now)},
-		connected: now, lastSeen: now, out: make(chan *pb.ConnectResponse, outboxSize),
-		stop: cancel, closeOnce: &sync.Once{},
-	}
+	c := &conn{id: id, out: make(chan *pb.ConnectResponse, outboxSize), stop: cancel, closeOnce: &sync.Once{}}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		return status.Error(codes.Unavailable, "server is shutting down")
 	}
-	if old := s.workers[id]; old != nil && old.info.State != pb.WorkerState_WORKER_STATE_LOST {
+	// The core answers with a Welcome (sent through c), then places the
+	// jobs that were waiting for a worker.
+	old := s.conns[id]
+	s.conns[id] = c
+	if err := s.stepLocked(coordinator.Hello{At: s.cfg.Now(), Worker: id, Name: name, Address: hello.Address, Resources: hello.Resources}); err != nil {
+		s.conns[id] = old
 		s.mu.Unlock()
-		return status.Errorf(codes.AlreadyExists, "worker id %q is already connected from %s", id, old.info.Address)
+		return status.Error(codes.AlreadyExists, err.Error())
 	}
-	s.workers[id] = w
-	w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Welcome{Welcome: &pb.Welcome{
-		WorkerId: id, HeartbeatIntervalSeconds: s.cfg.HeartbeatInterval.Seconds()}}})
 	s.log.Info("worker connected", "worker", id, "name", name, "address", hello.Address,
 		"cpu_cores", hello.GetResources().GetCpuCores(), "gpus", len(hello.GetResources().GetGpus()))
-	s.scheduleLocked()
-	s.mu.Unlock()
+	// Not waiting for the effects (a job placed now is being prepared):
+	// the stream reads the worker's heartbeats meanwhile.
+	s.mu.unlockAsync()
 
 	// The sender goroutine is owned by this call: it ends when ctx does, and
 	// Connect waits for it before returning.
@@ -112,7 +126,7 @@ func (s *Server) Connect(stream pb.Coordinator_ConnectServer) error {
 			select {
 			case <-ctx.Done():
 				return
-			case m := <-w.out:
+			case m := <-c.out:
 				if err := stream.Send(m); err != nil {
 					cancel()
 					return
@@ -134,7 +148,7 @@ func (s *Server) Connect(stream pb.Coordinator_ConnectServer) error {
 				cancel()
 				return
 			}
-			s.handleWorkerMessage(w, m)
+			s.handleWorkerMessage(c, m)
 		}
 	}()
 	<-ctx.Done()
@@ -150,62 +164,67 @@ func (s *Server) Connect(stream pb.Coordinator_ConnectServer) error {
 		}
 	}
 	s.mu.Lock()
-	s.loseWorkerLocked(w, reason)
+	if s.conns[id] == c { // not replaced by a later connection of the same id
+		s.mustStepLocked(coordinator.Disconnected{At: s.cfg.Now(), Worker: id, Reason: reason})
+	}
 	s.mu.Unlock()
 	cancel()
 	wg.Wait()
 	return status.Error(codes.Unavailable, "worker "+id+": "+reason)
 }
 
-// loseWorkerLocked marks a worker lost and fails the job it was running,
-// naming it.
-func (s *Server) loseWorkerLocked(w *workerEntry, reason string) {
-	if w.info.State == pb.WorkerState_WORKER_STATE_LOST {
-		return
+// workerLostLocked carries out the core's WorkerLost: every ended job
+// stops waiting for the worker's task, and the job it held fails,
+// naming it, or recovers (a real federated client is only missing from
+// its rounds).
+func (s *Server) workerLostLocked(a coordinator.WorkerLost) {
+	if a.Timeout {
+		s.cfg.Metrics.HeartbeatMissed()
 	}
-	w.info.State = pb.WorkerState_WORKER_STATE_LOST
-	w.close()
 	for _, e := range s.jobs { // an ended job waits no more for its task
-		e.taskStoppedLocked(w.info.Id)
+		e.taskStoppedLocked(a.Worker)
 	}
 	if s.closed {
-		s.log.Debug("worker disconnected at shutdown", "worker", w.info.Id)
-	} else {
-		s.log.Warn("worker lost", "worker", w.info.Id, "address", w.info.Address, "reason", reason)
+		s.log.Debug("worker disconnected at shutdown", "worker", a.Worker)
+		return
 	}
-	if jobID := w.info.JobId; jobID != "" && !s.closed {
-		w.info.JobId = ""
-		if e := s.jobs[jobID]; e != nil && !e.final() {
-			if e.fed != nil { // a real federated client: missing from its rounds, not a failure
-				e.fed.workerLostLocked(w, reason)
-				return
-			}
-			rank := -1
-			for r, id := range e.job.WorkerIds {
-				if id == w.info.Id {
-					rank = r
-				}
-			}
-			msg := fmt.Sprintf("worker %s (rank %d, %s) lost: %s", w.info.Id, rank, w.info.Address, reason)
-			if s.recoverLocked(e, w, reason, msg) {
-				return
-			}
-			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg)
+	s.log.Warn("worker lost", "worker", a.Worker, "address", a.Address, "reason", a.Reason)
+	e := s.jobs[a.Job]
+	if e == nil || e.final() {
+		return
+	}
+	if e.fed != nil { // a real federated client: missing from its rounds, not a failure
+		e.fed.workerLostLocked(a.Worker, a.Reason)
+		return
+	}
+	rank := -1
+	for r, id := range e.job.WorkerIds {
+		if id == a.Worker {
+			rank = r
 		}
 	}
+	msg := fmt.Sprintf("worker %s (rank %d, %s) lost: %s", a.Worker, rank, a.Address, a.Reason)
+	if s.recoverLocked(e, &lostWorker{id: a.Worker, address: a.Address, silent: a.Silent}, a.Reason, msg) {
+		return
+	}
+	s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg)
 }
 
 // handleWorkerMessage applies one message from a worker's stream.
-func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
+func (s *Server) handleWorkerMessage(c *conn, m *pb.ConnectRequest) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	// Effects run in order without the stream waiting for them: it
+	// keeps reading (heartbeats) while a long one runs.
+	defer s.mu.unlockAsync()
 	now := s.cfg.Now()
-	w.lastSeen = now
-	w.info.LastHeartbeat = tsNow(now)
+	id := c.id
+	if s.conns[id] == c {
+		s.mustStepLocked(coordinator.Heard{At: now, Worker: id})
+	}
 	switch m := m.Msg.(type) {
 	case *pb.ConnectRequest_Heartbeat:
 	case *pb.ConnectRequest_Progress:
-		e := s.runningJobLocked(w, m.Progress.GetJobId(), m.Progress.GetRank())
+		e := s.runningJobLocked(id, m.Progress.GetJobId(), m.Progress.GetRank())
 		if e == nil || m.Progress.Progress == nil {
 			return
 		}
@@ -247,10 +266,10 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		e.job.Progress = jp
 		s.emitLocked(e, pb.EventKind_EVENT_KIND_PROGRESS, "", nil)
 	case *pb.ConnectRequest_Started:
-		s.taskStartedLocked(w, m.Started)
+		s.taskStartedLocked(id, m.Started)
 	case *pb.ConnectRequest_Eval:
 		ev := m.Eval
-		e := s.runningJobLocked(w, ev.GetJobId(), ev.GetRank())
+		e := s.runningJobLocked(id, ev.GetJobId(), ev.GetRank())
 		if e == nil || ev.Generation != e.job.Generation {
 			return
 		}
@@ -259,7 +278,7 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		d := m.Done
 		if e := s.jobs[d.GetJobId()]; e != nil && e.final() {
 			if d.Generation == e.stopGen {
-				e.taskStoppedLocked(w.info.Id)
+				e.taskStoppedLocked(id)
 			}
 			return
 		}
@@ -269,7 +288,7 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		if e := s.jobs[d.GetJobId()]; e != nil && d.Generation != e.job.Generation {
 			return // a task of a generation left behind (it was told to stop)
 		}
-		e := s.runningJobLocked(w, d.GetJobId(), d.GetRank())
+		e := s.runningJobLocked(id, d.GetJobId(), d.GetRank())
 		if e == nil || d.Generation != e.job.Generation {
 			return
 		}
@@ -277,8 +296,8 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 			if e.failed == nil {
 				e.failed = map[string]bool{}
 			}
-			e.failed[w.info.Id] = true // its task is over: nothing to stop
-			msg := fmt.Sprintf("rank %d (worker %s): %s", d.Rank, w.info.Id, d.Error)
+			e.failed[id] = true // its task is over: nothing to stop
+			msg := fmt.Sprintf("rank %d (worker %s): %s", d.Rank, id, d.Error)
 			if e.job.Spec.GetMode() == "ring" {
 				if s.ringFailedLocked(e, d) {
 					return // the frame counts named the rank cut off
@@ -296,14 +315,19 @@ func (s *Server) handleWorkerMessage(w *workerEntry, m *pb.ConnectRequest) {
 		}
 		e.ranksDone[d.Rank] = true
 		e.results[d.Rank] = d.Result
-		w.info.JobId = ""
-		w.info.State = pb.WorkerState_WORKER_STATE_IDLE
-		for _, ok := range e.ranksDone {
-			if !ok {
-				s.scheduleLocked()
-				return
-			}
+		if !slices.Contains(e.ranksDone, false) {
+			s.finishJobLocked(e)
+			return
 		}
+		// This worker is free for the next job (the job goes on).
+		s.mustStepLocked(coordinator.Released{At: now, Job: e.job.Id, Workers: []string{id}})
+	}
+}
+
+// finishJobLocked ends a job whose every rank finished: its result is
+// rank 0's, with the ranks' throughput summed.
+func (s *Server) finishJobLocked(e *jobEntry) {
+	{
 		res := e.results[0]
 		if res == nil {
 			res = &pb.JobResult{}
@@ -347,9 +371,7 @@ func (s *Server) recordEvalLocked(e *jobEntry, ev *pb.TaskEval, now time.Time) {
 	// Redraw once the record is written (after the lock is released).
 	dir := e.job.RunDir
 	s.mu.later(func() {
-		s.mu.Lock()
-		s.replotLocked(dir)
-		s.mu.Unlock()
+		s.mu.within(func() { s.replotLocked(dir) })
 	})
 	what := "epoch"
 	if ev.Round != nil {
@@ -363,13 +385,13 @@ func (s *Server) recordEvalLocked(e *jobEntry, ev *pb.TaskEval, now time.Time) {
 
 // runningJobLocked returns the running job a worker reports on, or nil when
 // the report is late (the job ended) or does not come from the right rank.
-func (s *Server) runningJobLocked(w *workerEntry, jobID string, rank int32) *jobEntry {
+func (s *Server) runningJobLocked(workerID, jobID string, rank int32) *jobEntry {
 	e := s.jobs[jobID]
 	if e == nil || e.job.State != pb.JobState_JOB_STATE_RUNNING {
 		return nil
 	}
-	if rank < 0 || int(rank) >= len(e.job.WorkerIds) || e.job.WorkerIds[rank] != w.info.Id {
-		s.log.Warn("worker reported on a rank it does not hold", "worker", w.info.Id, "job", jobID, "rank", rank)
+	if rank < 0 || int(rank) >= len(e.job.WorkerIds) || e.job.WorkerIds[rank] != workerID {
+		s.log.Warn("worker reported on a rank it does not hold", "worker", workerID, "job", jobID, "rank", rank)
 		return nil
 	}
 	return e

@@ -68,14 +68,13 @@ func TestFedAvgResumeIsBitIdentical(t *testing.T) {
 	if _, err := c.jobs.CancelJob(ctx, &pb.CancelJobRequest{JobId: part.Id}); err != nil {
 		t.Fatalf("cancel after round 3 of %d: %v", rounds, err)
 	}
+	// The worker writes the cancel checkpoint as its task stops, and
+	// CancelJob returns once the task said it stopped: it is on disk.
 	c.waitWorkers(ctx, pb.WorkerState_WORKER_STATE_IDLE, "w0")
-	// The worker writes the cancel checkpoint as its task stops.
-	var path string
-	poll(ctx, t, "a checkpoint written at cancellation", func() (bool, error) {
-		_, p, _, err := checkpoint.Latest(filepath.Join(part.RunDir, "checkpoints"))
-		path = p
-		return err == nil, nil
-	})
+	_, path, _, err := checkpoint.Latest(filepath.Join(part.RunDir, "checkpoints"))
+	if err != nil {
+		t.Fatalf("no checkpoint once CancelJob returned: %v", err)
+	}
 	if path == filepath.Join(part.RunDir, "checkpoints", "ckpt-"+strconv.Itoa(rounds)) {
 		t.Fatalf("the job ran all %d rounds before the cancel reached it", rounds)
 	}

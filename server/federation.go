@@ -1,6 +1,8 @@
 package server
 
 import (
+	"time"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -22,26 +24,29 @@ type fedJob struct {
 	d *federation.Driver
 }
 
-// newFedJob builds the round driver of e's generation from net's initial
-// parameters, or, when the job resumes, from its checkpoint's (net is
-// loaded with them), and starts it (a goroutine owned by the Server: it
-// ends when the job is aborted, and Serve waits for it). ckptDir ""
-// means no checkpoints.
-func (s *Server) newFedJob(e *jobEntry, net *models.Network, ckptDir string) (*fedJob, error) {
-	j := e.job
-	fj := &fedJob{s: s, e: e}
-	d, err := federation.New(federation.Config{JobID: j.Id, Generation: j.Generation, Spec: j.Spec, WorkerIDs: j.WorkerIds,
-		Net: net, ResumeFrom: j.ResumeFrom, CheckpointDir: ckptDir, Started: e.started, Now: s.cfg.Now, Logger: s.log}, fj)
-	if err != nil {
-		return nil, err
-	}
+// newFedDriver builds fj's round driver for job's first generation on
+// workerIDs from net's initial parameters, or, when the job resumes,
+// from its checkpoint's (net is loaded with them); never under the lock
+// (it reads the checkpoint). ckptDir "" means no checkpoints. Until
+// runFedJob makes fj the job's driver, what the driver asks of it is
+// moot (activeLocked).
+func (s *Server) newFedDriver(fj *fedJob, j *pb.Job, workerIDs []string, net *models.Network, ckptDir string, started time.Time) error {
+	d, err := federation.New(federation.Config{JobID: j.Id, Generation: 1, Spec: j.Spec, WorkerIDs: workerIDs,
+		Net: net, ResumeFrom: j.ResumeFrom, CheckpointDir: ckptDir, Started: started, Now: s.cfg.Now, Logger: s.log}, fj)
 	fj.d = d
+	return err
+}
+
+// runFedJob makes fj the job's round driver and starts it (a goroutine
+// owned by the Server: it ends when the job is aborted, and Serve waits
+// for it).
+func (s *Server) runFedJob(fj *fedJob) *fedJob {
 	s.streams.Add(1)
 	go func() { // owned by the Server: ends when the job is aborted
 		defer s.streams.Done()
-		d.Run()
+		fj.d.Run()
 	}()
-	return fj, nil
+	return fj
 }
 
 // abort stops the driver: its clock returns and every client's stream
@@ -50,7 +55,7 @@ func (fj *fedJob) abort(err error) { fj.d.Abort(err) }
 
 // workerLostLocked: a lost worker's client misses the rounds it is
 // sampled for; the job fails only when every client is lost.
-func (fj *fedJob) workerLostLocked(w *workerEntry, reason string) { fj.d.WorkerLost(w.info.Id, reason) }
+func (fj *fedJob) workerLostLocked(id, reason string) { fj.d.WorkerLost(id, reason) }
 
 // activeLocked reports whether the job still runs this driver: what the
 // driver asks after the job ended, or once the server is stopping (which

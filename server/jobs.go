@@ -65,6 +65,13 @@ type jobEntry struct {
 	// failed holds the workers whose task of the current generation
 	// ended with an error: they have nothing left to stop.
 	failed map[string]bool
+	// tasked: assignments were sent (a job that fails while starting
+	// has no task to cancel).
+	tasked bool
+	// placed holds the workers the core placed the job on while what it
+	// needs is made (startJobLocked); numParams is its model's size.
+	placed    []string
+	numParams int
 }
 
 func newJobEntry(j *pb.Job) *jobEntry {
@@ -128,9 +135,7 @@ func (s *Server) checkpointStoppedLocked(e *jobEntry) {
 	s.mu.later(func() {
 		s.mu.offLock("a checkpoint save")
 		path, err := save(now)
-		s.mu.Lock()
-		s.stopCheckpointedLocked(e, path, err)
-		s.mu.Unlock()
+		s.mu.within(func() { s.stopCheckpointedLocked(e, path, err) })
 	})
 }
 
@@ -233,9 +238,7 @@ func (s *Server) setStateLocked(e *jobEntry, st pb.JobState, msg string) {
 // disk work queued before it.
 func (s *Server) announceLocked(e *jobEntry, msg string) {
 	s.mu.later(func() {
-		s.mu.Lock()
-		s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, msg, nil)
-		s.mu.Unlock()
+		s.mu.within(func() { s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, msg, nil) })
 	})
 }
 
@@ -270,9 +273,7 @@ func (s *Server) changeStateLocked(e *jobEntry, st pb.JobState, msg string) {
 			if err := run.Finish(sum); err != nil {
 				s.log.Error("writing summary failed", "job", j.Id, "err", err)
 			}
-			s.mu.Lock()
-			s.replotLocked(dir)
-			s.mu.Unlock()
+			s.mu.within(func() { s.replotLocked(dir) })
 		})
 	}
 	s.countJobsLocked()
@@ -302,31 +303,31 @@ func (s *Server) endJobLocked(e *jobEntry, st pb.JobState, msg string) {
 	s.announceLocked(e, msg) // after the checkpoint at stop, too
 	if wasRunning {
 		e.stopping, e.stopGen, e.stopped = map[string]bool{}, e.job.Generation, make(chan struct{})
-		for _, id := range e.job.WorkerIds {
-			w := s.workers[id]
-			if w == nil || w.info.JobId != e.job.Id {
-				continue
+		for r, id := range e.job.WorkerIds {
+			w, ok := s.workerLocked(id)
+			if !ok || w.Job != e.job.Id || !e.tasked || (r < len(e.ranksDone) && e.ranksDone[r]) {
+				continue // gone, moved on, never given its task, or done with it
 			}
-			if st != pb.JobState_JOB_STATE_SUCCEEDED && w.info.State != pb.WorkerState_WORKER_STATE_LOST && !e.failed[id] {
+			if st != pb.JobState_JOB_STATE_SUCCEEDED && w.State != pb.WorkerState_WORKER_STATE_LOST && !e.failed[id] {
 				e.stopping[id] = true
 			}
-			w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: e.job.Id, Reason: msg}}})
-			w.info.JobId = ""
-			if w.info.State == pb.WorkerState_WORKER_STATE_BUSY {
-				w.info.State = pb.WorkerState_WORKER_STATE_IDLE
-			}
+			s.sendLocked(id, &pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: e.job.Id, Reason: msg}}})
 		}
 	}
 	if e.stopped != nil && len(e.stopping) == 0 {
 		close(e.stopped)
 	}
-	for i, id := range s.queue {
-		if id == e.job.Id {
-			s.queue = append(s.queue[:i], s.queue[i+1:]...)
-			break
-		}
+	// Its workers are free (the next jobs are placed on them), or, for a
+	// pending job, it leaves the queue.
+	now := s.cfg.Now()
+	switch {
+	case wasRunning:
+		s.mustStepLocked(coordinator.Released{At: now, Job: e.job.Id, Workers: e.job.WorkerIds})
+	case e.placed != nil: // placed, still being prepared (startJobLocked)
+		s.mustStepLocked(coordinator.Released{At: now, Job: e.job.Id, Workers: e.placed})
+	default:
+		s.mustStepLocked(coordinator.Withdraw{At: now, Job: e.job.Id})
 	}
-	s.scheduleLocked()
 }
 
 // SubmitJob validates the spec, stores the job as PENDING and schedules.
@@ -353,10 +354,9 @@ func (s *Server) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*pb.S
 	}
 	e := newJobEntry(j)
 	s.jobs[j.Id] = e
-	s.queue = append(s.queue, j.Id)
 	s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, "submitted", nil)
 	s.log.Info("job submitted", "job", j.Id, "model", spec.Model, "dataset", spec.Dataset.Name, "mode", spec.Mode, "workers", spec.GetWorkers())
-	s.scheduleLocked()
+	s.mustStepLocked(coordinator.Submit{At: now, Job: j.Id, Workers: int(spec.GetWorkers())})
 	return &pb.SubmitJobResponse{Job: proto.Clone(e.job).(*pb.Job)}, nil
 }
 
@@ -500,12 +500,16 @@ func (s *Server) WatchJob(req *pb.WatchJobRequest, stream pb.JobService_WatchJob
 // ListWorkers returns every worker the coordinator has seen since it started.
 func (s *Server) ListWorkers(ctx context.Context, req *pb.ListWorkersRequest) (*pb.ListWorkersResponse, error) {
 	s.mu.Lock()
-	out := make([]*pb.Worker, 0, len(s.workers))
-	for _, w := range s.workers {
-		out = append(out, proto.Clone(w.info).(*pb.Worker))
-	}
+	ws := s.core.Workers()
 	s.mu.Unlock()
-	sort.Slice(out, func(a, b int) bool { return out[a].Id < out[b].Id })
+	out := make([]*pb.Worker, len(ws))
+	for i, w := range ws {
+		out[i] = &pb.Worker{Id: w.ID, Name: w.Name, Address: w.Address,
+			State: w.State, JobId: w.Job, LastHeartbeat: tsNow(w.Seen), ConnectedAt: tsNow(w.Connected)}
+		if w.Resources != nil {
+			out[i].Resources = proto.Clone(w.Resources).(*pb.Resources)
+		}
+	}
 	return &pb.ListWorkersResponse{Workers: out}, nil
 }
 

@@ -361,10 +361,7 @@ func TestPSAggregatorDies(t *testing.T) {
 	spec.StepTimeoutSeconds = 30
 	spec.ParameterServer = &pb.ParameterServerSpec{Shards: 2, Addresses: addrs}
 	job := c.submit(ctx, spec)
-	poll(ctx, t, "training progress", func() (bool, error) {
-		resp, err := c.jobs.GetJob(ctx, &pb.GetJobRequest{JobId: job.Id})
-		return err == nil && resp.Job.GetProgress().GetStep() >= 4, err
-	})
+	c.waitProgress(ctx, job.Id, func(p *pb.Progress) bool { return p.Step >= 4 })
 	start := time.Now()
 	stop[1]()
 	j := c.waitState(ctx, job.Id, pb.JobState_JOB_STATE_FAILED, pb.JobState_JOB_STATE_SUCCEEDED)

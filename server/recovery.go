@@ -25,7 +25,7 @@ import (
 // is found and pinned off the lock; recoverPinnedLocked then plans the
 // new generation again with the workers there are by then, or fails
 // the job with failMsg.
-func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason, failMsg string) bool {
+func (s *Server) recoverLocked(e *jobEntry, lost *lostWorker, reason, failMsg string) bool {
 	j := e.job
 	spec := j.Spec
 	if !coordinator.Elastic(spec) {
@@ -38,14 +38,14 @@ func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason, failMsg s
 	}
 	lostID := ""
 	if lost != nil {
-		lostID = lost.info.Id
+		lostID = lost.id
 	}
-	if _, ok := e.recovery.Plan(s.survivorsLocked(e, lostID), s.idleLocked(), int(spec.GetWorkers()), int(spec.GetMinWorkers()), lost == nil); !ok {
+	if _, ok := e.recovery.Plan(s.survivorsLocked(e, lostID), s.core.Idle(), int(spec.GetWorkers()), int(spec.GetMinWorkers()), lost == nil); !ok {
 		return false
 	}
 	p := coordinator.Pin{Gen: j.Generation, Reason: reason, FailMsg: failMsg}
 	if lost != nil {
-		p.Lost, p.Address, p.Silent = lost.info.Id, lost.info.Address, s.cfg.Now().Sub(lost.lastSeen)
+		p.Lost, p.Address, p.Silent = lost.id, lost.address, lost.silent
 	}
 	e.recovery.AwaitPin(p)
 	// The checkpoint is the fallback when no rank holds a snapshot. The
@@ -59,9 +59,7 @@ func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason, failMsg s
 			s.mu.offLock("a checkpoint pin")
 			path, err = checkpoint.Pin(checkpointDir(job.RunDir), latest, tag, 4)
 		}
-		s.mu.Lock()
-		s.recoverPinnedLocked(e, path, err)
-		s.mu.Unlock()
+		s.mu.within(func() { s.recoverPinnedLocked(e, path, err) })
 	})
 	return true
 }
@@ -71,7 +69,7 @@ func (s *Server) recoverLocked(e *jobEntry, lost *workerEntry, reason, failMsg s
 func (s *Server) survivorsLocked(e *jobEntry, lost string) []string {
 	var ids []string
 	for _, id := range e.job.WorkerIds {
-		if w := s.workers[id]; w != nil && id != lost && w.info.State != pb.WorkerState_WORKER_STATE_LOST && !e.recovery.Evicted(id) {
+		if w, ok := s.workerLocked(id); ok && id != lost && w.State != pb.WorkerState_WORKER_STATE_LOST && !e.recovery.Evicted(id) {
 			ids = append(ids, id)
 		}
 	}
@@ -102,7 +100,7 @@ func (s *Server) recoverPinnedLocked(e *jobEntry, path string, pinErr error) {
 	}
 	survivors := s.survivorsLocked(e, p.Lost)
 	before := len(survivors)
-	ids, ok := e.recovery.Plan(survivors, s.idleLocked(), int(spec.GetWorkers()), int(spec.GetMinWorkers()), p.Lost == "")
+	ids, ok := e.recovery.Plan(survivors, s.core.Idle(), int(spec.GetWorkers()), int(spec.GetMinWorkers()), p.Lost == "")
 	if !ok {
 		fail()
 		return
@@ -113,8 +111,8 @@ func (s *Server) recoverPinnedLocked(e *jobEntry, path string, pinErr error) {
 		lastStep = max(lastStep, r.GetStep())
 	}
 	for _, id := range j.WorkerIds { // stop the current generation's tasks
-		if w := s.workers[id]; w != nil && id != p.Lost {
-			w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: j.Id,
+		if id != p.Lost {
+			s.sendLocked(id, &pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: j.Id,
 				Reason: "recovering: generation " + fmt.Sprint(j.Generation+1), KeepState: true}}})
 		}
 	}
@@ -151,8 +149,8 @@ func (s *Server) recoverPinnedLocked(e *jobEntry, path string, pinErr error) {
 // (rank 0's TaskStarted) and, for a recovery or growth, ends it: the time
 // it took, the steps done again, and the source are logged to the run's
 // metrics.jsonl and announced as a job event.
-func (s *Server) taskStartedLocked(w *workerEntry, st *pb.TaskStarted) {
-	e := s.runningJobLocked(w, st.GetJobId(), st.GetRank())
+func (s *Server) taskStartedLocked(workerID string, st *pb.TaskStarted) {
+	e := s.runningJobLocked(workerID, st.GetJobId(), st.GetRank())
 	if e == nil || st.Generation != e.job.Generation {
 		return
 	}

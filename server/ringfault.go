@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gradsync/gradsync/coordinator"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -21,27 +22,25 @@ func (s *Server) ringFailedLocked(e *jobEntry, d *pb.TaskDone) bool {
 		return false
 	}
 	id := j.WorkerIds[rank]
-	w := s.workers[id]
-	if w == nil {
+	w, ok := s.workerLocked(id)
+	if !ok {
 		return false
 	}
 	reason := fmt.Sprintf("cut off from the ring (rank %d): %s", rank, why)
 	now := s.cfg.Now()
-	s.log.Warn("ring link broken", "job", j.Id, "rank", rank, "worker", id, "address", w.info.Address, "evidence", why)
+	s.log.Warn("ring link broken", "job", j.Id, "rank", rank, "worker", id, "address", w.Address, "evidence", why)
 	s.runLogLocked(e, map[string]any{"kind": "ring_cut", "time": now.UTC().Format(time.RFC3339Nano), "rank": rank, "worker": id,
-		"address": w.info.Address, "evidence": why, "generation": j.Generation})
+		"address": w.Address, "evidence": why, "generation": j.Generation})
 	e.recovery.Evict(id) // never taken back into this job
 	// The worker is still connected (its heartbeats arrive) and BUSY, so
 	// recovery neither keeps it nor takes it as an idle worker.
-	failMsg := fmt.Sprintf("worker %s (%s) %s", id, w.info.Address, reason)
-	if !s.recoverLocked(e, w, reason, failMsg) {
+	failMsg := fmt.Sprintf("worker %s (%s) %s", id, w.Address, reason)
+	if !s.recoverLocked(e, &lostWorker{id: id, address: w.Address, silent: now.Sub(w.Seen)}, reason, failMsg) {
 		s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, failMsg)
 	}
-	if w.info.JobId == j.Id {
-		w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: j.Id, Reason: "evicted: " + reason}}})
-		w.info.JobId = ""
-		w.info.State = pb.WorkerState_WORKER_STATE_IDLE
+	if w, _ := s.workerLocked(id); w.Job == j.Id {
+		s.sendLocked(id, &pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: j.Id, Reason: "evicted: " + reason}}})
 	}
-	s.scheduleLocked()
+	s.mustStepLocked(coordinator.Released{At: now, Job: j.Id, Workers: []string{id}})
 	return true
 }

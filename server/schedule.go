@@ -1,9 +1,9 @@
 package server
 
 import (
+	"errors"
 	"fmt"
-	"slices"
-	"sort"
+	"time"
 
 	"github.com/gradsync/gradsync/coordinator"
 	"github.com/gradsync/gradsync/internal/runlog"
@@ -11,85 +11,148 @@ import (
 	"github.com/gradsync/gradsync/models"
 	"github.com/gradsync/gradsync/paramserver"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+	"google.golang.org/protobuf/proto"
 )
 
-// scheduleLocked starts every queued job the FIFO gang scheduler places.
-func (s *Server) scheduleLocked() {
-	if s.closed {
-		return
-	}
-	var q []coordinator.Pending
-	for _, id := range s.queue {
-		q = append(q, coordinator.Pending{Job: id, Workers: int(s.jobs[id].job.Spec.GetWorkers())})
-	}
-	for _, p := range coordinator.Schedule(q, s.idleLocked()) {
-		s.queue = s.queue[1:]
-		s.startJobLocked(s.jobs[p.Job], p.Workers)
-	}
-	// Idle workers nobody queued for: elastic jobs running below their
-	// size grow onto them (from their latest checkpoint).
-	if len(s.queue) == 0 {
-		for _, e := range s.jobs {
-			if e.job.State == pb.JobState_JOB_STATE_RUNNING && !e.recovery.Rejoining() && !e.recovery.Pinning() && !slices.Contains(e.ranksDone, true) &&
-				len(e.job.WorkerIds) < int(e.job.Spec.GetWorkers()) && coordinator.Elastic(e.job.Spec) {
-				s.recoverLocked(e, nil, "", "")
-			}
-		}
-	}
-}
-
-// idleLocked lists the idle workers in the order they are picked: by
-// connection time, then id.
-func (s *Server) idleLocked() []string {
-	var idle []*workerEntry
-	for _, w := range s.workers {
-		if w.info.State == pb.WorkerState_WORKER_STATE_IDLE {
-			idle = append(idle, w)
-		}
-	}
-	sort.Slice(idle, func(a, b int) bool {
-		if !idle[a].connected.Equal(idle[b].connected) {
-			return idle[a].connected.Before(idle[b].connected)
-		}
-		return idle[a].info.Id < idle[b].info.Id
-	})
-	ids := make([]string, len(idle))
-	for i, w := range idle {
-		ids[i] = w.info.Id
-	}
-	return ids
-}
-
-// startJobLocked builds the job's initial parameters and parameter server,
-// opens its run directory, and sends every worker its assignment.
+// startJobLocked carries out the core's Place of a pending job on
+// workerIDs. What starting it involves outside memory — its run
+// directory, its model's initial parameters, and for ps mode the
+// parameter server (for a resume, loaded from the checkpoint) or for real
+// federated clients the round driver — is made off the lock, as an
+// effect; jobPreparedLocked then runs the job and sends the assignments.
 func (s *Server) startJobLocked(e *jobEntry, workerIDs []string) {
-	j := e.job
-	run, err := runlog.Create(j.RunDir, j.Spec)
-	if err != nil {
-		s.setStateLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("creating run directory: %v", err))
-		return
+	e.placed = workerIDs
+	job := proto.Clone(e.job).(*pb.Job)
+	started := s.cfg.Now()
+	var fj *fedJob
+	if jobspec.RealClients(job.Spec) {
+		fj = &fedJob{s: s, e: e}
 	}
-	e.run = run
-	e.started = s.cfg.Now()
-	j.Generation = 1
-	j.WorkerIds = workerIDs
-	s.setStateLocked(e, pb.JobState_JOB_STATE_RUNNING, fmt.Sprintf("running on %d worker(s)", len(workerIDs)))
-	s.assignLocked(e, workerIDs)
+	s.mu.later(func() {
+		s.mu.offLock("preparing a job")
+		p := s.prepareJob(job, workerIDs, started, fj)
+		s.mu.within(func() { s.jobPreparedLocked(e, workerIDs, started, p) })
+	})
 }
 
-// assignLocked gives a running job's current generation to workerIDs, by
-// rank: the parameter server for ps mode, and every worker its assignment.
-func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
-	j := e.job
+// prepared is what a job needs to start, made off the lock.
+type prepared struct {
+	run    *runlog.Writer
+	runErr error
+	// numParams is the model's size; ps and fed are set for the modes
+	// that have them.
+	numParams int
+	ps        *paramserver.Group
+	fed       *fedJob
+	// failure is why the job cannot start (its run directory is made).
+	failure string
+}
+
+// prepareJob makes what job (generation 1 on world workers) needs to
+// start; never under the lock.
+func (s *Server) prepareJob(j *pb.Job, workerIDs []string, started time.Time, fj *fedJob) prepared {
+	var p prepared
+	world := len(workerIDs)
 	spec := j.Spec
+	if p.run, p.runErr = runlog.Create(j.RunDir, spec); p.runErr != nil {
+		return p
+	}
 	// Workers check that they build the same number of parameters, so a
 	// folder of images of another size fails with a clear error.
 	c, h, w, classes := jobspec.InputShape(spec)
 	net, err := models.New(spec.Model, models.Options{Channels: c, Height: h, Width: w, Classes: classes, Seed: spec.GetSeed()})
 	if err != nil {
-		s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("building model: %v", err))
+		p.failure = fmt.Sprintf("building model: %v", err)
+		return p
+	}
+	p.numParams = net.NumParams()
+	ckptDir := jobCheckpointDir(j)
+	if spec.Mode == "ps" && len(spec.GetParameterServer().GetAddresses()) == 0 {
+		// The server holds a ps job's state: it writes the checkpoints
+		// and, for a resume, loads one.
+		p.ps, err = paramserver.NewGroup(paramserver.Env{Now: s.cfg.Now, Log: s.log, Metrics: s.cfg.Metrics}, j.Id, 1, world, net, spec, ckptDir, j.ResumeFrom)
+		if err != nil {
+			what := "starting the parameter server"
+			if j.ResumeFrom != "" {
+				what = "resuming from checkpoint"
+			}
+			p.failure = fmt.Sprintf("%s: %v", what, err)
+			return p
+		}
+	}
+	if fj != nil {
+		// The coordinator drives the rounds; each worker is one client.
+		if err := s.newFedDriver(fj, j, workerIDs, net, ckptDir, started); err != nil {
+			p.failure = fmt.Sprintf("starting the federated rounds: %v", err)
+			return p
+		}
+		p.fed = fj
+	}
+	return p
+}
+
+// jobPreparedLocked runs a job placed on workerIDs once prepareJob made
+// what it needs, unless it ended (was cancelled) meanwhile.
+func (s *Server) jobPreparedLocked(e *jobEntry, workerIDs []string, started time.Time, p prepared) {
+	j := e.job
+	e.placed = nil
+	if e.final() || s.closed {
+		// Cancelled while it was being prepared (its workers were freed
+		// then), or the server is stopping (it stays PENDING in the
+		// store): drop what was made.
+		if p.ps != nil {
+			p.ps.Abort(errors.New("the job ended before it started"))
+		}
+		if p.fed != nil {
+			p.fed.abort(errors.New("the job ended before it started"))
+		}
+		if p.run != nil && e.final() {
+			run, sum := p.run, runlog.SummaryOf(proto.Clone(j).(*pb.Job))
+			s.mu.later(func() {
+				s.mu.offLock("writing a run summary")
+				if err := run.Finish(sum); err != nil {
+					s.log.Error("writing summary failed", "job", j.Id, "err", err)
+				}
+			})
+		}
 		return
 	}
+	if p.runErr != nil {
+		s.setStateLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("creating run directory: %v", p.runErr))
+		s.mustStepLocked(coordinator.Released{At: s.cfg.Now(), Job: j.Id, Workers: workerIDs})
+		return
+	}
+	e.run = p.run
+	e.started = started
+	j.Generation = 1
+	j.WorkerIds = workerIDs
+	s.setStateLocked(e, pb.JobState_JOB_STATE_RUNNING, fmt.Sprintf("running on %d worker(s)", len(workerIDs)))
+	if p.failure != "" {
+		s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, p.failure)
+		return
+	}
+	e.numParams, e.ps = p.numParams, p.ps
+	if p.fed != nil {
+		e.fed = s.runFedJob(p.fed)
+	}
+	s.assignLocked(e, workerIDs)
+}
+
+// jobCheckpointDir is where a job's checkpoints go, or "" when it writes
+// none.
+func jobCheckpointDir(j *pb.Job) string {
+	if jobspec.CheckpointsOn(j.Spec) {
+		return checkpointDir(j.RunDir)
+	}
+	return ""
+}
+
+// assignLocked gives a running job's current generation to workerIDs, by
+// rank: every worker its assignment (the job's parameter server or round
+// driver, if it has one, is made at its start).
+func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
+	j := e.job
+	spec := j.Spec
 	j.WorkerIds = workerIDs
 	e.failed = nil
 	world := len(workerIDs)
@@ -100,47 +163,24 @@ func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
 		j.Ranks[r] = &pb.Progress{}
 	}
 	e.results = make([]*pb.JobResult, world)
-	ckptDir := ""
-	if jobspec.CheckpointsOn(spec) {
-		ckptDir = checkpointDir(j.RunDir)
-	}
 	var psAddrs []string
 	if spec.Mode == "ps" && len(spec.GetParameterServer().GetAddresses()) > 0 {
 		// The shards are `gradsync aggregator` processes, which learn
 		// the job from the workers' joins.
 		psAddrs = spec.GetParameterServer().GetAddresses()
-	} else if spec.Mode == "ps" {
-		// The server holds a ps job's state: it writes the checkpoints
-		// and, for a resume, loads one.
-		e.ps, err = paramserver.NewGroup(paramserver.Env{Now: s.cfg.Now, Log: s.log, Metrics: s.cfg.Metrics}, j.Id, j.Generation, world, net, spec, ckptDir, j.ResumeFrom)
-		if err != nil {
-			what := "starting the parameter server"
-			if j.ResumeFrom != "" {
-				what = "resuming from checkpoint"
-			}
-			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("%s: %v", what, err))
-			return
-		}
-	}
-	if jobspec.RealClients(spec) {
-		// The coordinator drives the rounds; each worker is one client.
-		if e.fed, err = s.newFedJob(e, net, ckptDir); err != nil {
-			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("starting the federated rounds: %v", err))
-			return
-		}
 	}
 	peers := make([]string, world)
 	for r, id := range workerIDs {
-		peers[r] = s.workers[id].info.Address
+		w, _ := s.workerLocked(id)
+		peers[r] = w.Address
 	}
+	s.mustStepLocked(coordinator.Assigned{At: s.cfg.Now(), Job: j.Id, Workers: workerIDs})
+	e.tasked = true
 	for r, id := range workerIDs {
-		w := s.workers[id]
-		w.info.State = pb.WorkerState_WORKER_STATE_BUSY
-		w.info.JobId = j.Id
-		w.send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Assignment{Assignment: &pb.Assignment{
+		s.sendLocked(id, &pb.ConnectResponse{Msg: &pb.ConnectResponse_Assignment{Assignment: &pb.Assignment{
 			JobId: j.Id, Generation: j.Generation, Rank: int32(r), WorldSize: int32(world),
-			Spec: spec, Peers: peers, PsAddresses: psAddrs, NumParams: int64(net.NumParams()),
-			CheckpointDir: ckptDir, ResumeFrom: j.ResumeFrom, TrainedSteps: e.recovery.Trained(),
+			Spec: spec, Peers: peers, PsAddresses: psAddrs, NumParams: int64(e.numParams),
+			CheckpointDir: jobCheckpointDir(j), ResumeFrom: j.ResumeFrom, TrainedSteps: e.recovery.Trained(),
 		}}})
 	}
 }

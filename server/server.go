@@ -1,11 +1,14 @@
 // Package server is the gradsync coordinator's shell: the public
 // JobService and ClusterService, the worker-facing Coordinator stream, and
 // aggregator shard 0 (the ParameterServer). Thin gRPC handlers validate
-// input and apply the rules of package coordinator (lifecycle, gang
-// scheduling, recovery, stragglers, cut links) to the job table and
-// worker registry under one lock; the disk work those decisions call for
-// — job store writes, run-log records, checkpoint pins — runs after the
-// lock is released (lock.go).
+// input and feed package coordinator under one lock: its Core (worker
+// registry, liveness, queue, gang scheduler) through stepLocked (core.go),
+// whose actions the server carries out on its job table, and its rules
+// (lifecycle, recovery, stragglers, cut links) on each job's record. What
+// those decisions call for outside memory — sends to workers, job store
+// writes, run-log records, checkpoint pins and saves — is queued as
+// effects and carried out after the lock is released, by one ordered
+// FIFO (lock.go): in the order the lock was held.
 package server
 
 import (
@@ -25,6 +28,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/gradsync/gradsync/checkpoint"
+	"github.com/gradsync/gradsync/coordinator"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/plot"
 	"github.com/gradsync/gradsync/internal/rpc"
@@ -123,13 +127,28 @@ type Server struct {
 	grpc   *grpc.Server
 	health *health.Server
 
-	// mu guards everything below; the disk work decided under it runs
-	// once it is released (lock.go).
+	// mu guards everything below; the effects decided under it (sends,
+	// disk work) are carried out, in order, once it is released
+	// (lock.go).
 	mu shellLock
-	// jobs by id; queue holds pending job ids in submission order.
-	jobs    map[string]*jobEntry
-	queue   []string
-	workers map[string]*workerEntry
+	// core is the worker registry, the queue of pending jobs and the
+	// gang scheduler (coordinator.Core), fed by stepLocked (core.go);
+	// actions holds what it returned that is not yet carried out, and
+	// applying says stepLocked is carrying them out (growPending: the
+	// elastic jobs may grow once they are).
+	core        *coordinator.Core
+	actions     []coordinator.Action
+	applying    bool
+	growPending bool
+	// workersChanged is closed (and replaced) once a step has changed
+	// the registry (registryChanged: one did, in the steps being
+	// carried out): what tests wait on instead of polling.
+	workersChanged  chan struct{}
+	registryChanged bool
+	// jobs by id.
+	jobs map[string]*jobEntry
+	// conns is each worker's latest connection, by id.
+	conns map[string]*conn
 	// closed is set once Serve has returned; no new work is started.
 	closed bool
 
@@ -165,29 +184,32 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, log: cfg.Logger, store: st,
-		jobs: map[string]*jobEntry{}, workers: map[string]*workerEntry{},
+		core: coordinator.NewCore(cfg.HeartbeatTimeout),
+		jobs: map[string]*jobEntry{}, conns: map[string]*conn{}, workersChanged: make(chan struct{}),
 		plots: make(chan string, 256),
 	}
+	s.mu.init()
 	stored, err := st.jobs()
 	if err != nil {
 		st.close()
 		return nil, err
 	}
 	sortJobs(stored)
+	var queue []*pb.Job
 	for i := len(stored) - 1; i >= 0; i-- { // oldest first, so the queue keeps submission order
 		j := stored[i]
 		e := newJobEntry(j)
 		s.jobs[j.Id] = e
 		switch j.State {
 		case pb.JobState_JOB_STATE_PENDING:
-			s.queue = append(s.queue, j.Id)
+			queue = append(queue, j)
 		case pb.JobState_JOB_STATE_RUNNING:
 			if path := pinnedLatest(j, "restart-"+cfg.Now().UTC().Format("20060102T150405.000000000")); path != "" {
 				// Run it again from its latest checkpoint once workers are back.
 				j.State, j.ResumeFrom = pb.JobState_JOB_STATE_PENDING, path
 				j.Message = "the server restarted while the job was running; it resumes from " + path
 				j.WorkerIds, j.StartedAt = nil, nil
-				s.queue = append(s.queue, j.Id)
+				queue = append(queue, j)
 			} else {
 				j.State = pb.JobState_JOB_STATE_FAILED
 				j.Message = "the server stopped while the job was running, and the job has no checkpoint to resume from"
@@ -202,6 +224,13 @@ func New(cfg Config) (*Server, error) {
 		// (no other goroutine exists yet: no lock needed).
 		s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, j.Message, nil)
 	}
+	// Queued again in submission order (no worker is connected yet:
+	// nothing is placed).
+	s.mu.Lock()
+	for _, j := range queue {
+		s.mustStepLocked(coordinator.Submit{At: cfg.Now(), Job: j.Id, Workers: int(j.Spec.GetWorkers())})
+	}
+	s.mu.Unlock()
 	s.grpc = grpc.NewServer(s.serverOptions()...)
 	s.health = health.NewServer()
 	pb.RegisterJobServiceServer(s.grpc, s)
@@ -236,6 +265,14 @@ func (s *Server) serverOptions() []grpc.ServerOption {
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The effects executor first (lock.go): it runs what every handler
+	// queues under the lock, until every other goroutine is gone.
+	execStarted, execDone := make(chan struct{}), make(chan struct{})
+	go func() { // owned by Serve: stopped after the streams end
+		defer close(execDone)
+		s.mu.execute(execStarted)
+	}()
+	<-execStarted
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { // owned by Serve: the heartbeat monitor
@@ -266,6 +303,8 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	s.shutdown()
 	wg.Wait()
 	s.streams.Wait()
+	s.mu.stop()
+	<-execDone
 	if cerr := s.store.close(); err == nil {
 		err = cerr
 	}
@@ -281,6 +320,7 @@ func (s *Server) shutdown() {
 	s.health.Shutdown()
 	s.mu.Lock()
 	s.closed = true
+	s.mustStepLocked(coordinator.Shutdown{At: s.cfg.Now()})
 	for _, e := range s.jobs {
 		if e.job.State == pb.JobState_JOB_STATE_RUNNING {
 			// Keep RUNNING in the store: the next server start resumes
@@ -290,8 +330,8 @@ func (s *Server) shutdown() {
 			s.checkpointStoppedLocked(e)
 		}
 	}
-	for _, w := range s.workers {
-		w.close()
+	for _, c := range s.conns {
+		c.close()
 	}
 	for _, e := range s.jobs {
 		e.stopAllLocked() // wake CancelJob calls: no task reports any more
@@ -314,12 +354,7 @@ func (s *Server) monitor(ctx context.Context) {
 		}
 		now := s.cfg.Now()
 		s.mu.Lock()
-		for _, w := range s.workers {
-			if w.info.State != pb.WorkerState_WORKER_STATE_LOST && now.Sub(w.lastSeen) > s.cfg.HeartbeatTimeout {
-				s.cfg.Metrics.HeartbeatMissed()
-				s.loseWorkerLocked(w, fmt.Sprintf("no heartbeat for %.1fs (timeout %v)", now.Sub(w.lastSeen).Seconds(), s.cfg.HeartbeatTimeout))
-			}
-		}
+		s.mustStepLocked(coordinator.Tick{At: now})
 		for _, e := range s.jobs {
 			if msg, due := e.recovery.Due(now, e.job.Generation); due && !e.final() {
 				s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg)

@@ -192,10 +192,7 @@ func TestCancelRunningJobFreesWorkers(t *testing.T) {
 	next := c.submit(ctx, quickSpec(2))
 	c.waitWorkers(ctx, pb.WorkerState_WORKER_STATE_BUSY, "w0", "w1")
 	// Wait for training to be under way (a progress report).
-	poll(ctx, t, "progress", func() (bool, error) {
-		g, err := c.jobs.GetJob(ctx, &pb.GetJobRequest{JobId: long.Id})
-		return err == nil && g.Job.GetProgress().GetStep() > 0, err
-	})
+	c.waitStep(ctx, long.Id)
 	g, err := c.jobs.GetJob(ctx, &pb.GetJobRequest{JobId: next.Id})
 	if err != nil || g.Job.State != pb.JobState_JOB_STATE_PENDING {
 		t.Fatalf("second job: %v, %v; want PENDING while the workers are busy", g, err)
@@ -291,10 +288,7 @@ func TestWorkerDeathFailsJob(t *testing.T) {
 	c := newCluster(t, cfg, 2)
 	job := c.submit(ctx, longSpec(2))
 	c.waitState(ctx, job.Id, pb.JobState_JOB_STATE_RUNNING)
-	poll(ctx, t, "progress", func() (bool, error) {
-		g, err := c.jobs.GetJob(ctx, &pb.GetJobRequest{JobId: job.Id})
-		return err == nil && g.Job.GetProgress().GetStep() > 0, err
-	})
+	c.waitStep(ctx, job.Id)
 	victim := c.workers[1]
 	victim.stop(t)
 	dctx, cancel := testCtxWithin(ctx, cfg.HeartbeatTimeout+3*time.Second)

@@ -49,8 +49,8 @@ func (s *Server) noteDelayLocked(e *jobEntry, r int, p *pb.Progress, now time.Ti
 	}
 	id := j.WorkerIds[culprit]
 	addr := ""
-	if w := s.workers[id]; w != nil {
-		addr = w.info.Address
+	if w, ok := s.workerLocked(id); ok {
+		addr = w.Address
 	}
 	compute := j.Ranks[culprit].GetComputeSeconds()
 	var msg string
