@@ -53,8 +53,13 @@ lint: $(BIN)/staticcheck $(BUF)
 	$(BUF) lint
 	$(MAKE) proto-check
 
+# The Python stubs of the agent service need Debian's protoc and
+# grpc_python_plugin (apt-get install protobuf-compiler protobuf-compiler-grpc).
+PY_PROTO := proto/gradsync/v1/agent.proto
+
 proto: $(BUF)
 	$(BUF) generate
+	$(BUF) generate --template buf.gen.python.yaml --path $(PY_PROTO)
 
 # The import rule of the README's layout section (test/layering).
 layering:
@@ -69,6 +74,12 @@ proto-check: $(BUF)
 	done; \
 	n=$$(ls $$tmp/proto/gradsync/v1/*.pb.go | wc -l); m=$$(ls proto/gradsync/v1/*.pb.go | wc -l); \
 	[ $$n -eq $$m ] || { echo "generated file set differs ($$n vs $$m): run 'make proto'"; exit 1; }; \
+	if command -v protoc >/dev/null && command -v grpc_python_plugin >/dev/null; then \
+	  $(BUF) generate --template buf.gen.python.yaml --path $(PY_PROTO) -o $$tmp && \
+	  for f in python/gradsync/v1/agent_pb2.py python/gradsync/v1/agent_pb2_grpc.py; do \
+	    cmp -s $$f $$tmp/$$f || { echo "$$f is stale: run 'make proto' and commit"; exit 1; }; \
+	  done; \
+	else echo "protoc or grpc_python_plugin missing: the Python stubs are not checked"; fi; \
 	echo "generated code is fresh"
 
 # A short fuzz run of every fuzz target (FUZZTIME=5m for the long one).

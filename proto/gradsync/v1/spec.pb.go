@@ -75,8 +75,14 @@ type JobSpec struct {
 	StepTimeoutSeconds float64 `protobuf:"fixed64,24,opt,name=step_timeout_seconds,json=stepTimeoutSeconds,proto3" json:"step_timeout_seconds,omitempty"`
 	// What to do with a gradient holding NaN or Inf: "fail" (default) or "skip".
 	NonfinitePolicy string `protobuf:"bytes,25,opt,name=nonfinite_policy,json=nonfinitePolicy,proto3" json:"nonfinite_policy,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Run a user's command on every worker of the gang instead of gradsync's
+	// own engine (mode ring, the default for such jobs): each worker starts it
+	// for its rank and serves it a local agent socket (GRADSYNC_AGENT)
+	// through which it all-reduces gradients over the job's ring. Only
+	// workers started with --allow-entrypoints run one.
+	Entrypoint    *EntrypointSpec `protobuf:"bytes,34,opt,name=entrypoint,proto3" json:"entrypoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -284,6 +290,83 @@ func (x *JobSpec) GetNonfinitePolicy() string {
 	return ""
 }
 
+func (x *JobSpec) GetEntrypoint() *EntrypointSpec {
+	if x != nil {
+		return x.Entrypoint
+	}
+	return nil
+}
+
+// EntrypointSpec is the command a worker starts for its rank, as torchrun
+// does: with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and
+// GRADSYNC_AGENT in its environment, in its own process group.
+type EntrypointSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The program and its arguments (no shell): ["python3", "train.py",
+	// "--epochs", "2"]. The program is looked up on the worker's PATH.
+	Command []string `protobuf:"bytes,1,rep,name=command,proto3" json:"command,omitempty"`
+	// The directory the command starts in; default the worker's own working
+	// directory.
+	WorkingDir string `protobuf:"bytes,2,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
+	// Extra environment variables. Names starting with GRADSYNC_ and the
+	// variables the worker sets (RANK, WORLD_SIZE, LOCAL_RANK,
+	// LOCAL_WORLD_SIZE) are refused.
+	Env           map[string]string `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EntrypointSpec) Reset() {
+	*x = EntrypointSpec{}
+	mi := &file_gradsync_v1_spec_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EntrypointSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EntrypointSpec) ProtoMessage() {}
+
+func (x *EntrypointSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_spec_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EntrypointSpec.ProtoReflect.Descriptor instead.
+func (*EntrypointSpec) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *EntrypointSpec) GetCommand() []string {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *EntrypointSpec) GetWorkingDir() string {
+	if x != nil {
+		return x.WorkingDir
+	}
+	return ""
+}
+
+func (x *EntrypointSpec) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
 // DatasetSpec names a dataset and where to find it.
 type DatasetSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -308,7 +391,7 @@ type DatasetSpec struct {
 
 func (x *DatasetSpec) Reset() {
 	*x = DatasetSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[1]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -320,7 +403,7 @@ func (x *DatasetSpec) String() string {
 func (*DatasetSpec) ProtoMessage() {}
 
 func (x *DatasetSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[1]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -333,7 +416,7 @@ func (x *DatasetSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetSpec.ProtoReflect.Descriptor instead.
 func (*DatasetSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{1}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *DatasetSpec) GetName() string {
@@ -392,7 +475,7 @@ type OptimizerSpec struct {
 
 func (x *OptimizerSpec) Reset() {
 	*x = OptimizerSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -404,7 +487,7 @@ func (x *OptimizerSpec) String() string {
 func (*OptimizerSpec) ProtoMessage() {}
 
 func (x *OptimizerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -417,7 +500,7 @@ func (x *OptimizerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OptimizerSpec.ProtoReflect.Descriptor instead.
 func (*OptimizerSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{2}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *OptimizerSpec) GetName() string {
@@ -493,7 +576,7 @@ type ScheduleSpec struct {
 
 func (x *ScheduleSpec) Reset() {
 	*x = ScheduleSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -505,7 +588,7 @@ func (x *ScheduleSpec) String() string {
 func (*ScheduleSpec) ProtoMessage() {}
 
 func (x *ScheduleSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -518,7 +601,7 @@ func (x *ScheduleSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduleSpec.ProtoReflect.Descriptor instead.
 func (*ScheduleSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{3}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ScheduleSpec) GetName() string {
@@ -566,7 +649,7 @@ type CompressionSpec struct {
 
 func (x *CompressionSpec) Reset() {
 	*x = CompressionSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -578,7 +661,7 @@ func (x *CompressionSpec) String() string {
 func (*CompressionSpec) ProtoMessage() {}
 
 func (x *CompressionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -591,7 +674,7 @@ func (x *CompressionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompressionSpec.ProtoReflect.Descriptor instead.
 func (*CompressionSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{4}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CompressionSpec) GetType() string {
@@ -664,7 +747,7 @@ type CheckpointSpec struct {
 
 func (x *CheckpointSpec) Reset() {
 	*x = CheckpointSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -676,7 +759,7 @@ func (x *CheckpointSpec) String() string {
 func (*CheckpointSpec) ProtoMessage() {}
 
 func (x *CheckpointSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -689,7 +772,7 @@ func (x *CheckpointSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointSpec.ProtoReflect.Descriptor instead.
 func (*CheckpointSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{5}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CheckpointSpec) GetEverySteps() int64 {
@@ -766,7 +849,7 @@ type FederatedSpec struct {
 
 func (x *FederatedSpec) Reset() {
 	*x = FederatedSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +861,7 @@ func (x *FederatedSpec) String() string {
 func (*FederatedSpec) ProtoMessage() {}
 
 func (x *FederatedSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +874,7 @@ func (x *FederatedSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederatedSpec.ProtoReflect.Descriptor instead.
 func (*FederatedSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{6}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *FederatedSpec) GetRounds() int32 {
@@ -926,7 +1009,7 @@ type PartitionSpec struct {
 
 func (x *PartitionSpec) Reset() {
 	*x = PartitionSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -938,7 +1021,7 @@ func (x *PartitionSpec) String() string {
 func (*PartitionSpec) ProtoMessage() {}
 
 func (x *PartitionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -951,7 +1034,7 @@ func (x *PartitionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionSpec.ProtoReflect.Descriptor instead.
 func (*PartitionSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{7}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PartitionSpec) GetType() string {
@@ -997,7 +1080,7 @@ type ParameterServerSpec struct {
 
 func (x *ParameterServerSpec) Reset() {
 	*x = ParameterServerSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1009,7 +1092,7 @@ func (x *ParameterServerSpec) String() string {
 func (*ParameterServerSpec) ProtoMessage() {}
 
 func (x *ParameterServerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1022,7 +1105,7 @@ func (x *ParameterServerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParameterServerSpec.ProtoReflect.Descriptor instead.
 func (*ParameterServerSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{8}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ParameterServerSpec) GetShards() int32 {
@@ -1057,7 +1140,7 @@ var File_gradsync_v1_spec_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\n" +
-	"\x16gradsync/v1/spec.proto\x12\vgradsync.v1\"\xf3\b\n" +
+	"\x16gradsync/v1/spec.proto\x12\vgradsync.v1\"\xb0\t\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x122\n" +
@@ -1090,13 +1173,24 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\x0flog_every_steps\x18\x16 \x01(\x05R\rlogEverySteps\x12-\n" +
 	"\x10eval_every_epoch\x18\x17 \x01(\bH\x04R\x0eevalEveryEpoch\x88\x01\x01\x120\n" +
 	"\x14step_timeout_seconds\x18\x18 \x01(\x01R\x12stepTimeoutSeconds\x12)\n" +
-	"\x10nonfinite_policy\x18\x19 \x01(\tR\x0fnonfinitePolicyB\n" +
+	"\x10nonfinite_policy\x18\x19 \x01(\tR\x0fnonfinitePolicy\x12;\n" +
+	"\n" +
+	"entrypoint\x18\" \x01(\v2\x1b.gradsync.v1.EntrypointSpecR\n" +
+	"entrypointB\n" +
 	"\n" +
 	"\b_workersB\r\n" +
 	"\v_batch_sizeB\t\n" +
 	"\a_epochsB\a\n" +
 	"\x05_seedB\x13\n" +
-	"\x11_eval_every_epoch\"\xa6\x01\n" +
+	"\x11_eval_every_epoch\"\xbb\x01\n" +
+	"\x0eEntrypointSpec\x12\x18\n" +
+	"\acommand\x18\x01 \x03(\tR\acommand\x12\x1f\n" +
+	"\vworking_dir\x18\x02 \x01(\tR\n" +
+	"workingDir\x126\n" +
+	"\x03env\x18\x03 \x03(\v2$.gradsync.v1.EntrypointSpec.EnvEntryR\x03env\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa6\x01\n" +
 	"\vDatasetSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bdata_dir\x18\x02 \x01(\tR\adataDir\x12'\n" +
@@ -1180,32 +1274,36 @@ func file_gradsync_v1_spec_proto_rawDescGZIP() []byte {
 	return file_gradsync_v1_spec_proto_rawDescData
 }
 
-var file_gradsync_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_gradsync_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_gradsync_v1_spec_proto_goTypes = []any{
 	(*JobSpec)(nil),             // 0: gradsync.v1.JobSpec
-	(*DatasetSpec)(nil),         // 1: gradsync.v1.DatasetSpec
-	(*OptimizerSpec)(nil),       // 2: gradsync.v1.OptimizerSpec
-	(*ScheduleSpec)(nil),        // 3: gradsync.v1.ScheduleSpec
-	(*CompressionSpec)(nil),     // 4: gradsync.v1.CompressionSpec
-	(*CheckpointSpec)(nil),      // 5: gradsync.v1.CheckpointSpec
-	(*FederatedSpec)(nil),       // 6: gradsync.v1.FederatedSpec
-	(*PartitionSpec)(nil),       // 7: gradsync.v1.PartitionSpec
-	(*ParameterServerSpec)(nil), // 8: gradsync.v1.ParameterServerSpec
+	(*EntrypointSpec)(nil),      // 1: gradsync.v1.EntrypointSpec
+	(*DatasetSpec)(nil),         // 2: gradsync.v1.DatasetSpec
+	(*OptimizerSpec)(nil),       // 3: gradsync.v1.OptimizerSpec
+	(*ScheduleSpec)(nil),        // 4: gradsync.v1.ScheduleSpec
+	(*CompressionSpec)(nil),     // 5: gradsync.v1.CompressionSpec
+	(*CheckpointSpec)(nil),      // 6: gradsync.v1.CheckpointSpec
+	(*FederatedSpec)(nil),       // 7: gradsync.v1.FederatedSpec
+	(*PartitionSpec)(nil),       // 8: gradsync.v1.PartitionSpec
+	(*ParameterServerSpec)(nil), // 9: gradsync.v1.ParameterServerSpec
+	nil,                         // 10: gradsync.v1.EntrypointSpec.EnvEntry
 }
 var file_gradsync_v1_spec_proto_depIdxs = []int32{
-	1, // 0: gradsync.v1.JobSpec.dataset:type_name -> gradsync.v1.DatasetSpec
-	2, // 1: gradsync.v1.JobSpec.optimizer:type_name -> gradsync.v1.OptimizerSpec
-	3, // 2: gradsync.v1.JobSpec.lr_schedule:type_name -> gradsync.v1.ScheduleSpec
-	4, // 3: gradsync.v1.JobSpec.compression:type_name -> gradsync.v1.CompressionSpec
-	5, // 4: gradsync.v1.JobSpec.checkpoint:type_name -> gradsync.v1.CheckpointSpec
-	6, // 5: gradsync.v1.JobSpec.federated:type_name -> gradsync.v1.FederatedSpec
-	7, // 6: gradsync.v1.JobSpec.partition:type_name -> gradsync.v1.PartitionSpec
-	8, // 7: gradsync.v1.JobSpec.parameter_server:type_name -> gradsync.v1.ParameterServerSpec
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	2,  // 0: gradsync.v1.JobSpec.dataset:type_name -> gradsync.v1.DatasetSpec
+	3,  // 1: gradsync.v1.JobSpec.optimizer:type_name -> gradsync.v1.OptimizerSpec
+	4,  // 2: gradsync.v1.JobSpec.lr_schedule:type_name -> gradsync.v1.ScheduleSpec
+	5,  // 3: gradsync.v1.JobSpec.compression:type_name -> gradsync.v1.CompressionSpec
+	6,  // 4: gradsync.v1.JobSpec.checkpoint:type_name -> gradsync.v1.CheckpointSpec
+	7,  // 5: gradsync.v1.JobSpec.federated:type_name -> gradsync.v1.FederatedSpec
+	8,  // 6: gradsync.v1.JobSpec.partition:type_name -> gradsync.v1.PartitionSpec
+	9,  // 7: gradsync.v1.JobSpec.parameter_server:type_name -> gradsync.v1.ParameterServerSpec
+	1,  // 8: gradsync.v1.JobSpec.entrypoint:type_name -> gradsync.v1.EntrypointSpec
+	10, // 9: gradsync.v1.EntrypointSpec.env:type_name -> gradsync.v1.EntrypointSpec.EnvEntry
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_spec_proto_init() }
@@ -1214,15 +1312,15 @@ func file_gradsync_v1_spec_proto_init() {
 		return
 	}
 	file_gradsync_v1_spec_proto_msgTypes[0].OneofWrappers = []any{}
-	file_gradsync_v1_spec_proto_msgTypes[2].OneofWrappers = []any{}
-	file_gradsync_v1_spec_proto_msgTypes[4].OneofWrappers = []any{}
+	file_gradsync_v1_spec_proto_msgTypes[3].OneofWrappers = []any{}
+	file_gradsync_v1_spec_proto_msgTypes[5].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gradsync_v1_spec_proto_rawDesc), len(file_gradsync_v1_spec_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
