@@ -155,6 +155,9 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 		return nil, errf("dataset.augment", "unknown augmentation %q; allowed: none, crop, crop-flip", d.Augment)
 	}
 	// Mode.
+	if err := normalizeEntrypoint(s); err != nil {
+		return nil, err
+	}
 	if s.Mode == "" {
 		s.Mode = DefaultMode
 	}

@@ -18,13 +18,20 @@ func (s *Server) scheduleLocked() {
 	if s.closed {
 		return
 	}
-	var q []coordinator.Pending
-	for _, id := range s.queue {
-		q = append(q, coordinator.Pending{Job: id, Workers: int(s.jobs[id].job.Spec.GetWorkers())})
-	}
-	for _, p := range coordinator.Schedule(q, s.idleLocked()) {
+	// One job at a time (FIFO as before): an entrypoint job may only be
+	// placed on workers that run commands (--allow-entrypoints).
+	for len(s.queue) > 0 {
+		e := s.jobs[s.queue[0]]
+		idle := s.idleLocked()
+		if jobspec.IsEntrypoint(e.job.Spec) {
+			idle = slices.DeleteFunc(idle, func(id string) bool { return !s.workers[id].info.GetResources().GetAllowsEntrypoints() })
+		}
+		placed := coordinator.Schedule([]coordinator.Pending{{Job: e.job.Id, Workers: int(e.job.Spec.GetWorkers())}}, idle)
+		if len(placed) == 0 {
+			break
+		}
 		s.queue = s.queue[1:]
-		s.startJobLocked(s.jobs[p.Job], p.Workers)
+		s.startJobLocked(e, placed[0].Workers)
 	}
 	// Idle workers nobody queued for: elastic jobs running below their
 	// size grow onto them (from their latest checkpoint).

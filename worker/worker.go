@@ -354,7 +354,7 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 				res, err := safeRun(tctx, a, &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics,
 					ring: w.ring, peerDial: w.peerDialOptions(), psDial: w.aggregatorDialOptions(), stepDelay: w.cfg.DebugStepDelay, snaps: &w.snaps,
 					dataDir: w.cfg.DataDir, threads: w.cfg.Threads,
-					allowEntrypoints: w.cfg.AllowEntrypoints, runsDir: w.cfg.RunsDir, worker: w.cfg.Name})
+					allowEntrypoints: w.cfg.AllowEntrypoints, runsDir: w.cfg.RunsDir, worker: w.cfg.ID + " (" + w.cfg.Name + ")"})
 				done := &pb.TaskDone{JobId: a.JobId, Rank: a.Rank, Result: res, Generation: a.Generation}
 				if rf := (*ringFailure)(nil); errors.As(err, &rf) {
 					done.RingLinks = rf.links
