@@ -7,11 +7,12 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 STATICCHECK_VERSION := v0.8.2
 BUF := tools/node_modules/.bin/buf
 
-.PHONY: help build local test test-short lint layering proto proto-check fuzz ci clean
+.PHONY: help build local test test-python test-short lint layering proto proto-check fuzz ci clean
 
 help:
 	@echo "make local       train: gradsync local --workers 2 --model mlp --dataset mnist --epochs 1"
 	@echo "make test        run every test (race detector on; builds bin/grpcurl first)"
+	@echo "make test-python the Python package's tests (Debian's python3-torch; skipped without it)"
 	@echo "make test-short  the quick tests only"
 	@echo "make lint        gofmt, go vet, staticcheck, layering, go.mod tidy, buf lint, generated code fresh"
 	@echo "make layering    the import rule of the README layout section (part of lint)"
@@ -33,6 +34,15 @@ $(BIN)/grpcurl: tools/go.mod tools/go.sum
 test: $(BIN)/grpcurl
 	GRPCURL=$(BIN)/grpcurl $(GO) test -race -timeout 30m ./...
 	$(GO) test -race -tags winograd4 -run 'Winograd' ./internal/kernels/ ./models/
+	$(MAKE) test-python
+
+# The Python package's tests run `gradsync local` with PyTorch scripts as
+# entrypoints, under Debian's python (python3-torch, python3-grpcio,
+# python3-protobuf); without them they are skipped, saying so.
+PYTHON ?= /usr/bin/python3
+test-python: build
+	@if [ ! -x $(PYTHON) ]; then echo "test-python: $(PYTHON) not found: Python tests skipped"; exit 0; fi; \
+	GRADSYNC_BIN=$(BIN)/gradsync $(PYTHON) -B -m unittest discover -v -s python/tests -p 'test_*.py'
 
 test-short:
 	$(GO) test -short ./...
