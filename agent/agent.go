@@ -59,7 +59,7 @@ type Server struct {
 	pb.UnimplementedAgentServer
 	cfg Config
 
-	// mu protects next, wake and failed.
+	// mu protects next, wake, failed and shm.
 	mu sync.Mutex
 	// next is the sequence number of the collective whose turn it is.
 	next int64
@@ -69,6 +69,12 @@ type Server struct {
 	// failed is the first collective error: the ring is unusable after
 	// it, so every later collective fails with it.
 	failed error
+	// shm is the shared-memory region of the registered layout, if the
+	// script asked for one. Collectives use it only in their turn, and
+	// RegisterLayout replaces it only in its own.
+	shm *region
+	// closed: Close was called; no region is made after it.
+	closed bool
 }
 
 // New returns a Server for cfg.
@@ -90,6 +96,15 @@ func (s *Server) Err() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.failed
+}
+
+// Close releases the shared-memory region. Call it once the script has
+// ended and no call is in flight (the socket has stopped serving).
+func (s *Server) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.shm.close()
+	s.shm, s.closed = nil, true
 }
 
 // Init implements pb.AgentServer.
@@ -119,8 +134,32 @@ func (s *Server) RegisterLayout(ctx context.Context, req *pb.RegisterLayoutReque
 			return nil, status.Errorf(codes.FailedPrecondition, "rank %d registered another gradient layout than rank %d (names, shapes or dtypes differ)", r, s.cfg.Ring.Rank())
 		}
 	}
-	return &pb.RegisterLayoutResponse{NumElements: n}, nil
+	res := &pb.RegisterLayoutResponse{NumElements: n}
+	if req.GetSharedMemory() {
+		if n > maxShmElements {
+			return nil, status.Errorf(codes.ResourceExhausted, "a shared region of %d values; at most %d", n, maxShmElements)
+		}
+		reg, err := newRegion(n)
+		if err != nil {
+			return nil, status.Error(codes.ResourceExhausted, err.Error())
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			reg.close()
+			return nil, status.Error(codes.Unavailable, "the agent is closing")
+		}
+		old := s.shm
+		s.shm = reg
+		s.mu.Unlock()
+		old.close()
+		res.ShmPath = reg.path
+	}
+	return res, nil
 }
+
+// maxShmElements bounds a shared region (16 GiB).
+const maxShmElements = 1 << 32
 
 // layoutSum checks a layout and returns its size and checksum.
 func layoutSum(ts []*pb.TensorInfo) (n int64, sum uint32, err error) {
@@ -151,13 +190,36 @@ func layoutSum(ts []*pb.TensorInfo) (n int64, sum uint32, err error) {
 	return n, h.Sum32(), nil
 }
 
-// AllReduce implements pb.AgentServer.
+// AllReduce implements pb.AgentServer: on the request's data, or in place
+// on a range of the shared region.
 func (s *Server) AllReduce(ctx context.Context, req *pb.AllReduceRequest) (*pb.AllReduceResponse, error) {
-	buf, err := decode(req.GetData())
-	if err != nil {
-		return nil, err
+	rng := req.GetShm()
+	if rng != nil && len(req.GetData()) > 0 {
+		return nil, status.Error(codes.InvalidArgument, "give data or a shared-memory range, not both")
 	}
-	err = s.collective(ctx, req.GetSeq(), "all_reduce", func(ctx context.Context) error {
+	var buf []float32
+	if rng == nil {
+		var err error
+		if buf, err = decode(req.GetData()); err != nil {
+			return nil, err
+		}
+	}
+	err := s.collective(ctx, req.GetSeq(), "all_reduce", func(ctx context.Context) error {
+		if rng != nil {
+			// The range is checked in the call's turn (the region may
+			// be replaced by an earlier RegisterLayout); a bad one
+			// breaks the agent, as the ranks no longer agree.
+			s.mu.Lock()
+			reg := s.shm
+			s.mu.Unlock()
+			if reg == nil {
+				return status.Error(codes.FailedPrecondition, "no shared memory: register the layout with shared_memory first")
+			}
+			var err error
+			if buf, err = reg.slice(rng.GetOffset(), rng.GetLength()); err != nil {
+				return status.Error(codes.InvalidArgument, err.Error())
+			}
+		}
 		return aggregator.AllReduce(ctx, s.cfg.Ring, buf, req.GetSeq(), s.opt())
 	})
 	if err != nil {
@@ -168,6 +230,9 @@ func (s *Server) AllReduce(ctx context.Context, req *pb.AllReduceRequest) (*pb.A
 		for i := range buf {
 			buf[i] /= inv
 		}
+	}
+	if rng != nil {
+		return &pb.AllReduceResponse{}, nil
 	}
 	return &pb.AllReduceResponse{Data: encode(buf)}, nil
 }
@@ -277,6 +342,9 @@ func (s *Server) waitTurn(ctx context.Context, seq int64, what string) error {
 // explain maps a failed collective to a status naming the call.
 func (s *Server) explain(ctx context.Context, seq int64, what string, err error) *status.Status {
 	var pe *aggregator.PeerError
+	if st, ok := status.FromError(err); ok {
+		return st // the agent's own refusal
+	}
 	switch {
 	case errors.As(err, &pe):
 		return status.Newf(codes.Unavailable, "%s %d: peer rank %d is gone: %v", what, seq, pe.Rank, err)

@@ -18,7 +18,8 @@ func FuzzRequests(f *testing.F) {
 	seeds := []proto.Message{
 		&pb.AllReduceRequest{Data: encode([]float32{1, 2}), Average: true},
 		&pb.BroadcastRequest{Root: 0, Data: encode([]float32{3})},
-		&pb.RegisterLayoutRequest{Tensors: []*pb.TensorInfo{{Name: "w", Shape: []int64{2, 3}, Dtype: "float32"}}},
+		&pb.RegisterLayoutRequest{Tensors: []*pb.TensorInfo{{Name: "w", Shape: []int64{2, 3}, Dtype: "float32"}}, SharedMemory: true},
+		&pb.AllReduceRequest{Shm: &pb.ShmRange{Offset: 1, Length: 4}},
 		&pb.ReportRequest{Step: 1, Loss: 0.3, Eval: true, TestAccuracy: 0.5},
 	}
 	for i, m := range seeds {
@@ -30,6 +31,7 @@ func FuzzRequests(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	f.Cleanup(s.Close) // a shared region a fuzzed layout asked for
 	f.Fuzz(func(t *testing.T, kind uint8, b []byte) {
 		ctx := context.Background()
 		s.mu.Lock()

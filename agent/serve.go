@@ -61,7 +61,9 @@ func (k *Socket) Serve(ctx context.Context, s *Server, log *slog.Logger) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	gs := grpc.NewServer(rpc.ServerOptions(log, nil, nil)...)
+	// Stop waits for the handlers, so that nothing uses the shared region
+	// after Serve returns.
+	gs := grpc.NewServer(append(rpc.ServerOptions(log, nil, nil), grpc.WaitForHandlers(true))...)
 	pb.RegisterAgentServer(gs, s)
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -78,6 +78,7 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.Job
 	defer func() {
 		stopAgent()
 		wg.Wait()
+		srv.Close() // its shared memory, once no call is in flight
 	}()
 
 	logPath := filepath.Join(env.runsDir, a.JobId, fmt.Sprintf("rank-%d.log", a.Rank))

@@ -6,6 +6,7 @@ them in that order, so several may be in flight at once. Every rank must
 make the same collective calls in the same order.
 """
 
+import mmap
 import os
 import threading
 
@@ -69,6 +70,7 @@ class Agent:
         self._stub = agent_pb2_grpc.AgentStub(self._channel)
         self._lock = threading.Lock()
         self._seq = 0
+        self._shm = None
         try:
             info = self._stub.Init(agent_pb2.AgentInitRequest(), timeout=60)
         except grpc.RpcError as e:
@@ -93,12 +95,28 @@ class Agent:
             fut = method.future(request_fn(seq), timeout=self._timeout)
         return Future(what, fut, decode)
 
-    def register_layout(self, tensors):
-        """tensors: [(name, shape)] of float32 tensors. Returns the element count."""
+    def register_layout(self, tensors, shared_memory=False):
+        """tensors: [(name, shape)] of float32 tensors, the same on every rank. Returns the element
+        count; with shared_memory, (count, a numpy float32 array mapped on the worker's shared
+        region of that size, the tensors one after another)."""
         infos = [agent_pb2.TensorInfo(name=n, shape=list(s), dtype="float32") for n, s in tensors]
-        return self._call("register_layout", self._stub.RegisterLayout,
-                          lambda seq: agent_pb2.RegisterLayoutRequest(seq=seq, tensors=infos),
-                          lambda r: r.num_elements).result()
+        res = self._call("register_layout", self._stub.RegisterLayout,
+                         lambda seq: agent_pb2.RegisterLayoutRequest(seq=seq, tensors=infos,
+                                                                     shared_memory=shared_memory),
+                         lambda r: r).result()
+        if not shared_memory:
+            return res.num_elements
+        with open(res.shm_path, "r+b") as f:
+            self._shm = mmap.mmap(f.fileno(), 4 * res.num_elements)  # kept open while mapped
+        return res.num_elements, np.frombuffer(self._shm, dtype=np.float32, count=res.num_elements)
+
+    def allreduce_shared_async(self, offset, length, average=True):
+        """Starts the all-reduce, in place, of values [offset, offset+length) of the shared region
+        (register_layout(..., shared_memory=True)); returns a Future (of None)."""
+        rng = agent_pb2.ShmRange(offset=offset, length=length)
+        return self._call("all_reduce", self._stub.AllReduce,
+                          lambda seq: agent_pb2.AllReduceRequest(seq=seq, shm=rng, average=average),
+                          lambda r: None)
 
     def allreduce_async(self, a, average=True):
         """Starts the sum (or mean) over ranks of a float32 array; returns a Future of the result."""

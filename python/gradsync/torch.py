@@ -11,7 +11,7 @@
         opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
 
 The gradients are averaged over the ranks bucket by bucket as backward
-produces them (each bucket's all-reduce starts as soon as its last gradient
+produces them (through a shared-memory region the worker maps too) (each bucket's all-reduce starts as soon as its last gradient
 is accumulated, while backward goes on, as DDP's reducer does); step()
 waits for them and then steps the wrapped optimiser. The all-reduce runs in
 the Go worker over the job's ring. CUDA tensors are copied to host memory
@@ -113,7 +113,7 @@ class _DistributedOptimizer:
     """Wraps an optimiser; see DistributedOptimizer."""
 
     def __init__(self, optimizer, named_parameters=None, bucket_cap_mb=4.0, backward_passes_per_step=1,
-                 average=True):
+                 average=True, shared_memory=True):
         self._opt = optimizer
         self._a = _a()
         self._average = average
@@ -147,7 +147,18 @@ class _DistributedOptimizer:
         self._bucket_of = {id(p): b for b in self._buckets for _, p in b.params}
         self._counts = {id(p): 0 for _, p in named}
         self._next = 0  # the next bucket to dispatch: buckets leave in index order
-        self._a.register_layout([(n, tuple(p.shape)) for n, p in named])
+        # The layout is registered in bucket order, so that each bucket is
+        # one range of the shared region.
+        layout = [(n, tuple(p.shape)) for b in self._buckets for n, p in b.params]
+        self._shm = None
+        off = 0
+        for b in self._buckets:
+            b.offset = off
+            off += sum(p.numel() for _, p in b.params)
+        if shared_memory:
+            _, self._shm = self._a.register_layout(layout, shared_memory=True)
+        else:
+            self._a.register_layout(layout)
         self._hooks = []
         for _, p in named:
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
@@ -197,6 +208,11 @@ class _DistributedOptimizer:
         flat = torch.cat(grads).to("cpu", torch.float32)
         if self._passes > 1:
             flat = flat / self._passes
+        if self._shm is not None:
+            n = flat.numel()
+            torch.from_numpy(self._shm[b.offset:b.offset + n]).copy_(flat)
+            b.futures = [(0, n, self._a.allreduce_shared_async(b.offset, n, self._average))]
+            return
         src = flat.numpy()
         step = self._a.max_elements
         b.futures = [(off, min(step, src.size - off), self._a.allreduce_async(src[off:off + step], self._average))
@@ -211,10 +227,14 @@ class _DistributedOptimizer:
             self._next += 1
         for b in self._buckets:
             total = sum(p.numel() for _, p in b.params)
-            out = np.empty(total, dtype=np.float32)
-            for off, n, fut in b.futures:
-                out[off:off + n] = fut.result()
-            res = torch.from_numpy(out)
+            if self._shm is not None:
+                b.futures[0][2].result()
+                res = torch.from_numpy(self._shm[b.offset:b.offset + total])
+            else:
+                out = np.empty(total, dtype=np.float32)
+                for off, n, fut in b.futures:
+                    out[off:off + n] = fut.result()
+                res = torch.from_numpy(out)
             off = 0
             for _, p in b.params:
                 n = p.numel()
@@ -238,12 +258,15 @@ class _DistributedOptimizer:
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, bucket_cap_mb=4.0, backward_passes_per_step=1,
-                         average=True):
+                         average=True, shared_memory=True):
     """Wraps optimizer so that step() applies gradients averaged over every rank.
 
     named_parameters: model.named_parameters() (names go into the layout every rank must share);
     default the optimiser's parameters. bucket_cap_mb: gradients per all-reduce (at most 4 MiB a
     message; larger buckets go as several). backward_passes_per_step: backward passes accumulated
-    locally per step (the gradient is their mean). Compression is not available here yet.
+    locally per step (the gradient is their mean). shared_memory: gradients go to the worker through
+    a shared-memory region (no copy through the socket); False sends them in the messages.
+    Compression is not available here yet.
     """
-    return _DistributedOptimizer(optimizer, named_parameters, bucket_cap_mb, backward_passes_per_step, average)
+    return _DistributedOptimizer(optimizer, named_parameters, bucket_cap_mb, backward_passes_per_step, average,
+                                 shared_memory)

@@ -40,7 +40,8 @@ def main():
     gs.broadcast_parameters(model.state_dict(), root_rank=0)
     bucket_mb = float(os.environ.get("EQUIV_BUCKET_MB", "0.002"))  # several buckets
     opt = gs.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                  named_parameters=model.named_parameters(), bucket_cap_mb=bucket_mb)
+                                  named_parameters=model.named_parameters(), bucket_cap_mb=bucket_mb,
+                                  shared_memory=os.environ.get("EQUIV_SHM", "1") == "1")
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     per = BATCH // size

@@ -59,9 +59,10 @@ def run_local(script, workers=2, extra_env=None, timeout=600):
 class TestThroughWorkers(unittest.TestCase):
 
     def test_equivalence_with_full_batch(self):
-        for bucket in ("0.002", "4"):
-            with self.subTest(bucket_mb=bucket):
-                p, logs = run_local("equiv_entry.py", extra_env={"EQUIV_BUCKET_MB": bucket})
+        # Several buckets and one, through shared memory; several through the socket.
+        for bucket, shm in (("0.002", "1"), ("4", "1"), ("0.002", "0")):
+            with self.subTest(bucket_mb=bucket, shared_memory=shm):
+                p, logs = run_local("equiv_entry.py", extra_env={"EQUIV_BUCKET_MB": bucket, "EQUIV_SHM": shm})
                 self.assertEqual(p.returncode, 0, p.stdout + p.stderr + str(logs))
                 self.assertIn("SUCCEEDED", p.stdout)
                 for r in (0, 1):

@@ -207,9 +207,12 @@ func (x *TensorInfo) GetDtype() string {
 }
 
 type RegisterLayoutRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Seq           int64                  `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
-	Tensors       []*TensorInfo          `protobuf:"bytes,2,rep,name=tensors,proto3" json:"tensors,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Seq     int64                  `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Tensors []*TensorInfo          `protobuf:"bytes,2,rep,name=tensors,proto3" json:"tensors,omitempty"`
+	// Ask for a shared-memory region of the layout's size (float32 values in
+	// the host's byte order, the tensors one after another in this order).
+	SharedMemory  bool `protobuf:"varint,3,opt,name=shared_memory,json=sharedMemory,proto3" json:"shared_memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -258,10 +261,20 @@ func (x *RegisterLayoutRequest) GetTensors() []*TensorInfo {
 	return nil
 }
 
+func (x *RegisterLayoutRequest) GetSharedMemory() bool {
+	if x != nil {
+		return x.SharedMemory
+	}
+	return false
+}
+
 type RegisterLayoutResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Elements over all tensors.
-	NumElements   int64 `protobuf:"varint,1,opt,name=num_elements,json=numElements,proto3" json:"num_elements,omitempty"`
+	NumElements int64 `protobuf:"varint,1,opt,name=num_elements,json=numElements,proto3" json:"num_elements,omitempty"`
+	// With shared_memory: a file of 4 × num_elements bytes (mode 0600, under
+	// /dev/shm) that the script maps shared; it replaces any earlier one.
+	ShmPath       string `protobuf:"bytes,2,opt,name=shm_path,json=shmPath,proto3" json:"shm_path,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -303,20 +316,83 @@ func (x *RegisterLayoutResponse) GetNumElements() int64 {
 	return 0
 }
 
+func (x *RegisterLayoutResponse) GetShmPath() string {
+	if x != nil {
+		return x.ShmPath
+	}
+	return ""
+}
+
+// ShmRange is a range of the shared-memory region, in float32 values.
+type ShmRange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Offset        int64                  `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length        int64                  `protobuf:"varint,2,opt,name=length,proto3" json:"length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShmRange) Reset() {
+	*x = ShmRange{}
+	mi := &file_gradsync_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShmRange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShmRange) ProtoMessage() {}
+
+func (x *ShmRange) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShmRange.ProtoReflect.Descriptor instead.
+func (*ShmRange) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ShmRange) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ShmRange) GetLength() int64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
 type AllReduceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Seq   int64                  `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
-	// float32 values, little-endian.
+	// float32 values, little-endian (empty with shm).
 	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
 	// Divide the sum by the world size.
-	Average       bool `protobuf:"varint,3,opt,name=average,proto3" json:"average,omitempty"`
+	Average bool `protobuf:"varint,3,opt,name=average,proto3" json:"average,omitempty"`
+	// Reduce this range of the shared-memory region in place instead of
+	// data; the response's data is then empty.
+	Shm           *ShmRange `protobuf:"bytes,4,opt,name=shm,proto3" json:"shm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AllReduceRequest) Reset() {
 	*x = AllReduceRequest{}
-	mi := &file_gradsync_v1_agent_proto_msgTypes[5]
+	mi := &file_gradsync_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -328,7 +404,7 @@ func (x *AllReduceRequest) String() string {
 func (*AllReduceRequest) ProtoMessage() {}
 
 func (x *AllReduceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_agent_proto_msgTypes[5]
+	mi := &file_gradsync_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -341,7 +417,7 @@ func (x *AllReduceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllReduceRequest.ProtoReflect.Descriptor instead.
 func (*AllReduceRequest) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AllReduceRequest) GetSeq() int64 {
@@ -365,6 +441,13 @@ func (x *AllReduceRequest) GetAverage() bool {
 	return false
 }
 
+func (x *AllReduceRequest) GetShm() *ShmRange {
+	if x != nil {
+		return x.Shm
+	}
+	return nil
+}
+
 type AllReduceResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
@@ -374,7 +457,7 @@ type AllReduceResponse struct {
 
 func (x *AllReduceResponse) Reset() {
 	*x = AllReduceResponse{}
-	mi := &file_gradsync_v1_agent_proto_msgTypes[6]
+	mi := &file_gradsync_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -386,7 +469,7 @@ func (x *AllReduceResponse) String() string {
 func (*AllReduceResponse) ProtoMessage() {}
 
 func (x *AllReduceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_agent_proto_msgTypes[6]
+	mi := &file_gradsync_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -399,7 +482,7 @@ func (x *AllReduceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllReduceResponse.ProtoReflect.Descriptor instead.
 func (*AllReduceResponse) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AllReduceResponse) GetData() []byte {
@@ -422,7 +505,7 @@ type BroadcastRequest struct {
 
 func (x *BroadcastRequest) Reset() {
 	*x = BroadcastRequest{}
-	mi := &file_gradsync_v1_agent_proto_msgTypes[7]
+	mi := &file_gradsync_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -434,7 +517,7 @@ func (x *BroadcastRequest) String() string {
 func (*BroadcastRequest) ProtoMessage() {}
 
 func (x *BroadcastRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_agent_proto_msgTypes[7]
+	mi := &file_gradsync_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -447,7 +530,7 @@ func (x *BroadcastRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BroadcastRequest.ProtoReflect.Descriptor instead.
 func (*BroadcastRequest) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BroadcastRequest) GetSeq() int64 {
@@ -480,7 +563,7 @@ type BroadcastResponse struct {
 
 func (x *BroadcastResponse) Reset() {
 	*x = BroadcastResponse{}
-	mi := &file_gradsync_v1_agent_proto_msgTypes[8]
+	mi := &file_gradsync_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -492,7 +575,7 @@ func (x *BroadcastResponse) String() string {
 func (*BroadcastResponse) ProtoMessage() {}
 
 func (x *BroadcastResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_agent_proto_msgTypes[8]
+	mi := &file_gradsync_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -505,7 +588,7 @@ func (x *BroadcastResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BroadcastResponse.ProtoReflect.Descriptor instead.
 func (*BroadcastResponse) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BroadcastResponse) GetData() []byte {
@@ -524,7 +607,7 @@ type BarrierRequest struct {
 
 func (x *BarrierRequest) Reset() {
 	*x = BarrierRequest{}
-	mi := &file_gradsync_v1_agent_proto_msgTypes[9]
+	mi := &file_gradsync_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -536,7 +619,7 @@ func (x *BarrierRequest) String() string {
 func (*BarrierRequest) ProtoMessage() {}
 
 func (x *BarrierRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_agent_proto_msgTypes[9]
+	mi := &file_gradsync_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -549,7 +632,7 @@ func (x *BarrierRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BarrierRequest.ProtoReflect.Descriptor instead.
 func (*BarrierRequest) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *BarrierRequest) GetSeq() int64 {
@@ -567,7 +650,7 @@ type BarrierResponse struct {
 
 func (x *BarrierResponse) Reset() {
 	*x = BarrierResponse{}
-	mi := &file_gradsync_v1_agent_proto_msgTypes[10]
+	mi := &file_gradsync_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -579,7 +662,7 @@ func (x *BarrierResponse) String() string {
 func (*BarrierResponse) ProtoMessage() {}
 
 func (x *BarrierResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_agent_proto_msgTypes[10]
+	mi := &file_gradsync_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -592,7 +675,7 @@ func (x *BarrierResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BarrierResponse.ProtoReflect.Descriptor instead.
 func (*BarrierResponse) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 type ReportRequest struct {
@@ -616,7 +699,7 @@ type ReportRequest struct {
 
 func (x *ReportRequest) Reset() {
 	*x = ReportRequest{}
-	mi := &file_gradsync_v1_agent_proto_msgTypes[11]
+	mi := &file_gradsync_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +711,7 @@ func (x *ReportRequest) String() string {
 func (*ReportRequest) ProtoMessage() {}
 
 func (x *ReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_agent_proto_msgTypes[11]
+	mi := &file_gradsync_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +724,7 @@ func (x *ReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRequest.ProtoReflect.Descriptor instead.
 func (*ReportRequest) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReportRequest) GetEpoch() int32 {
@@ -729,7 +812,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_gradsync_v1_agent_proto_msgTypes[12]
+	mi := &file_gradsync_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -741,7 +824,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_agent_proto_msgTypes[12]
+	mi := &file_gradsync_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -754,7 +837,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 var File_gradsync_v1_agent_proto protoreflect.FileDescriptor
@@ -777,16 +860,22 @@ const file_gradsync_v1_agent_proto_rawDesc = "" +
 	"TensorInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05shape\x18\x02 \x03(\x03R\x05shape\x12\x14\n" +
-	"\x05dtype\x18\x03 \x01(\tR\x05dtype\"\\\n" +
+	"\x05dtype\x18\x03 \x01(\tR\x05dtype\"\x81\x01\n" +
 	"\x15RegisterLayoutRequest\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\x121\n" +
-	"\atensors\x18\x02 \x03(\v2\x17.gradsync.v1.TensorInfoR\atensors\";\n" +
+	"\atensors\x18\x02 \x03(\v2\x17.gradsync.v1.TensorInfoR\atensors\x12#\n" +
+	"\rshared_memory\x18\x03 \x01(\bR\fsharedMemory\"V\n" +
 	"\x16RegisterLayoutResponse\x12!\n" +
-	"\fnum_elements\x18\x01 \x01(\x03R\vnumElements\"R\n" +
+	"\fnum_elements\x18\x01 \x01(\x03R\vnumElements\x12\x19\n" +
+	"\bshm_path\x18\x02 \x01(\tR\ashmPath\":\n" +
+	"\bShmRange\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06length\x18\x02 \x01(\x03R\x06length\"{\n" +
 	"\x10AllReduceRequest\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x18\n" +
-	"\aaverage\x18\x03 \x01(\bR\aaverage\"'\n" +
+	"\aaverage\x18\x03 \x01(\bR\aaverage\x12'\n" +
+	"\x03shm\x18\x04 \x01(\v2\x15.gradsync.v1.ShmRangeR\x03shm\"'\n" +
 	"\x11AllReduceResponse\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\"L\n" +
 	"\x10BroadcastRequest\x12\x10\n" +
@@ -834,41 +923,43 @@ func file_gradsync_v1_agent_proto_rawDescGZIP() []byte {
 	return file_gradsync_v1_agent_proto_rawDescData
 }
 
-var file_gradsync_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_gradsync_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_gradsync_v1_agent_proto_goTypes = []any{
 	(*AgentInitRequest)(nil),       // 0: gradsync.v1.AgentInitRequest
 	(*AgentInitResponse)(nil),      // 1: gradsync.v1.AgentInitResponse
 	(*TensorInfo)(nil),             // 2: gradsync.v1.TensorInfo
 	(*RegisterLayoutRequest)(nil),  // 3: gradsync.v1.RegisterLayoutRequest
 	(*RegisterLayoutResponse)(nil), // 4: gradsync.v1.RegisterLayoutResponse
-	(*AllReduceRequest)(nil),       // 5: gradsync.v1.AllReduceRequest
-	(*AllReduceResponse)(nil),      // 6: gradsync.v1.AllReduceResponse
-	(*BroadcastRequest)(nil),       // 7: gradsync.v1.BroadcastRequest
-	(*BroadcastResponse)(nil),      // 8: gradsync.v1.BroadcastResponse
-	(*BarrierRequest)(nil),         // 9: gradsync.v1.BarrierRequest
-	(*BarrierResponse)(nil),        // 10: gradsync.v1.BarrierResponse
-	(*ReportRequest)(nil),          // 11: gradsync.v1.ReportRequest
-	(*ReportResponse)(nil),         // 12: gradsync.v1.ReportResponse
+	(*ShmRange)(nil),               // 5: gradsync.v1.ShmRange
+	(*AllReduceRequest)(nil),       // 6: gradsync.v1.AllReduceRequest
+	(*AllReduceResponse)(nil),      // 7: gradsync.v1.AllReduceResponse
+	(*BroadcastRequest)(nil),       // 8: gradsync.v1.BroadcastRequest
+	(*BroadcastResponse)(nil),      // 9: gradsync.v1.BroadcastResponse
+	(*BarrierRequest)(nil),         // 10: gradsync.v1.BarrierRequest
+	(*BarrierResponse)(nil),        // 11: gradsync.v1.BarrierResponse
+	(*ReportRequest)(nil),          // 12: gradsync.v1.ReportRequest
+	(*ReportResponse)(nil),         // 13: gradsync.v1.ReportResponse
 }
 var file_gradsync_v1_agent_proto_depIdxs = []int32{
 	2,  // 0: gradsync.v1.RegisterLayoutRequest.tensors:type_name -> gradsync.v1.TensorInfo
-	0,  // 1: gradsync.v1.Agent.Init:input_type -> gradsync.v1.AgentInitRequest
-	3,  // 2: gradsync.v1.Agent.RegisterLayout:input_type -> gradsync.v1.RegisterLayoutRequest
-	5,  // 3: gradsync.v1.Agent.AllReduce:input_type -> gradsync.v1.AllReduceRequest
-	7,  // 4: gradsync.v1.Agent.Broadcast:input_type -> gradsync.v1.BroadcastRequest
-	9,  // 5: gradsync.v1.Agent.Barrier:input_type -> gradsync.v1.BarrierRequest
-	11, // 6: gradsync.v1.Agent.Report:input_type -> gradsync.v1.ReportRequest
-	1,  // 7: gradsync.v1.Agent.Init:output_type -> gradsync.v1.AgentInitResponse
-	4,  // 8: gradsync.v1.Agent.RegisterLayout:output_type -> gradsync.v1.RegisterLayoutResponse
-	6,  // 9: gradsync.v1.Agent.AllReduce:output_type -> gradsync.v1.AllReduceResponse
-	8,  // 10: gradsync.v1.Agent.Broadcast:output_type -> gradsync.v1.BroadcastResponse
-	10, // 11: gradsync.v1.Agent.Barrier:output_type -> gradsync.v1.BarrierResponse
-	12, // 12: gradsync.v1.Agent.Report:output_type -> gradsync.v1.ReportResponse
-	7,  // [7:13] is the sub-list for method output_type
-	1,  // [1:7] is the sub-list for method input_type
-	1,  // [1:1] is the sub-list for extension type_name
-	1,  // [1:1] is the sub-list for extension extendee
-	0,  // [0:1] is the sub-list for field type_name
+	5,  // 1: gradsync.v1.AllReduceRequest.shm:type_name -> gradsync.v1.ShmRange
+	0,  // 2: gradsync.v1.Agent.Init:input_type -> gradsync.v1.AgentInitRequest
+	3,  // 3: gradsync.v1.Agent.RegisterLayout:input_type -> gradsync.v1.RegisterLayoutRequest
+	6,  // 4: gradsync.v1.Agent.AllReduce:input_type -> gradsync.v1.AllReduceRequest
+	8,  // 5: gradsync.v1.Agent.Broadcast:input_type -> gradsync.v1.BroadcastRequest
+	10, // 6: gradsync.v1.Agent.Barrier:input_type -> gradsync.v1.BarrierRequest
+	12, // 7: gradsync.v1.Agent.Report:input_type -> gradsync.v1.ReportRequest
+	1,  // 8: gradsync.v1.Agent.Init:output_type -> gradsync.v1.AgentInitResponse
+	4,  // 9: gradsync.v1.Agent.RegisterLayout:output_type -> gradsync.v1.RegisterLayoutResponse
+	7,  // 10: gradsync.v1.Agent.AllReduce:output_type -> gradsync.v1.AllReduceResponse
+	9,  // 11: gradsync.v1.Agent.Broadcast:output_type -> gradsync.v1.BroadcastResponse
+	11, // 12: gradsync.v1.Agent.Barrier:output_type -> gradsync.v1.BarrierResponse
+	13, // 13: gradsync.v1.Agent.Report:output_type -> gradsync.v1.ReportResponse
+	8,  // [8:14] is the sub-list for method output_type
+	2,  // [2:8] is the sub-list for method input_type
+	2,  // [2:2] is the sub-list for extension type_name
+	2,  // [2:2] is the sub-list for extension extendee
+	0,  // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_agent_proto_init() }
@@ -882,7 +973,7 @@ func file_gradsync_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gradsync_v1_agent_proto_rawDesc), len(file_gradsync_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

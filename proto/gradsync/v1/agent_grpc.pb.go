@@ -45,8 +45,10 @@ const (
 // root or kind at the same number) fails the job with FailedPrecondition
 // naming the call, never a hang past the step timeout.
 //
-// Bulk data travels as raw little-endian float32 bytes, at most 4 MiB a
-// message (a script splits larger tensors into buckets).
+// Bulk data travels through shared memory when the script asks for it at
+// RegisterLayout (a file both processes map; an all-reduce then names a
+// range of it), else as raw little-endian float32 bytes in the messages, at
+// most 4 MiB a message (a script splits larger tensors into buckets).
 type AgentClient interface {
 	// Init says who this process is in the job. Call it first.
 	Init(ctx context.Context, in *AgentInitRequest, opts ...grpc.CallOption) (*AgentInitResponse, error)
@@ -150,8 +152,10 @@ func (c *agentClient) Report(ctx context.Context, in *ReportRequest, opts ...grp
 // root or kind at the same number) fails the job with FailedPrecondition
 // naming the call, never a hang past the step timeout.
 //
-// Bulk data travels as raw little-endian float32 bytes, at most 4 MiB a
-// message (a script splits larger tensors into buckets).
+// Bulk data travels through shared memory when the script asks for it at
+// RegisterLayout (a file both processes map; an all-reduce then names a
+// range of it), else as raw little-endian float32 bytes in the messages, at
+// most 4 MiB a message (a script splits larger tensors into buckets).
 type AgentServer interface {
 	// Init says who this process is in the job. Call it first.
 	Init(context.Context, *AgentInitRequest) (*AgentInitResponse, error)

@@ -20,8 +20,10 @@ class AgentStub(object):
     root or kind at the same number) fails the job with FailedPrecondition
     naming the call, never a hang past the step timeout.
 
-    Bulk data travels as raw little-endian float32 bytes, at most 4 MiB a
-    message (a script splits larger tensors into buckets).
+    Bulk data travels through shared memory when the script asks for it at
+    RegisterLayout (a file both processes map; an all-reduce then names a
+    range of it), else as raw little-endian float32 bytes in the messages, at
+    most 4 MiB a message (a script splits larger tensors into buckets).
     """
 
     def __init__(self, channel):
@@ -77,8 +79,10 @@ class AgentServicer(object):
     root or kind at the same number) fails the job with FailedPrecondition
     naming the call, never a hang past the step timeout.
 
-    Bulk data travels as raw little-endian float32 bytes, at most 4 MiB a
-    message (a script splits larger tensors into buckets).
+    Bulk data travels through shared memory when the script asks for it at
+    RegisterLayout (a file both processes map; an all-reduce then names a
+    range of it), else as raw little-endian float32 bytes in the messages, at
+    most 4 MiB a message (a script splits larger tensors into buckets).
     """
 
     def Init(self, request, context):
@@ -180,8 +184,10 @@ class Agent(object):
     root or kind at the same number) fails the job with FailedPrecondition
     naming the call, never a hang past the step timeout.
 
-    Bulk data travels as raw little-endian float32 bytes, at most 4 MiB a
-    message (a script splits larger tensors into buckets).
+    Bulk data travels through shared memory when the script asks for it at
+    RegisterLayout (a file both processes map; an all-reduce then names a
+    range of it), else as raw little-endian float32 bytes in the messages, at
+    most 4 MiB a message (a script splits larger tensors into buckets).
     """
 
     @staticmethod
