@@ -170,7 +170,7 @@ def main():
             seen += per
             if step % args.log_every == 0:
                 ips = seen / (time.time() - t0)
-                gs.report(epoch=epoch, step=step, total_steps=total, loss=float(loss), images_per_second=ips,
+                gs.report(epoch=epoch + 1, step=step, total_steps=total, loss=float(loss), images_per_second=ips,
                           learning_rate=args.lr)
                 if rank == 0:
                     print(f"epoch {epoch + 1} step {step}/{total} loss {float(loss):.4f} {ips:.0f} img/s (this rank)",

@@ -169,15 +169,16 @@ func entryEnv(base []string, job, set map[string]string) []string {
 // entryReports turns a script's Report calls into the task's reports to
 // the coordinator, and keeps what its result needs.
 type entryReports struct {
-	a   *pb.Assignment
-	rep *reporter
+	a     *pb.Assignment
+	rep   *reporter
+	start time.Time
 	// mu protects last.
 	mu   sync.Mutex
 	last pb.JobResult
 }
 
 func newEntryReports(a *pb.Assignment, rep *reporter) *entryReports {
-	return &entryReports{a: a, rep: rep}
+	return &entryReports{a: a, rep: rep, start: time.Now()}
 }
 
 func (e *entryReports) report(m *pb.ReportRequest) {
@@ -208,7 +209,7 @@ func (e *entryReports) report(m *pb.ReportRequest) {
 	if !m.GetFinal() {
 		e.rep.trySend(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Progress{Progress: &pb.TaskProgress{JobId: a.JobId, Generation: a.Generation, Rank: a.Rank,
 			Progress: &pb.Progress{Epoch: m.GetEpoch(), Step: m.GetStep(), TotalSteps: m.GetTotalSteps(), Loss: m.GetLoss(),
-				ImagesPerSecond: m.GetImagesPerSecond(), LearningRate: m.GetLearningRate()}}}})
+				ImagesPerSecond: m.GetImagesPerSecond(), LearningRate: m.GetLearningRate(), ElapsedSeconds: time.Since(e.start).Seconds()}}}})
 	}
 }
 

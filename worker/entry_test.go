@@ -161,3 +161,26 @@ func TestTailLines(t *testing.T) {
 		t.Fatalf("tail %q", ls)
 	}
 }
+
+// TestEntryReports: progress, evaluations and the final report of a
+// script make the rank's result; progress and evaluations go up.
+func TestEntryReports(t *testing.T) {
+	out := make(chan *pb.ConnectRequest, 8)
+	e := newEntryReports(&pb.Assignment{JobId: "j", Rank: 1}, &reporter{ctx: context.Background(), out: out})
+	e.report(&pb.ReportRequest{Epoch: 1, Step: 10, TotalSteps: 20, Loss: 0.5, ImagesPerSecond: 100})
+	e.report(&pb.ReportRequest{Eval: true, Epoch: 1, Step: 20, TestAccuracy: 0.97, TestLoss: 0.1, TrainLoss: 0.2})
+	e.report(&pb.ReportRequest{Final: true, Epoch: 2, Step: 40, TestAccuracy: 0.985, TestLoss: 0.05})
+	if p := (<-out).GetProgress(); p.GetProgress().GetStep() != 10 || p.GetRank() != 1 {
+		t.Fatalf("progress %v", p)
+	}
+	if ev := (<-out).GetEval(); ev.GetTestAccuracy() != 0.97 || ev.GetStep() != 20 {
+		t.Fatalf("eval %v", ev)
+	}
+	r := e.result()
+	if r.TestAccuracy != 0.985 || r.Epochs != 2 || r.Steps != 40 || r.ImagesPerSecond != 100 || r.TrainLoss != 0.2 {
+		t.Fatalf("result %v", r)
+	}
+	if len(out) != 0 {
+		t.Fatalf("the final report went up as %v; it is the task's result", <-out)
+	}
+}
