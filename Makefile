@@ -7,11 +7,12 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 STATICCHECK_VERSION := v0.8.2
 BUF := tools/node_modules/.bin/buf
 
-.PHONY: help build local test test-short lint layering proto proto-check fuzz ci clean
+.PHONY: help build local test test-python test-short lint layering proto proto-check fuzz ci clean
 
 help:
 	@echo "make local       train: gradsync local --workers 2 --model mlp --dataset mnist --epochs 1"
 	@echo "make test        run every test (race detector on; builds bin/grpcurl first)"
+	@echo "make test-python the Python package's tests (Debian's python3-torch; skipped without it)"
 	@echo "make test-short  the quick tests only"
 	@echo "make lint        gofmt, go vet, staticcheck, layering, go.mod tidy, buf lint, generated code fresh"
 	@echo "make layering    the import rule of the README layout section (part of lint)"
@@ -33,6 +34,15 @@ $(BIN)/grpcurl: tools/go.mod tools/go.sum
 test: $(BIN)/grpcurl
 	GRPCURL=$(BIN)/grpcurl $(GO) test -race -timeout 30m ./...
 	$(GO) test -race -tags winograd4 -run 'Winograd' ./internal/kernels/ ./models/
+	$(MAKE) test-python
+
+# The Python package's tests run `gradsync local` with PyTorch scripts as
+# entrypoints, under Debian's python (python3-torch, python3-grpcio,
+# python3-protobuf); without them they are skipped, saying so.
+PYTHON ?= /usr/bin/python3
+test-python: build
+	@if [ ! -x $(PYTHON) ]; then echo "test-python: $(PYTHON) not found: Python tests skipped"; exit 0; fi; \
+	GRADSYNC_BIN=$(BIN)/gradsync $(PYTHON) -B -m unittest discover -v -s python/tests -p 'test_*.py'
 
 test-short:
 	$(GO) test -short ./...
@@ -53,8 +63,13 @@ lint: $(BIN)/staticcheck $(BUF)
 	$(BUF) lint
 	$(MAKE) proto-check
 
+# The Python stubs of the agent service need Debian's protoc and
+# grpc_python_plugin (apt-get install protobuf-compiler protobuf-compiler-grpc).
+PY_PROTO := proto/gradsync/v1/agent.proto
+
 proto: $(BUF)
 	$(BUF) generate
+	$(BUF) generate --template buf.gen.python.yaml --path $(PY_PROTO)
 
 # The import rule of the README's layout section (test/layering).
 layering:
@@ -69,6 +84,12 @@ proto-check: $(BUF)
 	done; \
 	n=$$(ls $$tmp/proto/gradsync/v1/*.pb.go | wc -l); m=$$(ls proto/gradsync/v1/*.pb.go | wc -l); \
 	[ $$n -eq $$m ] || { echo "generated file set differs ($$n vs $$m): run 'make proto'"; exit 1; }; \
+	if command -v protoc >/dev/null && command -v grpc_python_plugin >/dev/null; then \
+	  $(BUF) generate --template buf.gen.python.yaml --path $(PY_PROTO) -o $$tmp && \
+	  for f in python/gradsync/v1/agent_pb2.py python/gradsync/v1/agent_pb2_grpc.py; do \
+	    cmp -s $$f $$tmp/$$f || { echo "$$f is stale: run 'make proto' and commit"; exit 1; }; \
+	  done; \
+	else echo "protoc or grpc_python_plugin missing: the Python stubs are not checked"; fi; \
 	echo "generated code is fresh"
 
 # A short fuzz run of every fuzz target (FUZZTIME=5m for the long one).

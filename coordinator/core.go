@@ -79,6 +79,8 @@ type Submit struct {
 	At      time.Time
 	Job     string
 	Workers int
+	// Entrypoint: only workers that run commands may take it.
+	Entrypoint bool
 }
 
 // Withdraw: a queued job ended before it was placed (cancelled).
@@ -185,7 +187,7 @@ func (c *Core) Step(in Input) ([]Action, error) {
 		}
 	case Submit:
 		if !slices.ContainsFunc(c.queue, func(p Pending) bool { return p.Job == in.Job }) {
-			c.queue = append(c.queue, Pending{Job: in.Job, Workers: in.Workers})
+			c.queue = append(c.queue, Pending{Job: in.Job, Workers: in.Workers, Entrypoint: in.Entrypoint})
 		}
 	case Withdraw:
 		c.queue = slices.DeleteFunc(c.queue, func(p Pending) bool { return p.Job == in.Job })
@@ -228,7 +230,8 @@ func (c *Core) schedule(out []Action) []Action {
 	if c.closed {
 		return out
 	}
-	for _, p := range Schedule(c.queue, c.Idle()) {
+	runsCommands := func(id string) bool { return c.workers[id].Resources.GetAllowsEntrypoints() }
+	for _, p := range Schedule(c.queue, c.Idle(), runsCommands) {
 		c.queue = c.queue[1:]
 		for _, id := range p.Workers {
 			w := c.workers[id]

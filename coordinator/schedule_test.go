@@ -18,17 +18,37 @@ func TestSchedule(t *testing.T) {
 		want  []pl
 	}{
 		{"empty", nil, []string{"a"}, nil},
-		{"no workers", []pj{{"j1", 1}}, nil, nil},
-		{"fits", []pj{{"j1", 2}}, []string{"a", "b", "c"}, []pl{{"j1", []string{"a", "b"}}}},
-		{"two fit", []pj{{"j1", 1}, {"j2", 2}}, []string{"a", "b", "c"}, []pl{{"j1", []string{"a"}}, {"j2", []string{"b", "c"}}}},
-		{"head blocks", []pj{{"j1", 3}, {"j2", 1}}, []string{"a", "b"}, nil},
-		{"second blocks third", []pj{{"j1", 1}, {"j2", 5}, {"j3", 1}}, []string{"a", "b"}, []pl{{"j1", []string{"a"}}}},
+		{"no workers", []pj{{Job: "j1", Workers: 1}}, nil, nil},
+		{"fits", []pj{{Job: "j1", Workers: 2}}, []string{"a", "b", "c"}, []pl{{"j1", []string{"a", "b"}}}},
+		{"two fit", []pj{{Job: "j1", Workers: 1}, {Job: "j2", Workers: 2}}, []string{"a", "b", "c"}, []pl{{"j1", []string{"a"}}, {"j2", []string{"b", "c"}}}},
+		{"head blocks", []pj{{Job: "j1", Workers: 3}, {Job: "j2", Workers: 1}}, []string{"a", "b"}, nil},
+		{"second blocks third", []pj{{Job: "j1", Workers: 1}, {Job: "j2", Workers: 5}, {Job: "j3", Workers: 1}}, []string{"a", "b"}, []pl{{"j1", []string{"a"}}}},
 	}
 	for _, c := range cases {
-		got := coordinator.Schedule(c.queue, c.idle)
+		got := coordinator.Schedule(c.queue, c.idle, nil)
 		if diff := cmp.Diff(c.want, got); diff != "" {
 			t.Errorf("%s: (-want +got)\n%s", c.name, diff)
 		}
+	}
+}
+
+// TestScheduleEntrypoints: a job that runs a user's command goes only to
+// workers that run commands; FIFO still holds (it blocks the queue behind
+// it while too few such workers are idle), and the others stay free for
+// the jobs behind it once it is placed.
+func TestScheduleEntrypoints(t *testing.T) {
+	runs := func(id string) bool { return id == "b" || id == "d" }
+	queue := []coordinator.Pending{{Job: "torch", Workers: 2, Entrypoint: true}, {Job: "go", Workers: 2}}
+	if got := coordinator.Schedule(queue, []string{"a", "b", "c"}, runs); got != nil {
+		t.Fatalf("one command-running worker idle: placed %v; want nothing (FIFO)", got)
+	}
+	if got := coordinator.Schedule(queue, []string{"a", "b", "c"}, nil); got != nil {
+		t.Fatalf("no worker runs commands: placed %v; want nothing", got)
+	}
+	got := coordinator.Schedule(queue, []string{"a", "b", "c", "d"}, runs)
+	want := []coordinator.Placement{{Job: "torch", Workers: []string{"b", "d"}}, {Job: "go", Workers: []string{"a", "c"}}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("(-want +got)\n%s", diff)
 	}
 }
 
@@ -40,18 +60,18 @@ func TestScheduleQueuedWhileGangIncomplete(t *testing.T) {
 	var idle []string
 	for _, w := range []string{"w0", "w1"} {
 		idle = append(idle, w)
-		if got := coordinator.Schedule(queue, idle); got != nil {
+		if got := coordinator.Schedule(queue, idle, nil); got != nil {
 			t.Fatalf("with %v idle: placed %v; want nothing until the gang of 3 is complete", idle, got)
 		}
 	}
 	idle = append(idle, "w2")
-	got := coordinator.Schedule(queue, idle)
+	got := coordinator.Schedule(queue, idle, nil)
 	want := []coordinator.Placement{{Job: "big", Workers: []string{"w0", "w1", "w2"}}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("gang complete (-want +got)\n%s", diff)
 	}
 	idle = append(idle, "w3")
-	got = coordinator.Schedule(queue, idle)
+	got = coordinator.Schedule(queue, idle, nil)
 	want = append(want, coordinator.Placement{Job: "small", Workers: []string{"w3"}})
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("one more worker (-want +got)\n%s", diff)

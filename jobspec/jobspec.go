@@ -158,6 +158,9 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 		return nil, err
 	}
 	// Mode.
+	if err := normalizeEntrypoint(s); err != nil {
+		return nil, err
+	}
 	if s.Mode == "" {
 		s.Mode = DefaultMode
 	}

@@ -57,6 +57,9 @@ type cluster struct {
 	// stepDelay makes the workers started with these ids slow (worker
 	// Config.DebugStepDelay).
 	stepDelay map[string]time.Duration
+	// entrypoints: the workers started with these ids run entrypoint
+	// commands (--allow-entrypoints), their output under the runs dir.
+	entrypoints map[string]bool
 }
 
 type testWorker struct {
@@ -183,7 +186,7 @@ func (c *cluster) startWorker(id string, lis net.Listener, advertise string) *te
 		Server: "passthrough:///bufnet", ID: id, Name: id, Logger: c.cfg.Logger,
 		Listener: lis, AdvertiseAddr: advertise,
 		DialOptions: c.dialOptions(), MaxBackoff: 200 * time.Millisecond, Insecure: true,
-		DebugStepDelay: c.stepDelay[id],
+		DebugStepDelay: c.stepDelay[id], AllowEntrypoints: c.entrypoints[id], RunsDir: c.cfg.RunsDir,
 	})
 	if err != nil {
 		c.t.Fatal(err)

@@ -356,7 +356,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*pb.S
 	s.jobs[j.Id] = e
 	s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, "submitted", nil)
 	s.log.Info("job submitted", "job", j.Id, "model", spec.Model, "dataset", spec.Dataset.Name, "mode", spec.Mode, "workers", spec.GetWorkers())
-	s.mustStepLocked(coordinator.Submit{At: now, Job: j.Id, Workers: int(spec.GetWorkers())})
+	s.mustStepLocked(coordinator.Submit{At: now, Job: j.Id, Workers: int(spec.GetWorkers()), Entrypoint: jobspec.IsEntrypoint(spec)})
 	return &pb.SubmitJobResponse{Job: proto.Clone(e.job).(*pb.Job)}, nil
 }
 

@@ -228,7 +228,7 @@ func New(cfg Config) (*Server, error) {
 	// nothing is placed).
 	s.mu.Lock()
 	for _, j := range queue {
-		s.mustStepLocked(coordinator.Submit{At: cfg.Now(), Job: j.Id, Workers: int(j.Spec.GetWorkers())})
+		s.mustStepLocked(coordinator.Submit{At: cfg.Now(), Job: j.Id, Workers: int(j.Spec.GetWorkers()), Entrypoint: jobspec.IsEntrypoint(j.Spec)})
 	}
 	s.mu.Unlock()
 	s.grpc = grpc.NewServer(s.serverOptions()...)

@@ -30,4 +30,8 @@
 //	                    pssync.go the synchronizer
 //	fed*.go             fedavg: fedsim.go all clients simulated here,
 //	                    fedclient.go this worker as one real client
+//	entry*.go           entrypoint jobs: entry.go the ring, the agent
+//	                    socket (package agent) and the reports of a
+//	                    user's command, entryproc.go its process
+//	                    (process group, log, SIGTERM then SIGKILL)
 package worker

@@ -37,6 +37,12 @@ type taskEnv struct {
 	// snaps keeps ring ranks' in-memory snapshots across tasks (nil: the
 	// task keeps its own, which die with it).
 	snaps *snapshotStore
+	// Entrypoint jobs (entry.go): whether this worker runs their
+	// commands, where their output goes, and this worker's name for
+	// their errors.
+	allowEntrypoints bool
+	runsDir          string
+	worker           string
 }
 
 // runAssignment runs one assignment: it loads the data set, then hands a
@@ -47,6 +53,9 @@ func runAssignment(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.Job
 	spec := a.Spec
 	if spec == nil {
 		return nil, errors.New("assignment without a spec")
+	}
+	if spec.GetEntrypoint() != nil {
+		return runEntrypoint(ctx, a, env)
 	}
 	seed := spec.GetSeed()
 	ds := spec.GetDataset()

@@ -86,6 +86,14 @@ type Config struct {
 	// means 1. Results are deterministic for a given count but change
 	// with it.
 	Threads int
+	// AllowEntrypoints lets jobs run their entrypoint command (a user's
+	// script) on this worker, as the worker's user (--allow-entrypoints).
+	// Off, such assignments are refused, and the coordinator does not
+	// place entrypoint jobs here.
+	AllowEntrypoints bool
+	// RunsDir is where an entrypoint command's output goes:
+	// <RunsDir>/<job-id>/rank-<r>.log. Default "runs".
+	RunsDir string
 }
 
 // Validate fills defaults and checks the config.
@@ -98,6 +106,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.RunsDir == "" {
+		c.RunsDir = "runs"
 	}
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = 5 * time.Second
@@ -136,7 +147,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Logger.Warn("GPU discovery incomplete", "err", err)
 	}
 	return &Worker{cfg: cfg, log: cfg.Logger, res: &pb.Resources{
-		CpuCores: int32(runtime.NumCPU()), Gpus: gpus, GemmBackend: kernels.Backend(),
+		CpuCores: int32(runtime.NumCPU()), Gpus: gpus, GemmBackend: kernels.Backend(), AllowsEntrypoints: cfg.AllowEntrypoints,
 	}}, nil
 }
 
@@ -342,7 +353,8 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 				w.log.Info("task assigned", "job", a.JobId, "rank", a.Rank, "world", a.WorldSize, "model", a.Spec.GetModel())
 				res, err := safeRun(tctx, a, &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics,
 					ring: w.ring, peerDial: w.peerDialOptions(), psDial: w.aggregatorDialOptions(), stepDelay: w.cfg.DebugStepDelay, snaps: &w.snaps,
-					dataDir: w.cfg.DataDir, threads: w.cfg.Threads})
+					dataDir: w.cfg.DataDir, threads: w.cfg.Threads,
+					allowEntrypoints: w.cfg.AllowEntrypoints, runsDir: w.cfg.RunsDir, worker: w.cfg.ID + " (" + w.cfg.Name + ")"})
 				done := &pb.TaskDone{JobId: a.JobId, Rank: a.Rank, Result: res, Generation: a.Generation}
 				if rf := (*ringFailure)(nil); errors.As(err, &rf) {
 					done.RingLinks = rf.links

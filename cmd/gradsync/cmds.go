@@ -60,7 +60,9 @@ func newLocalCmd(g *globals) *cobra.Command {
 			// unless plaintext was asked for.
 			scfg := server.Config{DataDir: stateDir, RunsDir: runsDir, Logger: log, Insecure: g.sec.insecure,
 				HeartbeatTimeout: heartbeatTimeout}
-			wcfg := worker.Config{Logger: log, Insecure: g.sec.insecure, Threads: threads}
+			// Local workers run entrypoint commands: this is the user's
+			// own machine.
+			wcfg := worker.Config{Logger: log, Insecure: g.sec.insecure, Threads: threads, AllowEntrypoints: true, RunsDir: runsDir}
 			if wcfg.Link, err = netem.ParseRate(linkRate); err != nil {
 				return fmt.Errorf("--link-rate: %w", err)
 			}
@@ -268,6 +270,8 @@ func newWorkerCmd(g *globals) *cobra.Command {
 	f.StringVar(&linkRate, "link-rate", "", linkRateHelp)
 	f.StringVar(&cfg.DataDir, "data-dir", "", "folder holding this worker's data (the IDX files of mnist or fashion-mnist, an ImageFolder, the CIFAR files); overrides the job's dataset.data_dir here, so each real federated client trains on its own data")
 	f.IntVar(&cfg.Threads, "threads", 1, threadsHelp)
+	f.BoolVar(&cfg.AllowEntrypoints, "allow-entrypoints", false, "run the commands of entrypoint jobs (users' scripts, as this worker's user); off, such jobs are refused and not placed here")
+	f.StringVar(&cfg.RunsDir, "runs-dir", "runs", "where entrypoint commands' output goes (<runs-dir>/<job-id>/rank-R.log, read by 'gradsync logs')")
 	f.DurationVar(&cfg.DebugStepDelay, "debug-step-delay", 0, "fault injection for tests: wait this long before every training step (a slow worker, which the coordinator reports as a straggler)")
 	return c
 }

@@ -66,7 +66,7 @@ over gRPC. Try:
 	pf.StringVar(&g.logFormat, "log-format", "text", "log format: text or json")
 	g.sec.register(root)
 	root.AddCommand(newLocalCmd(g), newServerCmd(g), newWorkerCmd(g), newAggregatorCmd(g), newSubmitCmd(g), newJobsCmd(g),
-		newWatchCmd(g), newCancelCmd(g), newWorkersCmd(g), newBenchCmd(g), newCertsCmd(g))
+		newWatchCmd(g), newCancelCmd(g), newWorkersCmd(g), newBenchCmd(g), newCertsCmd(g), newLogsCmd(g))
 	return root
 }
 

@@ -43,6 +43,14 @@ func jobLineOf(j *pb.Job) jobLine {
 }
 
 // workerLine is one worker of `workers`.
+// logLine is one line of an entrypoint command's output (`logs --json`).
+type logLine struct {
+	Event   string `json:"event"`
+	JobID   string `json:"job_id"`
+	Rank    int    `json:"rank"`
+	Message string `json:"message"`
+}
+
 type workerLine struct {
 	WorkerID      string    `json:"worker_id"`
 	Name          string    `json:"name,omitempty"`

@@ -107,6 +107,7 @@ func TestJSONVocabulary(t *testing.T) {
 		Resources: &pb.Resources{CpuCores: 8, GemmBackend: "openblas"}, JobId: "job-1", LastHeartbeat: timestamppb.Now()}))
 	p.jsonLine(listeningEvent{Event: "listening", Address: "127.0.0.1:7070"})
 	p.jsonLine(certsLineOf(security.Paths{Dir: "certs", CA: "certs/ca.pem", Token: "certs/token"}))
+	p.jsonLine(logLine{Event: "log", JobID: "job-1", Rank: 1, Message: "epoch 1"})
 	p.jsonLine(train.Result{Model: "mlp", Backend: "gonum", BatchSize: 64, Threads: 1, BLASThreads: 1, ImagesPerSecond: 1e4, Steps: 10, SecondsPerStep: 0.006})
 
 	var lines []map[string]any
@@ -128,8 +129,8 @@ func TestJSONVocabulary(t *testing.T) {
 			t.Errorf(`a line says "id": %s`, l)
 		}
 	}
-	if len(lines) != 11 {
-		t.Fatalf("%d lines, want 11:\n%s", len(lines), out.String())
+	if len(lines) != 12 {
+		t.Fatalf("%d lines, want 12:\n%s", len(lines), out.String())
 	}
 	// Every line about a job names it job_id, and says its state the
 	// same way.
@@ -152,7 +153,7 @@ func TestJSONVocabulary(t *testing.T) {
 	if j := lines[5]; j["workers"] != 2.0 || j["steps"] != 938.0 || j["test_accuracy"] != 0.97 || j["created_at"] != "2026-12-01T10:00:00Z" {
 		t.Errorf("job line %v", j)
 	}
-	if b := lines[10]; b["gemm_backend"] != "gonum" || b["images_per_second"] != 1e4 {
+	if b := lines[11]; b["gemm_backend"] != "gonum" || b["images_per_second"] != 1e4 {
 		t.Errorf("bench train line %v", b)
 	}
 }

@@ -61,6 +61,8 @@ type specFlags struct {
 	psConsistency string
 	psStaleness   int32
 	psAddrs       []string
+	// entrypoint jobs
+	entrypoint string
 }
 
 func (f *specFlags) register(c *cobra.Command) {
@@ -106,6 +108,7 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.psConsistency, "ps-consistency", "", "ps mode: sync (default), async (no barrier) or bounded (with --ps-staleness)")
 	fl.Int32Var(&f.psStaleness, "ps-staleness", 0, "ps mode, bounded: steps a worker may be ahead of the slowest")
 	fl.StringSliceVar(&f.psAddrs, "ps-aggregators", nil, "ps mode: host:port of one 'gradsync aggregator' per shard, in shard order (default: shards in the server)")
+	fl.StringVar(&f.entrypoint, "entrypoint", "", "run this command on every worker instead of gradsync's engine (mode ring): words split as a shell would, no shell run, e.g. 'python3 train.py --epochs 2'")
 	fl.StringVar(&f.compress, "compress", "", "gradient compression (modes ring and ps), e.g. powersgd:rank=2,start_iter=10 | topk:ratio=0.01 | int8 | fp16 | bf16")
 }
 
@@ -279,6 +282,16 @@ func (f *specFlags) build(c *cobra.Command) (*pb.JobSpec, error) {
 			ps().Shards = int32(len(f.psAddrs))
 		}
 	}
+	if ch("entrypoint") {
+		words, err := splitWords(f.entrypoint)
+		if err != nil {
+			return nil, fmt.Errorf("--entrypoint: %w", err)
+		}
+		if spec.Entrypoint == nil {
+			spec.Entrypoint = &pb.EntrypointSpec{}
+		}
+		spec.Entrypoint.Command = words
+	}
 	if ch("compress") {
 		c, err := parseCompress(f.compress)
 		if err != nil {
@@ -357,4 +370,60 @@ func parseCompress(v string) (*pb.CompressionSpec, error) {
 		}
 	}
 	return c, nil
+}
+
+// splitWords splits a command line into words as a POSIX shell does for
+// quotes and backslashes (no expansions): 'a b' and "a b" are one word.
+func splitWords(s string) ([]string, error) {
+	var words []string
+	var cur strings.Builder
+	inWord := false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == ' ' || c == '\t' || c == '\n':
+			if inWord {
+				words = append(words, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		case c == '\'':
+			j := strings.IndexByte(s[i+1:], '\'')
+			if j < 0 {
+				return nil, fmt.Errorf("unterminated ' in %q", s)
+			}
+			cur.WriteString(s[i+1 : i+1+j])
+			i += j + 1
+			inWord = true
+		case c == '"':
+			i++
+			for ; i < len(s) && s[i] != '"'; i++ {
+				if s[i] == '\\' && i+1 < len(s) && strings.IndexByte("\"\\$`", s[i+1]) >= 0 {
+					i++
+				}
+				cur.WriteByte(s[i])
+			}
+			if i >= len(s) {
+				return nil, fmt.Errorf("unterminated \" in %q", s)
+			}
+			inWord = true
+		case c == '\\':
+			if i+1 >= len(s) {
+				return nil, fmt.Errorf("trailing backslash in %q", s)
+			}
+			i++
+			cur.WriteByte(s[i])
+			inWord = true
+		default:
+			cur.WriteByte(c)
+			inWord = true
+		}
+	}
+	if inWord {
+		words = append(words, cur.String())
+	}
+	if len(words) == 0 {
+		return nil, fmt.Errorf("no command in %q", s)
+	}
+	return words, nil
 }

@@ -29,7 +29,7 @@ var layers = []struct {
 	packages []string
 }{
 	{"programs and end-to-end tests", []string{"cmd/…", "test", "test/…", "docs/…", "scripts/…"}},
-	{"shells (gRPC, processes, I/O)", []string{"server", "worker", "paramserver", "federation", "bench/…"}},
+	{"shells (gRPC, processes, I/O)", []string{"server", "worker", "agent", "paramserver", "federation", "bench/…"}},
 	{"cores and domain packages", []string{
 		"coordinator", "aggregator", "aggregator/ringrpc", "aggregator/ringtest", "aggregator/shmring", "paramserver/psstep", "compress",
 		"federated", "models", "models/modeltest", "data", "checkpoint", "jobspec", "pipeline",

@@ -77,12 +77,16 @@ func (WorkerState) EnumDescriptor() ([]byte, []int) {
 
 // Resources are what a worker offers.
 type Resources struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	CpuCores      int32                  `protobuf:"varint,1,opt,name=cpu_cores,json=cpuCores,proto3" json:"cpu_cores,omitempty"`
-	Gpus          []*Gpu                 `protobuf:"bytes,2,rep,name=gpus,proto3" json:"gpus,omitempty"`
-	GemmBackend   string                 `protobuf:"bytes,3,opt,name=gemm_backend,json=gemmBackend,proto3" json:"gemm_backend,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	CpuCores    int32                  `protobuf:"varint,1,opt,name=cpu_cores,json=cpuCores,proto3" json:"cpu_cores,omitempty"`
+	Gpus        []*Gpu                 `protobuf:"bytes,2,rep,name=gpus,proto3" json:"gpus,omitempty"`
+	GemmBackend string                 `protobuf:"bytes,3,opt,name=gemm_backend,json=gemmBackend,proto3" json:"gemm_backend,omitempty"`
+	// The worker runs jobs' entrypoint commands (it was started with
+	// --allow-entrypoints); the scheduler places entrypoint jobs only on
+	// such workers.
+	AllowsEntrypoints bool `protobuf:"varint,120,opt,name=allows_entrypoints,json=allowsEntrypoints,proto3" json:"allows_entrypoints,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Resources) Reset() {
@@ -134,6 +138,13 @@ func (x *Resources) GetGemmBackend() string {
 		return x.GemmBackend
 	}
 	return ""
+}
+
+func (x *Resources) GetAllowsEntrypoints() bool {
+	if x != nil {
+		return x.AllowsEntrypoints
+	}
+	return false
 }
 
 // Gpu is one device found through NVML.
@@ -390,11 +401,12 @@ var File_gradsync_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x19gradsync/v1/cluster.proto\x12\vgradsync.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"q\n" +
+	"\x19gradsync/v1/cluster.proto\x12\vgradsync.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa0\x01\n" +
 	"\tResources\x12\x1b\n" +
 	"\tcpu_cores\x18\x01 \x01(\x05R\bcpuCores\x12$\n" +
 	"\x04gpus\x18\x02 \x03(\v2\x10.gradsync.v1.GpuR\x04gpus\x12!\n" +
-	"\fgemm_backend\x18\x03 \x01(\tR\vgemmBackend\"f\n" +
+	"\fgemm_backend\x18\x03 \x01(\tR\vgemmBackend\x12-\n" +
+	"\x12allows_entrypoints\x18x \x01(\bR\x11allowsEntrypoints\"f\n" +
 	"\x03Gpu\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +

@@ -84,7 +84,13 @@ type JobSpec struct {
 	// or "fp16" (autocast: matrix products and convolutions in the low
 	// precision with fp32 accumulation, fp32 master weights; fp16 with a
 	// dynamic loss scaler).
-	Precision     string `protobuf:"bytes,31,opt,name=precision,proto3" json:"precision,omitempty"`
+	Precision string `protobuf:"bytes,31,opt,name=precision,proto3" json:"precision,omitempty"`
+	// Run a user's command on every worker of the gang instead of gradsync's
+	// own engine (mode ring, the default for such jobs): each worker starts it
+	// for its rank and serves it a local agent socket (GRADSYNC_AGENT)
+	// through which it all-reduces gradients over the job's ring. Only
+	// workers started with --allow-entrypoints run one.
+	Entrypoint    *EntrypointSpec `protobuf:"bytes,34,opt,name=entrypoint,proto3" json:"entrypoint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -308,6 +314,83 @@ func (x *JobSpec) GetPrecision() string {
 	return ""
 }
 
+func (x *JobSpec) GetEntrypoint() *EntrypointSpec {
+	if x != nil {
+		return x.Entrypoint
+	}
+	return nil
+}
+
+// EntrypointSpec is the command a worker starts for its rank, as torchrun
+// does: with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and
+// GRADSYNC_AGENT in its environment, in its own process group.
+type EntrypointSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The program and its arguments (no shell): ["python3", "train.py",
+	// "--epochs", "2"]. The program is looked up on the worker's PATH.
+	Command []string `protobuf:"bytes,1,rep,name=command,proto3" json:"command,omitempty"`
+	// The directory the command starts in; default the worker's own working
+	// directory.
+	WorkingDir string `protobuf:"bytes,2,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
+	// Extra environment variables. Names starting with GRADSYNC_ and the
+	// variables the worker sets (RANK, WORLD_SIZE, LOCAL_RANK,
+	// LOCAL_WORLD_SIZE) are refused.
+	Env           map[string]string `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EntrypointSpec) Reset() {
+	*x = EntrypointSpec{}
+	mi := &file_gradsync_v1_spec_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EntrypointSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EntrypointSpec) ProtoMessage() {}
+
+func (x *EntrypointSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_spec_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EntrypointSpec.ProtoReflect.Descriptor instead.
+func (*EntrypointSpec) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *EntrypointSpec) GetCommand() []string {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *EntrypointSpec) GetWorkingDir() string {
+	if x != nil {
+		return x.WorkingDir
+	}
+	return ""
+}
+
+func (x *EntrypointSpec) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
 // DatasetSpec names a dataset and where to find it.
 type DatasetSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -362,7 +445,7 @@ type DatasetSpec struct {
 
 func (x *DatasetSpec) Reset() {
 	*x = DatasetSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[1]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -374,7 +457,7 @@ func (x *DatasetSpec) String() string {
 func (*DatasetSpec) ProtoMessage() {}
 
 func (x *DatasetSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[1]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -387,7 +470,7 @@ func (x *DatasetSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetSpec.ProtoReflect.Descriptor instead.
 func (*DatasetSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{1}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *DatasetSpec) GetName() string {
@@ -493,7 +576,7 @@ type DataShape struct {
 
 func (x *DataShape) Reset() {
 	*x = DataShape{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -505,7 +588,7 @@ func (x *DataShape) String() string {
 func (*DataShape) ProtoMessage() {}
 
 func (x *DataShape) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -518,7 +601,7 @@ func (x *DataShape) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataShape.ProtoReflect.Descriptor instead.
 func (*DataShape) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{2}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *DataShape) GetChannels() int32 {
@@ -584,7 +667,7 @@ type OptimizerSpec struct {
 
 func (x *OptimizerSpec) Reset() {
 	*x = OptimizerSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -596,7 +679,7 @@ func (x *OptimizerSpec) String() string {
 func (*OptimizerSpec) ProtoMessage() {}
 
 func (x *OptimizerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -609,7 +692,7 @@ func (x *OptimizerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OptimizerSpec.ProtoReflect.Descriptor instead.
 func (*OptimizerSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{3}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *OptimizerSpec) GetName() string {
@@ -685,7 +768,7 @@ type ScheduleSpec struct {
 
 func (x *ScheduleSpec) Reset() {
 	*x = ScheduleSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -697,7 +780,7 @@ func (x *ScheduleSpec) String() string {
 func (*ScheduleSpec) ProtoMessage() {}
 
 func (x *ScheduleSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -710,7 +793,7 @@ func (x *ScheduleSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduleSpec.ProtoReflect.Descriptor instead.
 func (*ScheduleSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{4}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ScheduleSpec) GetName() string {
@@ -758,7 +841,7 @@ type CompressionSpec struct {
 
 func (x *CompressionSpec) Reset() {
 	*x = CompressionSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -770,7 +853,7 @@ func (x *CompressionSpec) String() string {
 func (*CompressionSpec) ProtoMessage() {}
 
 func (x *CompressionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -783,7 +866,7 @@ func (x *CompressionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompressionSpec.ProtoReflect.Descriptor instead.
 func (*CompressionSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{5}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CompressionSpec) GetType() string {
@@ -856,7 +939,7 @@ type CheckpointSpec struct {
 
 func (x *CheckpointSpec) Reset() {
 	*x = CheckpointSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +951,7 @@ func (x *CheckpointSpec) String() string {
 func (*CheckpointSpec) ProtoMessage() {}
 
 func (x *CheckpointSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +964,7 @@ func (x *CheckpointSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointSpec.ProtoReflect.Descriptor instead.
 func (*CheckpointSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{6}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CheckpointSpec) GetEverySteps() int64 {
@@ -958,7 +1041,7 @@ type FederatedSpec struct {
 
 func (x *FederatedSpec) Reset() {
 	*x = FederatedSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -970,7 +1053,7 @@ func (x *FederatedSpec) String() string {
 func (*FederatedSpec) ProtoMessage() {}
 
 func (x *FederatedSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -983,7 +1066,7 @@ func (x *FederatedSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederatedSpec.ProtoReflect.Descriptor instead.
 func (*FederatedSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{7}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *FederatedSpec) GetRounds() int32 {
@@ -1118,7 +1201,7 @@ type PartitionSpec struct {
 
 func (x *PartitionSpec) Reset() {
 	*x = PartitionSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1130,7 +1213,7 @@ func (x *PartitionSpec) String() string {
 func (*PartitionSpec) ProtoMessage() {}
 
 func (x *PartitionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1143,7 +1226,7 @@ func (x *PartitionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionSpec.ProtoReflect.Descriptor instead.
 func (*PartitionSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{8}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PartitionSpec) GetType() string {
@@ -1189,7 +1272,7 @@ type ParameterServerSpec struct {
 
 func (x *ParameterServerSpec) Reset() {
 	*x = ParameterServerSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1201,7 +1284,7 @@ func (x *ParameterServerSpec) String() string {
 func (*ParameterServerSpec) ProtoMessage() {}
 
 func (x *ParameterServerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1214,7 +1297,7 @@ func (x *ParameterServerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParameterServerSpec.ProtoReflect.Descriptor instead.
 func (*ParameterServerSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{9}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ParameterServerSpec) GetShards() int32 {
@@ -1249,7 +1332,8 @@ var File_gradsync_v1_spec_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\n" +
-	"\x16gradsync/v1/spec.proto\x12\vgradsync.v1\"\xcc\t\n" +
+	"\x16gradsync/v1/spec.proto\x12\vgradsync.v1\"\x89\n" +
+	"\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x122\n" +
@@ -1284,13 +1368,24 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\x14step_timeout_seconds\x18\x18 \x01(\x01R\x12stepTimeoutSeconds\x12)\n" +
 	"\x10nonfinite_policy\x18\x19 \x01(\tR\x0fnonfinitePolicy\x129\n" +
 	"\x18activation_checkpointing\x18\x1e \x01(\tR\x17activationCheckpointing\x12\x1c\n" +
-	"\tprecision\x18\x1f \x01(\tR\tprecisionB\n" +
+	"\tprecision\x18\x1f \x01(\tR\tprecision\x12;\n" +
+	"\n" +
+	"entrypoint\x18\" \x01(\v2\x1b.gradsync.v1.EntrypointSpecR\n" +
+	"entrypointB\n" +
 	"\n" +
 	"\b_workersB\r\n" +
 	"\v_batch_sizeB\t\n" +
 	"\a_epochsB\a\n" +
 	"\x05_seedB\x13\n" +
-	"\x11_eval_every_epoch\"\x8f\x03\n" +
+	"\x11_eval_every_epoch\"\xbb\x01\n" +
+	"\x0eEntrypointSpec\x12\x18\n" +
+	"\acommand\x18\x01 \x03(\tR\acommand\x12\x1f\n" +
+	"\vworking_dir\x18\x02 \x01(\tR\n" +
+	"workingDir\x126\n" +
+	"\x03env\x18\x03 \x03(\v2$.gradsync.v1.EntrypointSpec.EnvEntryR\x03env\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8f\x03\n" +
 	"\vDatasetSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bdata_dir\x18\x02 \x01(\tR\adataDir\x12'\n" +
@@ -1393,34 +1488,38 @@ func file_gradsync_v1_spec_proto_rawDescGZIP() []byte {
 	return file_gradsync_v1_spec_proto_rawDescData
 }
 
-var file_gradsync_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_gradsync_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_gradsync_v1_spec_proto_goTypes = []any{
 	(*JobSpec)(nil),             // 0: gradsync.v1.JobSpec
-	(*DatasetSpec)(nil),         // 1: gradsync.v1.DatasetSpec
-	(*DataShape)(nil),           // 2: gradsync.v1.DataShape
-	(*OptimizerSpec)(nil),       // 3: gradsync.v1.OptimizerSpec
-	(*ScheduleSpec)(nil),        // 4: gradsync.v1.ScheduleSpec
-	(*CompressionSpec)(nil),     // 5: gradsync.v1.CompressionSpec
-	(*CheckpointSpec)(nil),      // 6: gradsync.v1.CheckpointSpec
-	(*FederatedSpec)(nil),       // 7: gradsync.v1.FederatedSpec
-	(*PartitionSpec)(nil),       // 8: gradsync.v1.PartitionSpec
-	(*ParameterServerSpec)(nil), // 9: gradsync.v1.ParameterServerSpec
+	(*EntrypointSpec)(nil),      // 1: gradsync.v1.EntrypointSpec
+	(*DatasetSpec)(nil),         // 2: gradsync.v1.DatasetSpec
+	(*DataShape)(nil),           // 3: gradsync.v1.DataShape
+	(*OptimizerSpec)(nil),       // 4: gradsync.v1.OptimizerSpec
+	(*ScheduleSpec)(nil),        // 5: gradsync.v1.ScheduleSpec
+	(*CompressionSpec)(nil),     // 6: gradsync.v1.CompressionSpec
+	(*CheckpointSpec)(nil),      // 7: gradsync.v1.CheckpointSpec
+	(*FederatedSpec)(nil),       // 8: gradsync.v1.FederatedSpec
+	(*PartitionSpec)(nil),       // 9: gradsync.v1.PartitionSpec
+	(*ParameterServerSpec)(nil), // 10: gradsync.v1.ParameterServerSpec
+	nil,                         // 11: gradsync.v1.EntrypointSpec.EnvEntry
 }
 var file_gradsync_v1_spec_proto_depIdxs = []int32{
-	1, // 0: gradsync.v1.JobSpec.dataset:type_name -> gradsync.v1.DatasetSpec
-	3, // 1: gradsync.v1.JobSpec.optimizer:type_name -> gradsync.v1.OptimizerSpec
-	4, // 2: gradsync.v1.JobSpec.lr_schedule:type_name -> gradsync.v1.ScheduleSpec
-	5, // 3: gradsync.v1.JobSpec.compression:type_name -> gradsync.v1.CompressionSpec
-	6, // 4: gradsync.v1.JobSpec.checkpoint:type_name -> gradsync.v1.CheckpointSpec
-	7, // 5: gradsync.v1.JobSpec.federated:type_name -> gradsync.v1.FederatedSpec
-	8, // 6: gradsync.v1.JobSpec.partition:type_name -> gradsync.v1.PartitionSpec
-	9, // 7: gradsync.v1.JobSpec.parameter_server:type_name -> gradsync.v1.ParameterServerSpec
-	2, // 8: gradsync.v1.DatasetSpec.shape:type_name -> gradsync.v1.DataShape
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	2,  // 0: gradsync.v1.JobSpec.dataset:type_name -> gradsync.v1.DatasetSpec
+	4,  // 1: gradsync.v1.JobSpec.optimizer:type_name -> gradsync.v1.OptimizerSpec
+	5,  // 2: gradsync.v1.JobSpec.lr_schedule:type_name -> gradsync.v1.ScheduleSpec
+	6,  // 3: gradsync.v1.JobSpec.compression:type_name -> gradsync.v1.CompressionSpec
+	7,  // 4: gradsync.v1.JobSpec.checkpoint:type_name -> gradsync.v1.CheckpointSpec
+	8,  // 5: gradsync.v1.JobSpec.federated:type_name -> gradsync.v1.FederatedSpec
+	9,  // 6: gradsync.v1.JobSpec.partition:type_name -> gradsync.v1.PartitionSpec
+	10, // 7: gradsync.v1.JobSpec.parameter_server:type_name -> gradsync.v1.ParameterServerSpec
+	1,  // 8: gradsync.v1.JobSpec.entrypoint:type_name -> gradsync.v1.EntrypointSpec
+	11, // 9: gradsync.v1.EntrypointSpec.env:type_name -> gradsync.v1.EntrypointSpec.EnvEntry
+	3,  // 10: gradsync.v1.DatasetSpec.shape:type_name -> gradsync.v1.DataShape
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_spec_proto_init() }
@@ -1429,16 +1528,16 @@ func file_gradsync_v1_spec_proto_init() {
 		return
 	}
 	file_gradsync_v1_spec_proto_msgTypes[0].OneofWrappers = []any{}
-	file_gradsync_v1_spec_proto_msgTypes[1].OneofWrappers = []any{}
-	file_gradsync_v1_spec_proto_msgTypes[3].OneofWrappers = []any{}
-	file_gradsync_v1_spec_proto_msgTypes[5].OneofWrappers = []any{}
+	file_gradsync_v1_spec_proto_msgTypes[2].OneofWrappers = []any{}
+	file_gradsync_v1_spec_proto_msgTypes[4].OneofWrappers = []any{}
+	file_gradsync_v1_spec_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gradsync_v1_spec_proto_rawDesc), len(file_gradsync_v1_spec_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,382 @@
+// Package agent is the local service a worker serves to the command it
+// starts for an entrypoint job (a user's PyTorch script): the Agent gRPC
+// service of proto/gradsync/v1/agent.proto on a Unix socket only the
+// worker's user can open. The script computes; the agent communicates:
+// every all-reduce, broadcast and barrier it is asked for runs over the
+// job's ring of workers (aggregator's ring collectives over the worker's
+// ring transport), in the order of the calls' sequence numbers, so that a
+// script may keep several buckets in flight while its backward pass runs.
+//
+// Bulk data goes through the socket as raw little-endian float32 bytes
+// (at most MaxElements values a call); shared memory is not used yet.
+package agent
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/gradsync/gradsync/aggregator"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// MaxElements is the most float32 values one call carries (4 MiB, the
+// frame bound of the wire rules).
+const MaxElements = 1 << 20
+
+// maxTensors bounds a registered layout.
+const maxTensors = 1 << 16
+
+// Config configures a Server.
+type Config struct {
+	// Ring is this rank's view of the job's ring; the Server is its only
+	// user while it serves.
+	Ring aggregator.Ring
+	// JobID and Generation identify the job; Generation tags every frame.
+	JobID      string
+	Generation uint64
+	// StepTimeout bounds each collective, from the moment its call
+	// arrives (waiting for its turn included). Default 60 s.
+	StepTimeout time.Duration
+	// Report receives the script's Report calls (progress, evaluations,
+	// the final result); nil drops them. It must not block for long.
+	Report func(*pb.ReportRequest)
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Server implements pb.AgentServer for one rank of one job.
+type Server struct {
+	pb.UnimplementedAgentServer
+	cfg Config
+
+	// mu protects next, wake, failed and shm.
+	mu sync.Mutex
+	// next is the sequence number of the collective whose turn it is.
+	next int64
+	// wake is closed (and replaced) whenever next advances or failed is
+	// set.
+	wake chan struct{}
+	// failed is the first collective error: the ring is unusable after
+	// it, so every later collective fails with it.
+	failed error
+	// shm is the shared-memory region of the registered layout, if the
+	// script asked for one. Collectives use it only in their turn, and
+	// RegisterLayout replaces it only in its own.
+	shm *region
+	// closed: Close was called; no region is made after it.
+	closed bool
+}
+
+// New returns a Server for cfg.
+func New(cfg Config) (*Server, error) {
+	if cfg.Ring == nil {
+		return nil, errors.New("agent: no ring")
+	}
+	if cfg.StepTimeout <= 0 {
+		cfg.StepTimeout = 60 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Server{cfg: cfg, wake: make(chan struct{})}, nil
+}
+
+// Err returns the error that broke the server's ring, or nil.
+func (s *Server) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failed
+}
+
+// Close releases the shared-memory region. Call it once the script has
+// ended and no call is in flight (the socket has stopped serving).
+func (s *Server) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.shm.close()
+	s.shm, s.closed = nil, true
+}
+
+// Init implements pb.AgentServer.
+func (s *Server) Init(context.Context, *pb.AgentInitRequest) (*pb.AgentInitResponse, error) {
+	return &pb.AgentInitResponse{JobId: s.cfg.JobID, Generation: s.cfg.Generation, Rank: int32(s.cfg.Ring.Rank()),
+		WorldSize: int32(s.cfg.Ring.Size()), StepTimeoutSeconds: s.cfg.StepTimeout.Seconds(), MaxElements: MaxElements}, nil
+}
+
+// RegisterLayout implements pb.AgentServer: it checks the layout and that
+// every rank registered the same one (an all-gather of its checksum).
+func (s *Server) RegisterLayout(ctx context.Context, req *pb.RegisterLayoutRequest) (*pb.RegisterLayoutResponse, error) {
+	n, sum, err := layoutSum(req.GetTensors())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	world := s.cfg.Ring.Size()
+	all := make([]float32, 2*world)
+	mine := []float32{float32(sum >> 16), float32(sum & 0xffff)} // exact in float32
+	err = s.collective(ctx, req.GetSeq(), "register_layout", func(ctx context.Context) error {
+		return aggregator.AllGather(ctx, s.cfg.Ring, all, mine, req.GetSeq(), s.opt())
+	})
+	if err != nil {
+		return nil, err
+	}
+	for r := range world {
+		if all[2*r] != mine[0] || all[2*r+1] != mine[1] {
+			return nil, status.Errorf(codes.FailedPrecondition, "rank %d registered another gradient layout than rank %d (names, shapes or dtypes differ)", r, s.cfg.Ring.Rank())
+		}
+	}
+	res := &pb.RegisterLayoutResponse{NumElements: n}
+	if req.GetSharedMemory() {
+		if n > maxShmElements {
+			return nil, status.Errorf(codes.ResourceExhausted, "a shared region of %d values; at most %d", n, maxShmElements)
+		}
+		reg, err := newRegion(n)
+		if err != nil {
+			return nil, status.Error(codes.ResourceExhausted, err.Error())
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			reg.close()
+			return nil, status.Error(codes.Unavailable, "the agent is closing")
+		}
+		old := s.shm
+		s.shm = reg
+		s.mu.Unlock()
+		old.close()
+		res.ShmPath = reg.path
+	}
+	return res, nil
+}
+
+// maxShmElements bounds a shared region (16 GiB).
+const maxShmElements = 1 << 32
+
+// layoutSum checks a layout and returns its size and checksum.
+func layoutSum(ts []*pb.TensorInfo) (n int64, sum uint32, err error) {
+	if len(ts) == 0 || len(ts) > maxTensors {
+		return 0, 0, fmt.Errorf("a layout has 1..%d tensors; got %d", maxTensors, len(ts))
+	}
+	h := crc32.NewIEEE()
+	for i, t := range ts {
+		if t.GetName() == "" || len(t.GetName()) > 1024 {
+			return 0, 0, fmt.Errorf("tensor %d: name must be 1..1024 bytes", i)
+		}
+		if t.GetDtype() != "float32" {
+			return 0, 0, fmt.Errorf("tensor %q: dtype %q; allowed: float32", t.GetName(), t.GetDtype())
+		}
+		size := int64(1)
+		for _, d := range t.GetShape() {
+			if d < 0 || d > 1<<40 || size > (1<<40)/max(d, 1) {
+				return 0, 0, fmt.Errorf("tensor %q: shape %v out of range", t.GetName(), t.GetShape())
+			}
+			size *= d
+		}
+		n += size
+		if n > 1<<40 {
+			return 0, 0, errors.New("layout too large")
+		}
+		fmt.Fprintf(h, "%s|%v|%s;", t.GetName(), t.GetShape(), t.GetDtype())
+	}
+	return n, h.Sum32(), nil
+}
+
+// AllReduce implements pb.AgentServer: on the request's data, or in place
+// on a range of the shared region.
+func (s *Server) AllReduce(ctx context.Context, req *pb.AllReduceRequest) (*pb.AllReduceResponse, error) {
+	rng := req.GetShm()
+	if rng != nil && len(req.GetData()) > 0 {
+		return nil, status.Error(codes.InvalidArgument, "give data or a shared-memory range, not both")
+	}
+	var buf []float32
+	if rng == nil {
+		var err error
+		if buf, err = decode(req.GetData()); err != nil {
+			return nil, err
+		}
+	}
+	err := s.collective(ctx, req.GetSeq(), "all_reduce", func(ctx context.Context) error {
+		if rng != nil {
+			// The range is checked in the call's turn (the region may
+			// be replaced by an earlier RegisterLayout); a bad one
+			// breaks the agent, as the ranks no longer agree.
+			s.mu.Lock()
+			reg := s.shm
+			s.mu.Unlock()
+			if reg == nil {
+				return status.Error(codes.FailedPrecondition, "no shared memory: register the layout with shared_memory first")
+			}
+			var err error
+			if buf, err = reg.slice(rng.GetOffset(), rng.GetLength()); err != nil {
+				return status.Error(codes.InvalidArgument, err.Error())
+			}
+		}
+		return aggregator.AllReduce(ctx, s.cfg.Ring, buf, req.GetSeq(), s.opt())
+	})
+	if err != nil {
+		return nil, err
+	}
+	if req.GetAverage() {
+		inv := float32(s.cfg.Ring.Size())
+		for i := range buf {
+			buf[i] /= inv
+		}
+	}
+	if rng != nil {
+		return &pb.AllReduceResponse{}, nil
+	}
+	return &pb.AllReduceResponse{Data: encode(buf)}, nil
+}
+
+// Broadcast implements pb.AgentServer.
+func (s *Server) Broadcast(ctx context.Context, req *pb.BroadcastRequest) (*pb.BroadcastResponse, error) {
+	if r := req.GetRoot(); r < 0 || int(r) >= s.cfg.Ring.Size() {
+		return nil, status.Errorf(codes.InvalidArgument, "root %d out of range; allowed 0..%d", r, s.cfg.Ring.Size()-1)
+	}
+	buf, err := decode(req.GetData())
+	if err != nil {
+		return nil, err
+	}
+	err = s.collective(ctx, req.GetSeq(), "broadcast", func(ctx context.Context) error {
+		return aggregator.Broadcast(ctx, s.cfg.Ring, buf, int(req.GetRoot()), req.GetSeq(), s.opt())
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &pb.BroadcastResponse{Data: encode(buf)}, nil
+}
+
+// Barrier implements pb.AgentServer.
+func (s *Server) Barrier(ctx context.Context, req *pb.BarrierRequest) (*pb.BarrierResponse, error) {
+	err := s.collective(ctx, req.GetSeq(), "barrier", func(ctx context.Context) error {
+		return aggregator.Barrier(ctx, s.cfg.Ring, req.GetSeq(), s.opt())
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &pb.BarrierResponse{}, nil
+}
+
+// Report implements pb.AgentServer.
+func (s *Server) Report(_ context.Context, req *pb.ReportRequest) (*pb.ReportResponse, error) {
+	for name, v := range map[string]float64{"loss": req.GetLoss(), "images_per_second": req.GetImagesPerSecond(),
+		"learning_rate": req.GetLearningRate(), "test_loss": req.GetTestLoss(), "train_loss": req.GetTrainLoss()} {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return nil, status.Errorf(codes.InvalidArgument, "%s is %v; want a finite number", name, v)
+		}
+	}
+	if a := req.GetTestAccuracy(); !(a >= 0 && a <= 1) {
+		return nil, status.Errorf(codes.InvalidArgument, "test_accuracy %v out of range; allowed [0, 1]", a)
+	}
+	if req.GetStep() < 0 || req.GetTotalSteps() < 0 || req.GetEpoch() < 0 {
+		return nil, status.Error(codes.InvalidArgument, "epoch, step and total_steps must not be negative")
+	}
+	if s.cfg.Report != nil {
+		s.cfg.Report(req)
+	}
+	return &pb.ReportResponse{}, nil
+}
+
+func (s *Server) opt() aggregator.Options {
+	return aggregator.Options{Generation: s.cfg.Generation}
+}
+
+// collective runs fn as collective number seq: after every lower number
+// has run, within the step timeout. An error of fn breaks the server (the
+// ring is unusable after a failed collective).
+func (s *Server) collective(ctx context.Context, seq int64, what string, fn func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StepTimeout)
+	defer cancel()
+	if err := s.waitTurn(ctx, seq, what); err != nil {
+		return err
+	}
+	err := fn(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		st := s.explain(ctx, seq, what, err)
+		s.failed = st.Err()
+		s.cfg.Logger.Warn("agent collective failed", "job", s.cfg.JobID, "rank", s.cfg.Ring.Rank(), "seq", seq, "op", what, "err", err)
+	} else {
+		s.next++
+	}
+	close(s.wake)
+	s.wake = make(chan struct{})
+	if s.failed != nil {
+		return s.failed
+	}
+	return nil
+}
+
+// waitTurn waits until collective seq may run.
+func (s *Server) waitTurn(ctx context.Context, seq int64, what string) error {
+	for {
+		s.mu.Lock()
+		next, failed, wake := s.next, s.failed, s.wake
+		s.mu.Unlock()
+		switch {
+		case failed != nil:
+			return failed
+		case seq < next:
+			return status.Errorf(codes.FailedPrecondition, "%s: sequence number %d was used already (the next is %d): number collectives 0, 1, 2, … once each", what, seq, next)
+		case seq == next:
+			return nil
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return status.Errorf(codes.DeadlineExceeded, "%s %d: waited %v for collective %d, which never came (every number must be called once, in a script's own order)", what, seq, s.cfg.StepTimeout, next)
+		}
+	}
+}
+
+// explain maps a failed collective to a status naming the call.
+func (s *Server) explain(ctx context.Context, seq int64, what string, err error) *status.Status {
+	var pe *aggregator.PeerError
+	if st, ok := status.FromError(err); ok {
+		return st // the agent's own refusal
+	}
+	switch {
+	case errors.As(err, &pe):
+		return status.Newf(codes.Unavailable, "%s %d: peer rank %d is gone: %v", what, seq, pe.Rank, err)
+	case errors.Is(err, aggregator.ErrUnexpectedFrame):
+		return status.Newf(codes.FailedPrecondition, "%s %d: the ranks disagree about this call (another kind, length or root at the same number): %v", what, seq, err)
+	case ctx.Err() != nil:
+		return status.Newf(codes.DeadlineExceeded, "%s %d did not complete within the step timeout of %v: %v", what, seq, s.cfg.StepTimeout, err)
+	}
+	return status.Newf(codes.Internal, "%s %d: %v", what, seq, err)
+}
+
+// decode reads little-endian float32 values.
+func decode(b []byte) ([]float32, error) {
+	if len(b)%4 != 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "data is %d bytes, not a whole number of float32 values", len(b))
+	}
+	n := len(b) / 4
+	if n > MaxElements {
+		return nil, status.Errorf(codes.ResourceExhausted, "data holds %d values; at most %d a call (split it into buckets)", n, MaxElements)
+	}
+	out := make([]float32, n)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return out, nil
+}
+
+// encode writes little-endian float32 values.
+func encode(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
+}

@@ -1,0 +1,89 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"google.golang.org/grpc"
+
+	"github.com/gradsync/gradsync/internal/rpc"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// SocketName is the socket's file name inside the directory Listen makes.
+const SocketName = "agent.sock"
+
+// Socket is a listening agent socket: a Unix socket of mode 0600 in a
+// fresh directory of mode 0700, so that only the worker's user (and root)
+// can connect.
+type Socket struct {
+	Path string // the socket's path, for GRADSYNC_AGENT
+	dir  string
+	lis  net.Listener
+}
+
+// Listen makes the socket under parent (os.TempDir() when empty).
+func Listen(parent string) (*Socket, error) {
+	dir, err := os.MkdirTemp(parent, "gradsync-agent-")
+	if err != nil {
+		return nil, fmt.Errorf("agent: socket directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("agent: socket directory: %w", err)
+	}
+	path := filepath.Join(dir, SocketName)
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("agent: listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		lis.Close()
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("agent: socket mode: %w", err)
+	}
+	return &Socket{Path: path, dir: dir, lis: lis}, nil
+}
+
+// Serve serves s on the socket until ctx is done, then stops the server
+// (calls in flight are cancelled) and removes the socket's directory. The
+// socket cannot be served again.
+func (k *Socket) Serve(ctx context.Context, s *Server, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Stop waits for the handlers, so that nothing uses the shared region
+	// after Serve returns.
+	gs := grpc.NewServer(append(rpc.ServerOptions(log, nil, nil), grpc.WaitForHandlers(true))...)
+	pb.RegisterAgentServer(gs, s)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // owned by Serve: stops the server when ctx is done
+		defer wg.Done()
+		<-ctx.Done()
+		gs.Stop()
+	}()
+	err := gs.Serve(k.lis)
+	cancel()
+	wg.Wait()
+	os.RemoveAll(k.dir)
+	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("agent: %w", err)
+	}
+	return nil
+}
+
+// Close releases a socket that is never served.
+func (k *Socket) Close() {
+	k.lis.Close()
+	os.RemoveAll(k.dir)
+}

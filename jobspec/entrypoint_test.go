@@ -1,0 +1,46 @@
+package jobspec
+
+import (
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+func TestEntrypoint(t *testing.T) {
+	ok := func() *pb.JobSpec {
+		return &pb.JobSpec{Workers: proto.Int32(2), Entrypoint: &pb.EntrypointSpec{Command: []string{"python3", "train.py"}, Env: map[string]string{"OMP_NUM_THREADS": "1"}}}
+	}
+	s, err := Normalize(ok(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Mode != "ring" || !IsEntrypoint(s) {
+		t.Fatalf("mode %q: entrypoint jobs default to ring", s.Mode)
+	}
+	for _, c := range []struct {
+		edit  func(*pb.JobSpec)
+		field string
+		msg   string
+	}{
+		{func(s *pb.JobSpec) { s.Entrypoint.Command = nil }, "entrypoint.command", "is empty"},
+		{func(s *pb.JobSpec) { s.Entrypoint.Command = []string{""} }, "entrypoint.command", "is empty"},
+		{func(s *pb.JobSpec) { s.Entrypoint.Env["GRADSYNC_TOKEN"] = "x" }, "entrypoint.env", "GRADSYNC_"},
+		{func(s *pb.JobSpec) { s.Entrypoint.Env["RANK"] = "3" }, "entrypoint.env", "set by the worker"},
+		{func(s *pb.JobSpec) { s.Entrypoint.Env["A=B"] = "3" }, "entrypoint.env", "not a variable name"},
+		{func(s *pb.JobSpec) { s.Mode = "ps" }, "mode", notImplementedSuffix},
+		{func(s *pb.JobSpec) { s.MinWorkers = 1 }, "min_workers", notImplementedSuffix},
+		{func(s *pb.JobSpec) { s.Compression = &pb.CompressionSpec{Type: "powersgd"} }, "compression.type", notImplementedSuffix},
+		{func(s *pb.JobSpec) { s.Checkpoint = &pb.CheckpointSpec{EverySteps: 10} }, "checkpoint", notImplementedSuffix},
+	} {
+		s := ok()
+		c.edit(s)
+		_, err := Normalize(s, nil)
+		fe, isFE := err.(*FieldError)
+		if !isFE || fe.Field != c.field || !strings.Contains(fe.Msg, c.msg) {
+			t.Errorf("%s: got %v, want a %s error containing %q", c.field, err, c.field, c.msg)
+		}
+	}
+}

@@ -1,0 +1,272 @@
+"""Horovod-style data parallelism for PyTorch through the local gradsync worker.
+
+    import gradsync.torch as gs
+    gs.init()
+    model = Net()
+    opt = gs.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                  named_parameters=model.named_parameters())
+    gs.broadcast_parameters(model.state_dict(), root_rank=0)
+    # shard the data with gs.rank() / gs.size() (torch's DistributedSampler takes them)
+    for x, y in loader:
+        opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
+
+The gradients are averaged over the ranks bucket by bucket as backward
+produces them (through a shared-memory region the worker maps too) (each bucket's all-reduce starts as soon as its last gradient
+is accumulated, while backward goes on, as DDP's reducer does); step()
+waits for them and then steps the wrapped optimiser. The all-reduce runs in
+the Go worker over the job's ring. CUDA tensors are copied to host memory
+bucket by bucket; the code path is the same on CPU.
+"""
+
+import numpy as np
+import torch
+
+from gradsync.client import Agent
+
+_agent = None
+
+
+def init(path=None):
+    """Connects to the worker's agent ($GRADSYNC_AGENT). Call once, first."""
+    global _agent
+    if _agent is None:
+        _agent = Agent(path)
+    return _agent
+
+
+def _a():
+    if _agent is None:
+        raise RuntimeError("gradsync.torch: call gradsync.torch.init() first")
+    return _agent
+
+
+def rank():
+    return _a().rank
+
+
+def size():
+    return _a().size
+
+
+def local_rank():
+    import os
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def agent():
+    """The underlying gradsync.client.Agent."""
+    return _a()
+
+
+def report(**fields):
+    """Sends progress, an evaluation (eval=True) or the final result (final=True) to the coordinator."""
+    _a().report(**fields)
+
+
+def _tensors(params):
+    if hasattr(params, "items"):
+        items = list(params.items())
+    else:
+        items = list(params)
+    out = []
+    for i, it in enumerate(items):
+        if isinstance(it, tuple):
+            name, t = it
+        else:
+            name, t = str(i), it
+        if torch.is_tensor(t):
+            out.append((name, t))
+    return out
+
+
+def broadcast_parameters(params, root_rank=0):
+    """Gives every rank root_rank's values of params (a state_dict, named_parameters() or a list of
+    tensors), in place. Floating-point tensors only go through float32 (as gradsync reduces)."""
+    a = _a()
+    ts = [(n, t) for n, t in _tensors(params) if t.is_floating_point()]
+    if not ts:
+        return
+    with torch.no_grad():
+        flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for _, t in ts])
+        out = np.empty(flat.numel(), dtype=np.float32)
+        src = flat.numpy()
+        step = a.max_elements
+        for off in range(0, flat.numel(), step):
+            out[off:off + step] = a.broadcast(src[off:off + step], root=root_rank)
+        res = torch.from_numpy(out)
+        off = 0
+        for _, t in ts:
+            n = t.numel()
+            t.copy_(res[off:off + n].view_as(t).to(t.device, t.dtype))
+            off += n
+
+
+class _Bucket:
+    def __init__(self, index, params):
+        self.index = index
+        self.params = params  # [(name, param)] in the order they are flattened
+        self.pending = set(id(p) for _, p in params)
+        self.futures = None  # [(offset, n, Future)] once dispatched
+
+
+class _DistributedOptimizer:
+    """Wraps an optimiser; see DistributedOptimizer."""
+
+    def __init__(self, optimizer, named_parameters=None, bucket_cap_mb=4.0, backward_passes_per_step=1,
+                 average=True, shared_memory=True):
+        self._opt = optimizer
+        self._a = _a()
+        self._average = average
+        if backward_passes_per_step < 1:
+            raise ValueError("backward_passes_per_step must be >= 1")
+        self._passes = backward_passes_per_step
+        if named_parameters is not None:
+            named = list(named_parameters)
+        else:
+            named = [(f"param.{i}", p) for g in optimizer.param_groups for i, p in enumerate(g["params"])]
+        named = [(n, p) for n, p in named if p.requires_grad]
+        if len({id(p) for _, p in named}) != len(named):
+            raise ValueError("named_parameters lists a parameter twice")
+        for _, p in named:
+            if p.dtype != torch.float32:
+                raise TypeError(f"gradsync reduces float32 gradients; got {p.dtype}")
+        self._named = named
+        # Buckets in reverse parameter order: backward produces the last
+        # layers' gradients first.
+        cap = max(1, int(bucket_cap_mb * (1 << 20)) // 4)
+        self._buckets = []
+        cur, size = [], 0
+        for n, p in reversed(named):
+            if cur and size + p.numel() > cap:
+                self._buckets.append(_Bucket(len(self._buckets), cur))
+                cur, size = [], 0
+            cur.append((n, p))
+            size += p.numel()
+        if cur:
+            self._buckets.append(_Bucket(len(self._buckets), cur))
+        self._bucket_of = {id(p): b for b in self._buckets for _, p in b.params}
+        self._counts = {id(p): 0 for _, p in named}
+        self._next = 0  # the next bucket to dispatch: buckets leave in index order
+        # The layout is registered in bucket order, so that each bucket is
+        # one range of the shared region.
+        layout = [(n, tuple(p.shape)) for b in self._buckets for n, p in b.params]
+        self._shm = None
+        off = 0
+        for b in self._buckets:
+            b.offset = off
+            off += sum(p.numel() for _, p in b.params)
+        if shared_memory:
+            _, self._shm = self._a.register_layout(layout, shared_memory=True)
+        else:
+            self._a.register_layout(layout)
+        self._hooks = []
+        for _, p in named:
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            acc.register_hook(self._make_hook(p))
+            self._hooks.append(acc)  # keep the accumulators alive
+
+    # The wrapped optimiser's API.
+    @property
+    def param_groups(self):
+        return self._opt.param_groups
+
+    @property
+    def state(self):
+        return self._opt.state
+
+    def state_dict(self):
+        return self._opt.state_dict()
+
+    def load_state_dict(self, sd):
+        return self._opt.load_state_dict(sd)
+
+    def zero_grad(self, set_to_none=False):
+        return self._opt.zero_grad(set_to_none=set_to_none)
+
+    def _make_hook(self, p):
+        def hook(*_):
+            self._counts[id(p)] += 1
+            if self._counts[id(p)] < self._passes:
+                return
+            b = self._bucket_of[id(p)]
+            b.pending.discard(id(p))
+            self._dispatch_ready()
+        return hook
+
+    def _dispatch_ready(self):
+        while self._next < len(self._buckets) and not self._buckets[self._next].pending:
+            self._dispatch(self._buckets[self._next])
+            self._next += 1
+
+    def _dispatch(self, b):
+        grads = []
+        for _, p in b.params:
+            g = p.grad
+            if g is None:
+                g = torch.zeros_like(p)
+            grads.append(g.detach().reshape(-1))
+        flat = torch.cat(grads).to("cpu", torch.float32)
+        if self._passes > 1:
+            flat = flat / self._passes
+        if self._shm is not None:
+            n = flat.numel()
+            torch.from_numpy(self._shm[b.offset:b.offset + n]).copy_(flat)
+            b.futures = [(0, n, self._a.allreduce_shared_async(b.offset, n, self._average))]
+            return
+        src = flat.numpy()
+        step = self._a.max_elements
+        b.futures = [(off, min(step, src.size - off), self._a.allreduce_async(src[off:off + step], self._average))
+                     for off in range(0, src.size, step)]
+
+    def synchronize(self):
+        """Waits for every bucket's all-reduce and writes the averaged gradients into .grad."""
+        # Buckets whose gradients never came (parameters unused this
+        # step) go now, in order, with zeros for the missing ones.
+        while self._next < len(self._buckets):
+            self._dispatch(self._buckets[self._next])
+            self._next += 1
+        for b in self._buckets:
+            total = sum(p.numel() for _, p in b.params)
+            if self._shm is not None:
+                b.futures[0][2].result()
+                res = torch.from_numpy(self._shm[b.offset:b.offset + total])
+            else:
+                out = np.empty(total, dtype=np.float32)
+                for off, n, fut in b.futures:
+                    out[off:off + n] = fut.result()
+                res = torch.from_numpy(out)
+            off = 0
+            for _, p in b.params:
+                n = p.numel()
+                g = res[off:off + n].view_as(p).to(p.device)
+                if p.grad is None:
+                    p.grad = g.clone()
+                else:
+                    p.grad.copy_(g)
+                off += n
+            b.futures = None
+            b.pending = set(id(p) for _, p in b.params)
+        for k in self._counts:
+            self._counts[k] = 0
+        self._next = 0
+
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("gradsync.torch.DistributedOptimizer.step does not take a closure")
+        self.synchronize()
+        return self._opt.step()
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, bucket_cap_mb=4.0, backward_passes_per_step=1,
+                         average=True, shared_memory=True):
+    """Wraps optimizer so that step() applies gradients averaged over every rank.
+
+    named_parameters: model.named_parameters() (names go into the layout every rank must share);
+    default the optimiser's parameters. bucket_cap_mb: gradients per all-reduce (at most 4 MiB a
+    message; larger buckets go as several). backward_passes_per_step: backward passes accumulated
+    locally per step (the gradient is their mean). shared_memory: gradients go to the worker through
+    a shared-memory region (no copy through the socket); False sends them in the messages.
+    Compression is not available here yet.
+    """
+    return _DistributedOptimizer(optimizer, named_parameters, bucket_cap_mb, backward_passes_per_step, average,
+                                 shared_memory)

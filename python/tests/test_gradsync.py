@@ -1,0 +1,82 @@
+"""Tests of the gradsync Python package against real gradsync workers.
+
+They run `gradsync local` (the binary in $GRADSYNC_BIN, else built with `go build`) with the
+scripts next to this file as entrypoints, under this Python. They need torch, grpcio and
+protobuf (Debian: python3-torch, python3-grpcio, python3-protobuf) and skip, saying so,
+where those are absent.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+MISSING = []
+for mod in ("torch", "grpc", "google.protobuf", "numpy"):
+    try:
+        __import__(mod)
+    except ImportError:
+        MISSING.append(mod)
+
+_bin = None
+
+
+def gradsync_bin():
+    global _bin
+    if _bin is None:
+        _bin = os.environ.get("GRADSYNC_BIN")
+        if not _bin:
+            out = tempfile.mkdtemp(prefix="gradsync-pytest-")
+            _bin = os.path.join(out, "gradsync")
+            subprocess.run(["go", "build", "-o", _bin, "./cmd/gradsync"], cwd=ROOT, check=True)
+    return _bin
+
+
+def run_local(script, workers=2, extra_env=None, timeout=600):
+    runs = tempfile.mkdtemp(prefix="gradsync-pyruns-")
+    env = dict(os.environ)
+    env.update(extra_env or {})
+    cmd = [gradsync_bin(), "local", "--workers", str(workers), "--runs-dir", runs, "--json",
+           "--entrypoint", f"{sys.executable} {os.path.join(HERE, script)}"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    logs = {}
+    for d in os.listdir(runs):
+        for f in os.listdir(os.path.join(runs, d)):
+            if f.startswith("rank-"):
+                with open(os.path.join(runs, d, f)) as fh:
+                    logs[f] = fh.read()
+    shutil.rmtree(runs, ignore_errors=True)
+    return p, logs
+
+
+@unittest.skipIf(MISSING, "gradsync Python tests skipped: missing " + ", ".join(MISSING) +
+                 " (apt-get install python3-torch python3-grpcio python3-protobuf; run with /usr/bin/python3)")
+class TestThroughWorkers(unittest.TestCase):
+
+    def test_equivalence_with_full_batch(self):
+        # Several buckets and one, through shared memory; several through the socket.
+        for bucket, shm in (("0.002", "1"), ("4", "1"), ("0.002", "0")):
+            with self.subTest(bucket_mb=bucket, shared_memory=shm):
+                p, logs = run_local("equiv_entry.py", extra_env={"EQUIV_BUCKET_MB": bucket, "EQUIV_SHM": shm})
+                self.assertEqual(p.returncode, 0, p.stdout + p.stderr + str(logs))
+                self.assertIn("SUCCEEDED", p.stdout)
+                for r in (0, 1):
+                    self.assertIn("EQUIVALENCE OK", logs.get(f"rank-{r}.log", ""), logs)
+
+    def test_crash_names_rank_and_stderr(self):
+        p, logs = run_local("crash_entry.py")
+        self.assertNotEqual(p.returncode, 0)
+        out = p.stdout + p.stderr
+        self.assertIn("FAILED", out)
+        self.assertIn("rank 1", out)
+        self.assertIn("boom on purpose", out)  # the last stderr lines
+        self.assertIn("boom on purpose", logs.get("rank-1.log", ""))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,222 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gradsync/gradsync/agent"
+	"github.com/gradsync/gradsync/aggregator/ringrpc"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// An entrypoint job's rank: instead of a Trainer, the worker starts the
+// job's command (a user's PyTorch script) with torchrun's variables, serves
+// it the local agent socket through which it all-reduces over the job's
+// ring, streams its output to the run directory, and ends it when the task
+// ends. entryproc.go holds the process side.
+
+// errEntrypointsOff is the refusal of a worker not started with
+// --allow-entrypoints.
+var errEntrypointsOff = errors.New("this worker does not run entrypoint commands: start it with --allow-entrypoints to allow jobs to run commands on it")
+
+// entryTermGrace is how long a command has to exit after SIGTERM before
+// its process group is killed.
+const entryTermGrace = 10 * time.Second
+
+// runEntrypoint runs rank a.Rank of an entrypoint job to its end.
+func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult, error) {
+	if !env.allowEntrypoints {
+		return nil, errEntrypointsOff
+	}
+	spec := a.GetSpec()
+	if mode := spec.GetMode(); mode != "ring" {
+		return nil, fmt.Errorf("entrypoint jobs run in mode ring; got %q", mode)
+	}
+	log := env.log.With("job", a.JobId, "rank", a.Rank)
+	ring, err := env.ring.Join(ctx, ringrpc.RingConfig{JobID: a.JobId, Generation: a.Generation, Rank: int(a.Rank),
+		Peers: a.Peers, DialOptions: env.peerDial})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := ring.Shutdown(sctx); err != nil {
+			log.Debug("leaving the ring", "err", err)
+		}
+	}()
+	timeout := time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second))
+	rep := newEntryReports(a, env.rep)
+	srv, err := agent.New(agent.Config{Ring: ring, JobID: a.JobId, Generation: a.Generation, StepTimeout: timeout,
+		Report: rep.report, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	sock, err := agent.Listen("")
+	if err != nil {
+		return nil, err
+	}
+	actx, stopAgent := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // owned by runEntrypoint: the agent, stopped once the command has ended
+		defer wg.Done()
+		if err := sock.Serve(actx, srv, log); err != nil {
+			log.Warn("agent socket", "err", err)
+		}
+	}()
+	defer func() {
+		stopAgent()
+		wg.Wait()
+		srv.Close() // its shared memory, once no call is in flight
+	}()
+
+	logPath := filepath.Join(env.runsDir, a.JobId, fmt.Sprintf("rank-%d.log", a.Rank))
+	localRank, localWorld := localRanks(a.Peers, int(a.Rank))
+	p := entryProcess{
+		command: spec.GetEntrypoint().GetCommand(),
+		dir:     spec.GetEntrypoint().GetWorkingDir(),
+		env: entryEnv(os.Environ(), spec.GetEntrypoint().GetEnv(), map[string]string{
+			"RANK": strconv.Itoa(int(a.Rank)), "WORLD_SIZE": strconv.Itoa(int(a.WorldSize)),
+			"LOCAL_RANK": strconv.Itoa(localRank), "LOCAL_WORLD_SIZE": strconv.Itoa(localWorld),
+			"GRADSYNC_AGENT": sock.Path, "GRADSYNC_JOB_ID": a.JobId,
+		}),
+		logPath: logPath,
+		grace:   entryTermGrace,
+	}
+	start := time.Now()
+	log.Info("starting entrypoint", "command", strings.Join(p.command, " "), "log", logPath)
+	err = p.run(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("entrypoint stopped: %w", ctx.Err())
+		}
+		msg := fmt.Sprintf("rank %d on worker %s: %v", a.Rank, env.worker, err)
+		if aerr := srv.Err(); aerr != nil {
+			msg += fmt.Sprintf(" (the agent's ring failed first: %v)", aerr)
+		}
+		if tail := p.stderrTail(); tail != "" {
+			msg += "; last lines of its stderr:\n" + tail
+		}
+		return nil, errors.New(msg)
+	}
+	res := rep.result()
+	res.WallSeconds = time.Since(start).Seconds()
+	return res, nil
+}
+
+// localRanks is a rank's LOCAL_RANK and LOCAL_WORLD_SIZE: its place among
+// the ranks whose peer address has the same host.
+func localRanks(peers []string, rank int) (local, world int) {
+	if rank < 0 || rank >= len(peers) {
+		return 0, 1
+	}
+	host := func(addr string) string {
+		if h, _, err := net.SplitHostPort(addr); err == nil {
+			return h
+		}
+		return addr
+	}
+	mine := host(peers[rank])
+	for i, p := range peers {
+		if host(p) == mine {
+			if i < rank {
+				local++
+			}
+			world++
+		}
+	}
+	return local, world
+}
+
+// entryEnv is the command's environment: the worker's own less every
+// GRADSYNC_ variable (the worker's token and settings: the job's
+// environment never carries its credentials) and less the variables set,
+// then the job's env, then set.
+func entryEnv(base []string, job, set map[string]string) []string {
+	var out []string
+	for _, kv := range base {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "GRADSYNC_") {
+			continue
+		}
+		if _, ok := set[k]; ok {
+			continue
+		}
+		if _, ok := job[k]; ok {
+			continue
+		}
+		out = append(out, kv)
+	}
+	for _, m := range []map[string]string{job, set} {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			out = append(out, k+"="+m[k])
+		}
+	}
+	return out
+}
+
+// entryReports turns a script's Report calls into the task's reports to
+// the coordinator, and keeps what its result needs.
+type entryReports struct {
+	a     *pb.Assignment
+	rep   *reporter
+	start time.Time
+	// mu protects last.
+	mu   sync.Mutex
+	last pb.JobResult
+}
+
+func newEntryReports(a *pb.Assignment, rep *reporter) *entryReports {
+	return &entryReports{a: a, rep: rep, start: time.Now()}
+}
+
+func (e *entryReports) report(m *pb.ReportRequest) {
+	e.mu.Lock()
+	e.last.Epochs, e.last.Steps = m.GetEpoch(), m.GetStep()
+	if m.GetImagesPerSecond() > 0 {
+		e.last.ImagesPerSecond = m.GetImagesPerSecond()
+	}
+	if m.GetLoss() != 0 {
+		e.last.TrainLoss = m.GetLoss()
+	}
+	if m.GetEval() || m.GetFinal() {
+		e.last.TestAccuracy, e.last.TestLoss = m.GetTestAccuracy(), m.GetTestLoss()
+		if m.GetTrainLoss() != 0 {
+			e.last.TrainLoss = m.GetTrainLoss()
+		}
+	}
+	e.mu.Unlock()
+	a := e.a
+	if e.rep == nil {
+		return
+	}
+	if m.GetEval() {
+		e.rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Eval{Eval: &pb.TaskEval{JobId: a.JobId, Rank: a.Rank, Generation: a.Generation,
+			Epoch: m.GetEpoch(), Step: m.GetStep(), TestAccuracy: m.GetTestAccuracy(), TestLoss: m.GetTestLoss(), TrainLoss: m.GetTrainLoss()}}})
+		return
+	}
+	if !m.GetFinal() {
+		e.rep.trySend(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Progress{Progress: &pb.TaskProgress{JobId: a.JobId, Generation: a.Generation, Rank: a.Rank,
+			Progress: &pb.Progress{Epoch: m.GetEpoch(), Step: m.GetStep(), TotalSteps: m.GetTotalSteps(), Loss: m.GetLoss(),
+				ImagesPerSecond: m.GetImagesPerSecond(), LearningRate: m.GetLearningRate(), ElapsedSeconds: time.Since(e.start).Seconds()}}}})
+	}
+}
+
+// result is the rank's result from what the script reported.
+func (e *entryReports) result() *pb.JobResult {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return &pb.JobResult{TestAccuracy: e.last.TestAccuracy, TestLoss: e.last.TestLoss, TrainLoss: e.last.TrainLoss,
+		Epochs: e.last.Epochs, Steps: e.last.Steps, ImagesPerSecond: e.last.ImagesPerSecond}
+}
