@@ -15,13 +15,18 @@ import (
 // together every layer, parameter and buffer exactly once, in order.
 func TestBlocks(t *testing.T) {
 	want := map[string][]string{
-		"logreg":   {"fc"},
-		"mlp":      {"fc1", "fc2", "fc3"},
-		"lenet5":   {"0", "3", "7", "9", "11"},
-		"cnn":      {"0", "2", "7", "10"},
-		"fedcnn":   {"0", "3", "7", "9"},
-		"resnet8":  {"conv1", "bn1", "layer1.0", "layer2.0", "layer3.0", "fc"},
-		"vit-tiny": {"patch_embed", "blocks.0", "blocks.1", "norm", "head"},
+		"logreg":        {"fc"},
+		"mlp":           {"fc1", "fc2", "fc3"},
+		"lenet5":        {"0", "3", "7", "9", "11"},
+		"cnn":           {"0", "2", "7", "10"},
+		"fedcnn":        {"0", "3", "7", "9"},
+		"resnet8":       {"conv1", "bn1", "layer1.0", "layer2.0", "layer3.0", "fc"},
+		"vit-tiny":      {"patch_embed", "blocks.0", "blocks.1", "norm", "head"},
+		"resnet18":      {"conv1", "bn1", "layer1.0", "layer1.1", "layer2.0", "layer2.1", "layer3.0", "layer3.1", "layer4.0", "layer4.1", "fc"},
+		"se-resnet8":    {"conv1", "bn1", "layer1.0", "layer2.0", "layer3.0", "fc"},
+		"mobilenet":     append(append([]string{"conv1", "bn1"}, mobileNetBlockNames()...), "linear"),
+		"mobilenet-0.5": append(append([]string{"conv1", "bn1"}, mobileNetBlockNames()...), "linear"),
+		"convvit":       {"stem.0", "stem.1", "stem.3", "stem.4", "pos_embed", "blocks.0", "blocks.1", "norm", "head"},
 	}
 	for _, arch := range Names() {
 		n, err := New(arch, Options{})
@@ -54,6 +59,15 @@ func TestBlocks(t *testing.T) {
 			t.Errorf("%s: blocks %q, want %q", arch, names, w)
 		}
 	}
+}
+
+// mobileNetBlockNames are layers.0 … layers.12.
+func mobileNetBlockNames() []string {
+	var names []string
+	for i := range mobileNetBlocks {
+		names = append(names, fmt.Sprintf("layers.%d", i))
+	}
+	return names
 }
 
 // cuts returns every way to cut nb blocks into s non-empty runs, as the
