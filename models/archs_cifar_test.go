@@ -125,7 +125,7 @@ func TestTokenLayersGradient(t *testing.T) {
 	modeltest.CheckLayer(t, "maptokens", mt, x, 2, []modeltest.Param{{Name: "pos", Value: mt.Pos, Grad: mt.DPos}}, modeltest.Config{MaxChecks: -1})
 	// token p of sample n holds the feature map's column (n, :, p)
 	y := mt.Forward(x, 2, false)
-	if got, want := y[(1*5+4)*3+2]-mt.Pos[4*3+2], x[(1*3+2)*5+4]; got != want {
+	if got, want := y[(1*5+4)*3+2]-mt.Pos[4*3+2], x[(1*3+2)*5+4]; math.Abs(float64(got-want)) > 1e-6 {
 		t.Errorf("token (1, 4)[2] = %v, want x[1, 2, 4] = %v", got, want)
 	}
 	modeltest.CheckLayer(t, "meantokens", &MeanTokens{Tokens: 5, D: 3}, x, 2, nil, modeltest.Config{MaxChecks: -1})
