@@ -6,13 +6,16 @@ import "fmt"
 // out_channels): every channel of the input is convolved with its own
 // KH×KW filter, so there is no sum over channels and nothing for a GEMM
 // to gain — an im2col would copy KH·KW values to multiply each by one
-// weight. These kernels are direct loops instead, one (channel, row,
-// kernel tap) at a time: for a kernel row ki and output row oh they
-// walk one input row and one output row together, over the range of
-// output columns whose input column lies inside the image (validCols),
-// so no padding test runs in the inner loop. With stride 1 that inner
-// loop is a contiguous multiply-add; a 3-wide kernel row (MobileNet's
-// 3×3) takes its three taps in one pass over the row's interior.
+// weight. These kernels are direct loops instead, one channel plane at a
+// time: for a kernel row ki and output row oh they walk one input row and
+// one output row together, over the range of output columns whose input
+// column lies inside the image (validCols), so no padding test runs in
+// the inner loop. 3×3 stride-1 kernels (MobileNet's) take all nine taps
+// in one pass over the interior of each output row (one store per
+// output); with stride 1 the input gradient is the forward convolution
+// of dy with the flipped kernel and padding K−1−pad, so it takes the same
+// path, and the filter gradient sums a kernel row's three taps in one
+// pass.
 //
 // x is (batch, C, H, W), y and dy are (batch, C, OutH, OutW), w and dw are
 // (C, KH, KW) (PyTorch's (C, 1, KH, KW)), all row-major.
@@ -27,20 +30,72 @@ func checkDepthwise(op string, g ConvGeom, batch, nx, ny, nw int) {
 // Depthwise sets dst = the depthwise convolution of x with w (no bias).
 func Depthwise(dst, x, w []float32, g ConvGeom, batch int) {
 	checkDepthwise("Depthwise", g, batch, len(x), len(dst), len(w))
-	oh, ow := g.OutH(), g.OutW()
-	hw, ohw, k := g.H*g.W, oh*ow, g.KH*g.KW
+	hw, ohw, k := g.H*g.W, g.OutH()*g.OutW(), g.KH*g.KW
 	cols := g.colRanges()
 	for p := range batch * g.C {
-		xp, yp := x[p*hw:(p+1)*hw], dst[p*ohw:(p+1)*ohw]
-		wc := w[(p%g.C)*k : (p%g.C+1)*k]
-		clear(yp)
-		for ki := range g.KH {
-			lo, hi := g.validRows(ki, oh)
-			for i := lo; i < hi; i++ {
-				ih := i*g.StrideH - g.PadH + ki
-				xr, yr := xp[ih*g.W:(ih+1)*g.W], yp[i*ow:(i+1)*ow]
-				dwRow(yr, xr, wc[ki*g.KW:(ki+1)*g.KW], g, &cols)
+		c := p % g.C
+		dwPlane(dst[p*ohw:(p+1)*ohw], x[p*hw:(p+1)*hw], w[c*k:(c+1)*k], g, &cols)
+	}
+}
+
+// dwPlane sets yp to one channel plane's convolution of xp with wc.
+func dwPlane(yp, xp, wc []float32, g ConvGeom, cols *colRanges) {
+	oh, ow := g.OutH(), g.OutW()
+	clear(yp)
+	// interior rows and columns, where all nine taps of a 3×3 stride-1
+	// kernel are inside: i − pad ≥ 0 and i − pad + 2 < H
+	rlo, rhi := max(0, g.PadH), min(oh, g.H-2+g.PadH)
+	a, b := max(0, g.PadW), min(ow, g.W-2+g.PadW)
+	fast := g.KH == 3 && g.KW == 3 && g.StrideH == 1 && g.StrideW == 1 && rlo < rhi && a < b
+	for i := range oh {
+		yr := yp[i*ow : (i+1)*ow]
+		if fast && i >= rlo && i < rhi {
+			r := (i - g.PadH) * g.W
+			dw3Row(yr[a:b], xp[r:r+g.W], xp[r+g.W:r+2*g.W], xp[r+2*g.W:r+3*g.W], wc, a-g.PadW)
+			for ki := range 3 {
+				xr := xp[r+ki*g.W : r+(ki+1)*g.W]
+				dwEdges(yr, xr, wc[3*ki:3*ki+3], g, cols, a, b)
 			}
+			continue
+		}
+		for ki := range g.KH {
+			ih := i*g.StrideH - g.PadH + ki
+			if ih < 0 || ih >= g.H {
+				continue
+			}
+			dwRow(yr, xp[ih*g.W:(ih+1)*g.W], wc[ki*g.KW:(ki+1)*g.KW], g, cols)
+		}
+	}
+}
+
+// dw3Row sets y[j] = Σ_ki,kj w[3ki+kj]·x_ki[off+j+kj] for the three input
+// rows x0, x1, x2 of an output row's interior.
+func dw3Row(y, x0, x1, x2, w []float32, off int) {
+	w = w[:9]
+	w0, w1, w2, w3, w4, w5, w6, w7, w8 := w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]
+	n := len(y)
+	// nine shifted views of length n, so that the loop has no bounds checks
+	a0, a1, a2 := x0[off:off+n], x0[off+1:off+1+n], x0[off+2:off+2+n]
+	b0, b1, b2 := x1[off:off+n], x1[off+1:off+1+n], x1[off+2:off+2+n]
+	c0, c1, c2 := x2[off:off+n], x2[off+1:off+1+n], x2[off+2:off+2+n]
+	for j := range y {
+		y[j] = w0*a0[j] + w1*a1[j] + w2*a2[j] +
+			w3*b0[j] + w4*b1[j] + w5*b2[j] +
+			w6*c0[j] + w7*c1[j] + w8*c2[j]
+	}
+}
+
+// dwEdges adds a kernel row's taps into the output columns outside the
+// interior [a, b).
+func dwEdges(yr, xr, wr []float32, g ConvGeom, cols *colRanges, a, b int) {
+	for kj, wv := range wr {
+		lo, hi := cols.get(g, kj, len(yr))
+		off := kj - g.PadW
+		for j := lo; j < min(hi, a); j++ {
+			yr[j] += wv * xr[j+off]
+		}
+		for j := max(lo, b); j < hi; j++ {
+			yr[j] += wv * xr[j+off]
 		}
 	}
 }
@@ -48,37 +103,8 @@ func Depthwise(dst, x, w []float32, g ConvGeom, batch int) {
 // dwRow adds Σ_kj wr[kj]·xr[j·s − pad + kj] into yr[j] for every output
 // column j whose tap lies inside the row.
 func dwRow(yr, xr, wr []float32, g ConvGeom, cols *colRanges) {
-	ow := len(yr)
-	if g.StrideW == 1 && g.KW == 3 {
-		// the interior, where all three taps are inside: j − pad ≥ 0 and
-		// j − pad + 2 < W
-		a, b := max(0, g.PadW), min(ow, g.W-2+g.PadW)
-		if a < b {
-			w0, w1, w2 := wr[0], wr[1], wr[2]
-			x0 := xr[a-g.PadW : b-g.PadW]
-			x1 := xr[a-g.PadW+1 : b-g.PadW+1]
-			x2 := xr[a-g.PadW+2 : b-g.PadW+2]
-			y := yr[a:b]
-			x0, x1, x2 = x0[:len(y)], x1[:len(y)], x2[:len(y)]
-			for j := range y {
-				y[j] += w0*x0[j] + w1*x1[j] + w2*x2[j]
-			}
-			// the edges, tap by tap
-			for kj := range 3 {
-				lo, hi := cols.get(g, kj, ow)
-				off := kj - g.PadW
-				for j := lo; j < min(hi, a); j++ {
-					yr[j] += wr[kj] * xr[j+off]
-				}
-				for j := max(lo, b); j < hi; j++ {
-					yr[j] += wr[kj] * xr[j+off]
-				}
-			}
-			return
-		}
-	}
 	for kj, wv := range wr {
-		lo, hi := cols.get(g, kj, ow)
+		lo, hi := cols.get(g, kj, len(yr))
 		if lo >= hi {
 			continue
 		}
@@ -95,6 +121,10 @@ func dwRow(yr, xr, wr []float32, g ConvGeom, cols *colRanges) {
 	}
 }
 
+// maxFlip is the largest kernel (KH·KW) whose flipped copy DepthwiseInputGrad
+// keeps on the stack.
+const maxFlip = 49
+
 // DepthwiseInputGrad sets dx = the gradient of Depthwise's output with
 // respect to x for output gradient dy: every dy[j] goes back, times the
 // weight, to each input value its window read.
@@ -102,6 +132,21 @@ func DepthwiseInputGrad(dx, dy, w []float32, g ConvGeom, batch int) {
 	checkDepthwise("DepthwiseInputGrad", g, batch, len(dx), len(dy), len(w))
 	oh, ow := g.OutH(), g.OutW()
 	hw, ohw, k := g.H*g.W, oh*ow, g.KH*g.KW
+	if g.StrideH == 1 && g.StrideW == 1 && g.PadH < g.KH && g.PadW < g.KW && k <= maxFlip {
+		// a stride-1 correlation's adjoint is the correlation of dy with
+		// the flipped kernel over dy padded by K−1−pad
+		t := ConvGeom{C: g.C, H: oh, W: ow, KH: g.KH, KW: g.KW, StrideH: 1, StrideW: 1, PadH: g.KH - 1 - g.PadH, PadW: g.KW - 1 - g.PadW}
+		cols := t.colRanges()
+		var flip [maxFlip]float32
+		for p := range batch * g.C {
+			wc := w[(p%g.C)*k : (p%g.C+1)*k]
+			for i, v := range wc {
+				flip[k-1-i] = v
+			}
+			dwPlane(dx[p*hw:(p+1)*hw], dy[p*ohw:(p+1)*ohw], flip[:k], t, &cols)
+		}
+		return
+	}
 	cols := g.colRanges()
 	for p := range batch * g.C {
 		dxp, dyp := dx[p*hw:(p+1)*hw], dy[p*ohw:(p+1)*ohw]
@@ -141,13 +186,27 @@ func DepthwiseFilterGrad(dw, dy, x []float32, g ConvGeom, batch int) {
 	oh, ow := g.OutH(), g.OutW()
 	hw, ohw, k := g.H*g.W, oh*ow, g.KH*g.KW
 	cols := g.colRanges()
+	// the interior columns of a 3-wide stride-1 kernel row
+	a, b := max(0, g.PadW), min(ow, g.W-2+g.PadW)
+	fast := g.KW == 3 && g.StrideW == 1 && a < b
 	for c := range g.C {
 		dwc := dw[c*k : (c+1)*k]
 		for ki := range g.KH {
 			lo, hi := g.validRows(ki, oh)
+			if lo >= hi {
+				continue
+			}
+			if fast {
+				dwc0 := dwc[ki*3 : ki*3+3]
+				s := dw3Grad(dy, x, g, c, batch, ki, lo, hi, a, b, &cols)
+				dwc0[0] += s[0]
+				dwc0[1] += s[1]
+				dwc0[2] += s[2]
+				continue
+			}
 			for kj := range g.KW {
 				jlo, jhi := cols.get(g, kj, ow)
-				if lo >= hi || jlo >= jhi {
+				if jlo >= jhi {
 					continue
 				}
 				off := kj - g.PadW
@@ -173,6 +232,43 @@ func DepthwiseFilterGrad(dw, dy, x []float32, g ConvGeom, batch int) {
 			}
 		}
 	}
+}
+
+// dw3Grad is DepthwiseFilterGrad's sums for kernel row ki of channel c
+// of a 3-wide stride-1 kernel: the three taps in one pass over each
+// output row's interior [a, b), the edges tap by tap.
+func dw3Grad(dy, x []float32, g ConvGeom, c, batch, ki, lo, hi, a, b int, cols *colRanges) [3]float32 {
+	oh, ow := g.OutH(), g.OutW()
+	hw, ohw := g.H*g.W, oh*ow
+	var s0, s1, s2 float32
+	var e [3]float32
+	for n := range batch {
+		p := n*g.C + c
+		xp, dyp := x[p*hw:(p+1)*hw], dy[p*ohw:(p+1)*ohw]
+		for i := lo; i < hi; i++ {
+			ih := i*g.StrideH - g.PadH + ki
+			xr, dyr := xp[ih*g.W:(ih+1)*g.W], dyp[i*ow:(i+1)*ow]
+			d := dyr[a:b]
+			o := a - g.PadW
+			x0, x1, x2 := xr[o:o+len(d)], xr[o+1:o+1+len(d)], xr[o+2:o+2+len(d)]
+			for j, v := range d {
+				s0 += v * x0[j]
+				s1 += v * x1[j]
+				s2 += v * x2[j]
+			}
+			for kj := range 3 {
+				jlo, jhi := cols.get(g, kj, ow)
+				off := kj - g.PadW
+				for j := jlo; j < min(jhi, a); j++ {
+					e[kj] += dyr[j] * xr[j+off]
+				}
+				for j := max(jlo, b); j < jhi; j++ {
+					e[kj] += dyr[j] * xr[j+off]
+				}
+			}
+		}
+	}
+	return [3]float32{s0 + e[0], s1 + e[1], s2 + e[2]}
 }
 
 // axpyTo sets y[i] += a·x[i] for i < len(y), four at a time.
