@@ -347,6 +347,11 @@ func TestStepDoesNotAllocate(t *testing.T) {
 				}
 				continue
 			}
+			if heavyArchs[name] {
+				// gonum allocates per GEMM call, and these make dozens of
+				// calls per sample: the openblas case above is their check
+				continue
+			}
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
 			for range 20 {
