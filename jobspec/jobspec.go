@@ -59,7 +59,7 @@ const (
 
 // Architectures every gradsync release knows by name. Those the models
 // package does not build yet are refused as not implemented yet.
-var Architectures = []string{"cnn", "fedcnn", "lenet5", "logreg", "mlp", "resnet8", "vit-tiny"}
+var Architectures = []string{"cnn", "convvit", "fedcnn", "lenet5", "logreg", "mlp", "mobilenet", "mobilenet-0.5", "resnet18", "resnet8", "se-resnet8", "vit-tiny"}
 
 // Modes are the job modes the contract defines.
 var Modes = []string{"fedavg", "ps", "ring"}

@@ -1,6 +1,7 @@
 package models
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 
@@ -18,6 +19,7 @@ func init() {
 // conv declares a Conv2D's prefix.weight (Out, C, KH, KW) and, with bias,
 // prefix.bias (Out), and queues its default initialisation.
 func (b *builder) conv(prefix string, g kernels.ConvGeom, out int, bias bool) *Conv2D {
+	b.fits(prefix, g)
 	l := NewConv2D(g, out, bias)
 	b.param(prefix+".weight", &l.W, &l.DW, out, g.C, g.KH, g.KW)
 	if bias {
@@ -84,9 +86,9 @@ func lenet5(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
 	c1 := b.conv("0", geom(opt.Channels, opt.Height, opt.Width, 5, 1, 2), 6, true)
 	c1.SkipInputGrad = true
 	g1 := c1.Geom
-	p1 := NewMaxPool2D(PoolGeom{C: 6, H: g1.OutH(), W: g1.OutW(), K: 2, Stride: 2})
+	p1 := b.maxPool("2", PoolGeom{C: 6, H: g1.OutH(), W: g1.OutW(), K: 2, Stride: 2})
 	c2 := b.conv("3", geom(6, p1.Geom.OutH(), p1.Geom.OutW(), 5, 1, 0), 16, true)
-	p2 := NewMaxPool2D(PoolGeom{C: 16, H: c2.Geom.OutH(), W: c2.Geom.OutW(), K: 2, Stride: 2})
+	p2 := b.maxPool("5", PoolGeom{C: 16, H: c2.Geom.OutH(), W: c2.Geom.OutW(), K: 2, Stride: 2})
 	p1.ReLU, p2.ReLU = true, true
 	f1 := b.fc("7", p2.Geom.OutSize(), 120)
 	f2 := b.fc("9", 120, 84)
@@ -108,7 +110,7 @@ func kerasCNN(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
 	c1 := b.conv("0", geom(opt.Channels, opt.Height, opt.Width, 3, 1, 0), 32, true)
 	c1.SkipInputGrad = true
 	c2 := b.conv("2", geom(32, c1.Geom.OutH(), c1.Geom.OutW(), 3, 1, 0), 64, true)
-	p := NewMaxPool2D(PoolGeom{C: 64, H: c2.Geom.OutH(), W: c2.Geom.OutW(), K: 2, Stride: 2})
+	p := b.maxPool("4", PoolGeom{C: 64, H: c2.Geom.OutH(), W: c2.Geom.OutW(), K: 2, Stride: 2})
 	c1.ReLU, p.ReLU = true, true
 	d1 := b.dropout(0.25)
 	f1 := b.fc("7", p.Geom.OutSize(), 128)
@@ -132,17 +134,17 @@ func kerasCNN(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
 func fedCNN(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
 	c1 := b.conv("0", geom(opt.Channels, opt.Height, opt.Width, 5, 1, 2), 32, true)
 	c1.SkipInputGrad = true
-	p1 := NewMaxPool2D(PoolGeom{C: 32, H: c1.Geom.OutH(), W: c1.Geom.OutW(), K: 2, Stride: 2})
+	p1 := b.maxPool("2", PoolGeom{C: 32, H: c1.Geom.OutH(), W: c1.Geom.OutW(), K: 2, Stride: 2})
 	c2 := b.conv("3", geom(32, p1.Geom.OutH(), p1.Geom.OutW(), 5, 1, 2), 64, true)
-	p2 := NewMaxPool2D(PoolGeom{C: 64, H: c2.Geom.OutH(), W: c2.Geom.OutW(), K: 2, Stride: 2})
+	p2 := b.maxPool("5", PoolGeom{C: 64, H: c2.Geom.OutH(), W: c2.Geom.OutW(), K: 2, Stride: 2})
 	p1.ReLU, p2.ReLU = true, true
 	f1 := b.fc("7", p2.Geom.OutSize(), 512)
 	f2 := b.fc("9", 512, opt.Classes)
 	return []Layer{c1, p1, c2, p2, &Flatten{}, f1, &ReLU{}, f2}, b.initAll
 }
 
-// resnet8 is a small residual network for 28×28 inputs, laid out and named
-// as torchvision's ResNet with one BasicBlock per stage:
+// resnet8 is a small residual network, laid out and named as
+// torchvision's ResNet with one BasicBlock per stage:
 //
 //	conv1 3×3 C→16 (no bias), bn1, ReLU,
 //	layer1.0: BasicBlock 16→16 stride 1,
@@ -151,31 +153,53 @@ func fedCNN(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
 //	global average pool, fc 64→classes.
 //
 // A BasicBlock is ReLU(bn2(conv2(ReLU(bn1(conv1(x))))) + shortcut(x)), its
-// convolutions 3×3 with padding 1 and no bias. 28×28 becomes 28, 14, 7.
+// convolutions 3×3 with padding 1 and no bias. 28×28 becomes 28, 14, 7
+// (32×32: 32, 16, 8); every padded 3×3 convolution takes inputs down to
+// 1×1, so any C×H×W does.
 func resnet8(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
-	stem := b.conv("conv1", geom(opt.Channels, opt.Height, opt.Width, 3, 1, 1), 16, false)
+	return b.resnet(opt, []int{16, 32, 64}, []int{1, 1, 1}, 0), b.initAll
+}
+
+// resnet declares a torchvision ResNet of BasicBlocks in its CIFAR form:
+// a 3×3 stride-1 stem conv1 (no bias) to widths[0], bn1 and ReLU (no max
+// pool), then stage i (layer1, layer2, …) of depths[i] BasicBlocks of
+// widths[i] channels, the first of each stage after the first with
+// stride 2, then a global average pool and fc. se > 0 puts
+// squeeze-and-excitation with hidden width C/se in every block.
+func (b *builder) resnet(opt Options, widths, depths []int, se int) []Layer {
+	stem := b.conv("conv1", geom(opt.Channels, opt.Height, opt.Width, 3, 1, 1), widths[0], false)
 	stem.SkipInputGrad = true
-	layers := []Layer{stem, b.batchNorm("bn1", 16), &ReLU{}}
-	c, h, w := 16, stem.Geom.OutH(), stem.Geom.OutW()
-	for i, st := range []struct{ out, stride int }{{16, 1}, {32, 2}, {64, 2}} {
-		prefix := "layer" + strconv.Itoa(i+1) + ".0"
-		block, oh, ow := b.basicBlock(prefix, c, h, w, st.out, st.stride)
-		layers = append(layers, block, &ReLU{})
-		c, h, w = st.out, oh, ow
+	layers := []Layer{stem, b.batchNorm("bn1", widths[0]), &ReLU{}}
+	c, h, w := widths[0], stem.Geom.OutH(), stem.Geom.OutW()
+	for i, out := range widths {
+		for j := range depths[i] {
+			stride := 1
+			if i > 0 && j == 0 {
+				stride = 2
+			}
+			prefix := "layer" + strconv.Itoa(i+1) + "." + strconv.Itoa(j)
+			block, oh, ow := b.basicBlock(prefix, c, h, w, out, stride, se)
+			layers = append(layers, block, &ReLU{})
+			c, h, w = out, oh, ow
+		}
 	}
-	layers = append(layers, &GlobalAvgPool{C: c}, b.fc("fc", c, opt.Classes))
-	return layers, b.initAll
+	return append(layers, &GlobalAvgPool{C: c}, b.fc("fc", c, opt.Classes))
 }
 
 // basicBlock declares a torchvision BasicBlock (without its final ReLU)
-// over (in, h, w) inputs and returns it with its output size.
-func (b *builder) basicBlock(prefix string, in, h, w, out, stride int) (*Residual, int, int) {
+// over (in, h, w) inputs and returns it with its output size. se > 0
+// adds squeeze-and-excitation (prefix.se, hidden width out/se) after bn2,
+// before the shortcut is added, as in SE-ResNet.
+func (b *builder) basicBlock(prefix string, in, h, w, out, stride, se int) (*Residual, int, int) {
 	c1 := b.conv(prefix+".conv1", geom(in, h, w, 3, stride, 1), out, false)
 	bn1 := b.batchNorm(prefix+".bn1", out)
 	oh, ow := c1.Geom.OutH(), c1.Geom.OutW()
 	c2 := b.conv(prefix+".conv2", geom(out, oh, ow, 3, 1, 1), out, false)
 	bn2 := b.batchNorm(prefix+".bn2", out)
 	r := &Residual{Body: []Layer{c1, bn1, &ReLU{}, c2, bn2}}
+	if se > 0 {
+		r.Body = append(r.Body, b.squeezeExcite(prefix+".se", out, max(1, out/se)))
+	}
 	if stride != 1 || in != out {
 		ds := b.conv(prefix+".downsample.0", geom(in, h, w, 1, stride, 0), out, false)
 		r.Shortcut = []Layer{ds, b.batchNorm(prefix+".downsample.1", out)}
@@ -203,6 +227,9 @@ const (
 //	blocks.i.norm2, blocks.i.mlp.fc1, blocks.i.mlp.fc2, norm, head.
 func vitTiny(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
 	d := vitDim
+	if opt.Height < vitPatch || opt.Width < vitPatch {
+		b.tooSmall(fmt.Sprintf("its %d×%d patches do not fit in %d×%d images", vitPatch, vitPatch, opt.Height, opt.Width))
+	}
 	pe := NewPatchEmbed(opt.Channels, opt.Height, opt.Width, vitPatch, d)
 	t := 1 + pe.NumPatches()
 	b.param("patch_embed.proj.weight", &pe.Proj.W, &pe.Proj.DW, d, opt.Channels, vitPatch, vitPatch)
@@ -210,7 +237,17 @@ func vitTiny(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
 	b.param("cls_token", &pe.Cls, &pe.DCls, 1, 1, d)
 	b.param("pos_embed", &pe.Pos, &pe.DPos, 1, t, d)
 	b.onInit(pe.Init)
-	layers := []Layer{pe}
+	layers := append([]Layer{pe}, b.transformerBlocks(t)...)
+	layers = append(layers, &ClassToken{Tokens: t, D: d}, b.layerNorm("norm", d), b.fc("head", d, opt.Classes))
+	return layers, b.initAll
+}
+
+// transformerBlocks declares vit-tiny's vitDepth pre-norm blocks
+// (blocks.i.norm1, .attn, .norm2, .mlp.fc1, .mlp.fc2) over t tokens of
+// vitDim values: x += attn(norm1(x)); x += mlp(norm2(x)).
+func (b *builder) transformerBlocks(t int) []Layer {
+	d := vitDim
+	var layers []Layer
 	for i := range vitDepth {
 		prefix := "blocks." + strconv.Itoa(i)
 		n1 := b.layerNorm(prefix+".norm1", d)
@@ -227,6 +264,5 @@ func vitTiny(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
 			&Residual{Body: []Layer{n1, at}},
 			&Residual{Body: []Layer{n2, &Tokenwise{fc1, t}, &GELU{}, &Tokenwise{fc2, t}}})
 	}
-	layers = append(layers, &ClassToken{Tokens: t, D: d}, b.layerNorm("norm", d), b.fc("head", d, opt.Classes))
-	return layers, b.initAll
+	return layers
 }

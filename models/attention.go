@@ -190,15 +190,8 @@ func (l *PatchEmbed) Init(r *rand.Rand) {
 	bound := 1 / math.Sqrt(float64(l.C*l.Patch*l.Patch))
 	uniform(r, l.Proj.W, bound)
 	uniform(r, l.Proj.B, bound)
-	for _, v := range [][]float32{l.Cls, l.Pos} {
-		for i := range v {
-			z := r.NormFloat64()
-			for math.Abs(z) > 2 {
-				z = r.NormFloat64()
-			}
-			v[i] = float32(0.02 * z)
-		}
-	}
+	truncNormal(r, l.Cls, 0.02)
+	truncNormal(r, l.Pos, 0.02)
 }
 
 // Forward returns the tokens (batch, 1+P, D).

@@ -14,15 +14,23 @@
 //
 // Architectures (New, Names): logreg, mlp, lenet5 and cnn (named by the
 // nn.Sequential indices of anchors/pytorch/common.py's models), fedcnn
-// (McMahan et al. 2017's MNIST CNN, named likewise), resnet8 and vit-tiny (torchvision- and timm-style names). scripts/
+// (McMahan et al. 2017's MNIST CNN, named likewise), resnet8 and vit-tiny
+// (torchvision- and timm-style names), and for colour images resnet18 (the
+// CIFAR form of torchvision's), se-resnet8 (squeeze-and-excitation),
+// mobilenet and mobilenet-0.5 (MobileNetV1, width multiplier 1 and 0.5, as
+// kuangliu/pytorch-cifar's) and convvit (a convolutional stem feeding
+// vit-tiny's transformer blocks). Each is built for any Options shape; an
+// input too small for its kernels, pools or patches is an error from New
+// naming the layer and the smallest input (shape.go). scripts/
 // torch_fixtures.py builds the same networks in PyTorch, and
 // parity_test.go checks logits and gradients against them.
 //
 // Layers have explicit Forward and Backward passes over row-major float32
 // batches: Linear, Conv2D (im2col + GEMM, or Winograd F(2×2,3×3) for 3×3
-// stride-1 kernels over at least 4 channels), MaxPool2D, AvgPool2D,
-// GlobalAvgPool, ReLU, GELU, Dropout, BatchNorm2d, LayerNorm, Residual,
-// SelfAttention, PatchEmbed, ClassToken, Flatten. Forward's train flag
+// stride-1 kernels over at least 4 channels), DepthwiseConv2D (a direct
+// per-channel loop), MaxPool2D, AvgPool2D, GlobalAvgPool, ReLU, GELU,
+// Sigmoid, Dropout, BatchNorm2d, LayerNorm, Residual, SqueezeExcite,
+// SelfAttention, PatchEmbed, ClassToken, MapTokens, MeanTokens, Flatten. Forward's train flag
 // switches dropout and batch norm between training and evaluation
 // behaviour. Activation and gradient buffers are owned by the layers and
 // reused from step to step: once warmed up for a batch size, Forward and

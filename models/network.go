@@ -194,7 +194,10 @@ func New(name string, opt Options) (*Network, error) {
 	}
 	var b builder
 	b.seed = uint64(opt.Seed)
-	layers, init := a(&b, opt)
+	layers, init, err := build(a, &b, name, opt)
+	if err != nil {
+		return nil, err
+	}
 	n := &Network{
 		name:     name,
 		opt:      opt,

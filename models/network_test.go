@@ -201,24 +201,37 @@ func TestNetworkGradient(t *testing.T) {
 				t.Fatal(err)
 			}
 			smoothen(n.layers)
+			checks, train := 40, true
+			if heavyArchs[name] {
+				// Their layers are checked one by one; here, the wiring,
+				// with 2 entries per parameter tensor on one backend, in
+				// evaluation mode: with 2×2 and 1×1 planes, batch norm's
+				// training statistics over 12 and 3 values curve the loss
+				// too much for a finite difference (train mode is checked
+				// against PyTorch in parity_test.go).
+				if be := backends(); kernels.Backend() != be[len(be)-1] {
+					continue
+				}
+				checks, train = 2, false
+			}
 			const batch = 3
 			r := rand.New(rand.NewPCG(5, 5))
 			x := randn(r, batch*n.InputSize())
 			labels := []uint8{0, 3, 2}
 			loss := func() float64 {
 				n.rewindDropout()
-				return float64(SoftmaxCrossEntropy(n.Forward(x, batch, true), labels, opt.Classes, nil))
+				return float64(SoftmaxCrossEntropy(n.Forward(x, batch, train), labels, opt.Classes, nil))
 			}
 			n.ZeroGrad()
 			d := make([]float32, batch*opt.Classes)
 			n.rewindDropout()
-			SoftmaxCrossEntropy(n.Forward(x, batch, true), labels, opt.Classes, d)
+			SoftmaxCrossEntropy(n.Forward(x, batch, train), labels, opt.Classes, d)
 			n.Backward(d)
 			grads := slices.Clone(n.Grads())
 			for _, s := range n.Segments() {
 				end := s.Offset + s.Len
 				modeltest.CheckGrad(t, name+" "+s.Name, loss, n.Params()[s.Offset:end], grads[s.Offset:end],
-					modeltest.Config{Eps: 1e-3, ATol: 2e-4, MaxChecks: 40, Seed: uint64(s.Offset)})
+					modeltest.Config{Eps: 1e-3, ATol: 2e-4, MaxChecks: checks, Seed: uint64(s.Offset)})
 			}
 		}
 	})
@@ -252,6 +265,23 @@ func smallOptions(name string) Options {
 		opt.Height, opt.Width, opt.Channels = 5, 4, 2 // 5×4 → 3×2 → 2×1
 	case "vit-tiny":
 		opt.Height, opt.Width = 14, 15 // 2×2 patches, a column left over
+	case "se-resnet8":
+		opt.Height, opt.Width, opt.Channels = 5, 4, 2 // as resnet8
+	case "convvit":
+		opt.Height, opt.Width, opt.Channels = 8, 7, 2 // 4×4 → 2×2: 4 tokens
+	}
+	return opt
+}
+
+// heavyArchs have millions of parameters: the tests that run every
+// architecture give them 8×8 inputs instead of 28×28, and the
+// whole-network gradient check samples fewer entries of them.
+var heavyArchs = map[string]bool{"resnet18": true, "mobilenet": true, "mobilenet-0.5": true}
+
+// testOptions is opt, with 8×8 inputs for the heavy architectures.
+func testOptions(name string, opt Options) Options {
+	if heavyArchs[name] {
+		opt.Height, opt.Width = 8, 8
 	}
 	return opt
 }
@@ -298,10 +328,10 @@ func TestStepDoesNotAllocate(t *testing.T) {
 	}
 	forEachBackend(t, func(t *testing.T) {
 		for _, name := range Names() {
-			n, _ := New(name, Options{})
+			n, _ := New(name, testOptions(name, Options{}))
 			const batch = 16
 			r := rand.New(rand.NewPCG(7, 7))
-			x := randn(r, batch*784)
+			x := randn(r, batch*n.InputSize())
 			labels := make([]uint8, batch)
 			d := make([]float32, batch*10)
 			step := func() {
@@ -310,11 +340,16 @@ func TestStepDoesNotAllocate(t *testing.T) {
 				n.Backward(d)
 			}
 			step()
-			n.Forward(x[:batch/2*784], batch/2, true) // a smaller batch reuses the buffers
+			n.Forward(x[:batch/2*n.InputSize()], batch/2, true) // a smaller batch reuses the buffers
 			if kernels.Backend() == "openblas" {
 				if a := testing.AllocsPerRun(20, step); a != 0 {
 					t.Errorf("%s: %v allocations per step, want 0", name, a)
 				}
+				continue
+			}
+			if heavyArchs[name] {
+				// gonum allocates per GEMM call, and these make dozens of
+				// calls per sample: the openblas case above is their check
 				continue
 			}
 			var before, after runtime.MemStats

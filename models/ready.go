@@ -11,6 +11,12 @@ func gradViews(dst [][]float32, l Layer) [][]float32 {
 		return append(dst, l.DW, l.DB)
 	case *Conv2D:
 		return append(dst, l.DW, l.DB)
+	case *DepthwiseConv2D:
+		return append(dst, l.DW, l.DB)
+	case *SqueezeExcite:
+		return append(gradViews(dst, l.FC1), gradViews(nil, l.FC2)...)
+	case *MapTokens:
+		return append(dst, l.DPos)
 	case *ConvMaxPool:
 		return gradViews(dst, l.Conv)
 	case *BatchNorm2d:

@@ -60,12 +60,13 @@ func TestThreadsMatchOneThread(t *testing.T) {
 	const batch = 13
 	const bound = batch * 0x1p-23 * 32
 	for _, name := range Names() {
-		one, _ := New(name, Options{Seed: 2})
+		opt := testOptions(name, Options{Seed: 2})
+		one, _ := New(name, opt)
 		x, labels := threadBatch(one, batch)
 		wantY, wantG := threadStep(one, x, labels, batch)
 		wantB := slices.Clone(one.Buffers())
 		for _, threads := range []int{2, 3} {
-			n, _ := New(name, Options{Seed: 2})
+			n, _ := New(name, opt)
 			if err := n.SetThreads(threads); err != nil {
 				t.Fatalf("%s: SetThreads(%d): %v", name, threads, err)
 			}
@@ -220,7 +221,7 @@ func TestThreadsStepDoesNotAllocate(t *testing.T) {
 		t.Skip("allocation accounting (OpenBLAS, not under -short or -race)")
 	}
 	for _, name := range Names() {
-		n, _ := New(name, Options{})
+		n, _ := New(name, testOptions(name, Options{}))
 		if err := n.SetThreads(2); err != nil {
 			t.Fatal(err)
 		}

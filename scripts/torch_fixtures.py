@@ -24,6 +24,17 @@ evaluation-mode check is not trivial. The cnn is checked in evaluation mode
 (dropout off), since its masks come from different random generators.
 Inputs are kept small so the fixtures stay well under a few MB.
 
+Architectures with millions of parameters (resnet18, mobilenet) would
+make fixtures of tens of MB, so theirs are compact: no state file; the
+weights and buffers are a formula both sides compute exactly (formula_state:
+a 32-bit integer hash of the tensor's position in the state_dict and the
+element's index, mapped to PyTorch-like ranges), the metadata key "state"
+lists every state_dict entry with its shape, and the gradients are
+sampled: grad_idx.<name> (I64 element indices), grad.<name> (their values)
+and grad_absmax.<name> (max |grad| over the whole tensor, the scale the
+tolerance is relative to). The key "arch" names the architecture when the
+fixture's name differs (resnet8-rgb: resnet8 on 3x32x32 with 100 classes).
+
 safetensors is written by hand (8-byte little-endian header length, JSON
 header, raw little-endian data) because the python package may be absent.
 Debian's torch 1.13 is assumed: run with /usr/bin/python3.
@@ -35,6 +46,7 @@ import math
 import os
 import struct
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -194,8 +206,190 @@ class ViTTiny(nn.Module):
         return self.head(x[:, 0])
 
 
-# name -> (constructor, (C, H, W), mode); inputs kept small where the
-# parameter count grows with them.
+class SqueezeExcitation(nn.Module):
+    """torchvision.ops.SqueezeExcitation(c, hidden): 1x1 convs fc1, fc2."""
+
+    def __init__(self, c, hidden):
+        super().__init__()
+        self.fc1 = nn.Conv2d(c, hidden, 1)
+        self.fc2 = nn.Conv2d(hidden, c, 1)
+
+    def forward(self, x):
+        s = x.mean(dim=(2, 3), keepdim=True)
+        return x * torch.sigmoid(self.fc2(F.relu(self.fc1(s))))
+
+
+class SEBasicBlock(BasicBlock):
+    """BasicBlock with squeeze-and-excitation after bn2 (SE-ResNet)."""
+
+    def __init__(self, cin, cout, stride, reduction=4):
+        super().__init__(cin, cout, stride)
+        ds = self.downsample
+        del self.downsample  # re-registered after se: state_dict order = Go's
+        self.se = SqueezeExcitation(cout, max(1, cout // reduction))
+        self.downsample = ds
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.se(self.bn2(self.conv2(out)))
+        idn = x if self.downsample is None else self.downsample(x)
+        return F.relu(out + idn)
+
+
+class ResNet(nn.Module):
+    """torchvision's ResNet of BasicBlocks in its CIFAR form: 3x3 stride-1
+    stem, no max pool."""
+
+    def __init__(self, c, classes, widths, depths, block=BasicBlock):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, widths[0], 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        cin = widths[0]
+        for i, (w, d) in enumerate(zip(widths, depths)):
+            blocks = []
+            for j in range(d):
+                blocks.append(block(cin, w, 2 if i > 0 and j == 0 else 1))
+                cin = w
+            setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
+        self.nstages = len(widths)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        for i in range(self.nstages):
+            x = getattr(self, f"layer{i + 1}")(x)
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+class MobileBlock(nn.Module):
+    """kuangliu/pytorch-cifar's MobileNet Block: depthwise 3x3, pointwise 1x1."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cin, 3, stride, 1, groups=cin, bias=False)
+        self.bn1 = nn.BatchNorm2d(cin)
+        self.conv2 = nn.Conv2d(cin, cout, 1, 1, 0, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(x)))
+
+
+MOBILENET_CFG = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2),
+                 (512, 1), (512, 1), (512, 1), (512, 1), (512, 1), (1024, 2), (1024, 1)]
+
+
+class MobileNet(nn.Module):
+    """MobileNetV1 in kuangliu/pytorch-cifar's CIFAR form, width multiplier
+    alpha, global average pool (= its avg_pool2d(2) on 32x32 inputs)."""
+
+    def __init__(self, c, classes, alpha=1.0):
+        super().__init__()
+        width = lambda n: max(1, int(round(n * alpha)))  # noqa: E731 (halves are not hit)
+        cin = width(32)
+        self.conv1 = nn.Conv2d(c, cin, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cin)
+        blocks = []
+        for out, stride in MOBILENET_CFG:
+            blocks.append(MobileBlock(cin, width(out), stride))
+            cin = width(out)
+        self.layers = nn.Sequential(*blocks)
+        self.linear = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        x = self.layers(F.relu(self.bn1(self.conv1(x))))
+        return self.linear(x.mean(dim=(2, 3)))
+
+
+class ConvViT(nn.Module):
+    """A convolutional stem (two 3x3 stride-2 conv + BN + ReLU) feeding
+    ViTTiny's blocks; mean pooling over tokens after the final norm."""
+
+    def __init__(self, c, h, w, classes, d=64, heads=4, depth=2, hidden=128):
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(c, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.Conv2d(32, d, 3, 2, 1, bias=False), nn.BatchNorm2d(d), nn.ReLU())
+        for _ in range(2):
+            h, w = (h - 1) // 2 + 1, (w - 1) // 2 + 1
+        self.pos_embed = nn.Parameter(torch.zeros(1, h * w, d))
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        self.blocks = nn.Sequential(*[Block(d, heads, hidden) for _ in range(depth)])
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        x = self.stem(x).flatten(2).transpose(1, 2) + self.pos_embed
+        x = self.norm(self.blocks(x))
+        return self.head(x.mean(dim=1))
+
+
+def fmix32(h):
+    """murmur3's 32-bit finaliser on a uint64 array of values < 2**32."""
+    m = np.uint64(0xFFFFFFFF)
+    h = h ^ (h >> np.uint64(16))
+    h = (h * np.uint64(0x85EBCA6B)) & m
+    h = h ^ (h >> np.uint64(13))
+    h = (h * np.uint64(0xC2B2AE35)) & m
+    return h ^ (h >> np.uint64(16))
+
+
+def formula_values(name, shape, t):
+    """The values of state_dict entry t (0-based, in state_dict order):
+    u = fmix32((i + 0x9E3779B9*(t+1)) mod 2**32) / 2**32 for element i,
+    mapped by the entry's kind; float64 arithmetic, then rounded to
+    float32. models/parity_test.go computes the same, bit for bit."""
+    n = int(np.prod(shape)) if len(shape) else 1
+    i = np.arange(n, dtype=np.uint64)
+    a = (i + np.uint64((0x9E3779B9 * (t + 1)) & 0xFFFFFFFF)) & np.uint64(0xFFFFFFFF)
+    u = fmix32(a).astype(np.float64) / 2.0 ** 32
+    if name.endswith("running_mean"):
+        v = 0.5 * (2 * u - 1)
+    elif name.endswith("running_var"):
+        v = 0.5 + 1.5 * u
+    elif len(shape) == 1 and name.endswith(".weight"):  # batch norm's gamma
+        v = 0.5 + u
+    elif name.endswith(".bias"):
+        v = 0.2 * (2 * u - 1)
+    else:
+        v = (1 / math.sqrt(int(np.prod(shape[1:])))) * (2 * u - 1)
+    return torch.from_numpy(v.astype(np.float32).reshape(shape))
+
+
+def formula_state(model):
+    """Sets every parameter and buffer (but num_batches_tracked) of model
+    from formula_values and returns [[name, shape], ...] in state order."""
+    entries = []
+    with torch.no_grad():
+        state = model.state_dict(keep_vars=True)
+        t = 0
+        for k, v in state.items():
+            if k.endswith("num_batches_tracked"):
+                continue
+            v.copy_(formula_values(k, list(v.shape), t))
+            entries.append([k, list(v.shape)])
+            t += 1
+    return entries
+
+
+def sample_indices(n, k=256):
+    """k element indices of a tensor of n, spread by a large odd stride,
+    with the first and last."""
+    if n <= k:
+        return list(range(n))
+    return sorted({(j * 1000003) % n for j in range(k)} | {0, n - 1})
+
+
+# mobilenet (alpha 1) is checked in evaluation mode: in training mode its
+# 27 batch norms over a batch of 4 make the gradients ill-conditioned —
+# torch's own float32 gradients differ from its float64 ones by more than
+# the tolerance (bn1.weight: 0.4633 vs 0.4625, 1.7e-3 of max |grad|) — so
+# batch statistics are checked on mobilenet-0.5 (and the resnets) instead.
+# name -> (constructor, (C, H, W), mode[, options]); inputs kept small
+# where the parameter count grows with them. options: "arch" (the Go
+# architecture when it is not the fixture's name), "classes" (default
+# CLASSES), "compact" (formula weights and sampled gradients).
 ARCHS = {
     "mlp": (lambda c, h, w, k: mlp(c, h, w, k), (1, 6, 5), "train"),
     "lenet5": (lambda c, h, w, k: lenet5(c, h, w, k), (1, 28, 28), "train"),
@@ -203,27 +397,44 @@ ARCHS = {
     "fedcnn": (lambda c, h, w, k: fedcnn(c, h, w, k), (1, 12, 12), "train"),
     "resnet8": (lambda c, h, w, k: ResNet8(c, k), (1, 28, 28), "train"),
     "vit-tiny": (lambda c, h, w, k: ViTTiny(c, h, w, k), (1, 28, 28), "train"),
+    "resnet8-rgb": (lambda c, h, w, k: ResNet8(c, k), (3, 32, 32), "train", {"arch": "resnet8", "classes": 100}),
+    "se-resnet8": (lambda c, h, w, k: ResNet(c, k, [16, 32, 64], [1, 1, 1], SEBasicBlock), (3, 16, 16), "train"),
+    "convvit": (lambda c, h, w, k: ConvViT(c, h, w, k), (3, 16, 16), "train"),
+    "resnet18": (lambda c, h, w, k: ResNet(c, k, [64, 128, 256, 512], [2, 2, 2, 2]), (3, 8, 8), "train", {"compact": True}),
+    "mobilenet": (lambda c, h, w, k: MobileNet(c, k), (3, 32, 32), "eval", {"compact": True}),
+    "mobilenet-0.5": (lambda c, h, w, k: MobileNet(c, k, 0.5), (3, 32, 32), "train", {"compact": True}),
 }
 CLASSES = 10
 
 
 def fixture(name, out):
-    make, (c, h, w), mode = ARCHS[name]
+    make, (c, h, w), mode = ARCHS[name][:3]
+    opts = ARCHS[name][3] if len(ARCHS[name]) > 3 else {}
+    classes = opts.get("classes", CLASSES)
+    compact = opts.get("compact", False)
     torch.manual_seed(sum(map(ord, name)))
-    model = make(c, h, w, CLASSES)
+    model = make(c, h, w, classes)
     has_bn = any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            # non-trivial affine parameters and running statistics
-            m.weight.data.uniform_(0.5, 1.5)
-            m.bias.data.uniform_(-0.2, 0.2)
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 2.0)
-    state = {k: v.clone() for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
-    write_safetensors(os.path.join(out, f"{name}.state.safetensors"), state, {"format": "pt"})
+    meta = {"mode": mode, "input": f"{c}x{h}x{w}", "torch": torch.__version__}
+    if "arch" in opts:
+        meta["arch"] = opts["arch"]
+    if classes != CLASSES:
+        meta["classes"] = str(classes)
+    if compact:
+        meta["state"] = json.dumps(formula_state(model), separators=(",", ":"))
+    else:
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                # non-trivial affine parameters and running statistics
+                m.weight.data.uniform_(0.5, 1.5)
+                m.bias.data.uniform_(-0.2, 0.2)
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+        state = {k: v.clone() for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
+        write_safetensors(os.path.join(out, f"{name}.state.safetensors"), state, {"format": "pt"})
 
     x = torch.randn(BATCH, c, h, w)
-    labels = torch.randint(0, CLASSES, (BATCH,))
+    labels = torch.randint(0, classes, (BATCH,))
     io = {"x": x, "labels": labels}
     if has_bn:
         model.eval()
@@ -237,12 +448,18 @@ def fixture(name, out):
     io["logits"] = logits
     io["loss"] = loss.reshape(())
     for k, p in model.named_parameters():
-        io["grad." + k] = p.grad
+        if compact:
+            g = p.grad.reshape(-1)
+            idx = torch.tensor(sample_indices(g.numel()), dtype=torch.int64)
+            io["grad_idx." + k] = idx
+            io["grad." + k] = g[idx]
+            io["grad_absmax." + k] = g.abs().max().reshape(())
+        else:
+            io["grad." + k] = p.grad
     if has_bn:
         for k, v in model.state_dict().items():
             if "running_" in k:
                 io["buffer_after." + k] = v
-    meta = {"mode": mode, "input": f"{c}x{h}x{w}", "torch": torch.__version__}
     write_safetensors(os.path.join(out, f"{name}.io.safetensors"), io, meta)
     n = sum(p.numel() for p in model.parameters())
     print(f"{name}: {n} parameters, input {c}x{h}x{w}, mode {mode}, loss {loss.item():.6f}")

@@ -1,8 +1,8 @@
 // Package kernels holds the numeric kernels the models are built on: a
 // row-major float32 GEMM with interchangeable backends (OpenBLAS loaded at
 // run time through purego, or pure-Go gonum), im2col/col2im for NCHW
-// convolutions, and the Winograd F(2×2,3×3) transforms (winograd.go) for
-// 3×3 stride-1 ones.
+// convolutions, the Winograd F(2×2,3×3) transforms (winograd.go) for
+// 3×3 stride-1 ones, and direct depthwise convolutions (depthwise.go).
 // Mixed precision: bf16/fp16 conversions (half.go), GemmBF16, KernelSet.
 //
 // All slices are plain row-major []float32 owned by the caller; kernels
