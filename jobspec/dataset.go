@@ -298,3 +298,6 @@ func firstNonEmpty(a, b string) string {
 	}
 	return b
 }
+
+// lowPrecisionChecked: the model may run in bf16 or fp16 (models.LowPrecisionChecked).
+func lowPrecisionChecked(model string) bool { return models.LowPrecisionChecked(model) }

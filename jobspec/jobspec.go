@@ -351,6 +351,9 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	switch s.Precision { // models.ParsePrecision's names
 	case "", "fp32":
 	case "bf16", "fp16":
+		if !lowPrecisionChecked(s.Model) {
+			return nil, errf("precision", "%s is not yet checked for model %s (its low-precision gradients are outside the engine's bounds); use fp32", s.Precision, s.Model)
+		}
 		if s.Mode == "fedavg" {
 			return nil, errf("precision", "%s applies to modes ps and ring; fedavg clients compute in fp32", s.Precision)
 		}

@@ -101,6 +101,9 @@ func TestPrecisionOutputs(t *testing.T) {
 	const batch = 8
 	bounds := map[Precision][3]float64{BF16: {3e-2, 0.2, 0.98}, FP16: {5e-3, 6e-2, 0.998}}
 	for _, name := range Names() {
+		if !LowPrecisionChecked(name) {
+			continue // bounds not established: jobspec refuses bf16/fp16 for it
+		}
 		ref, _ := New(name, Options{Seed: 3})
 		x, labels := threadBatch(ref, batch)
 		wy, wg := threadStep(ref, x, labels, batch)
