@@ -24,13 +24,14 @@ type Core struct {
 	timeout time.Duration
 	workers map[string]*Worker
 	queue   []Pending
+	jobs    map[string]*Job
 	closed  bool
 }
 
 // NewCore returns a core whose workers are lost after heartbeatTimeout
 // of silence (checked on each Tick).
 func NewCore(heartbeatTimeout time.Duration) *Core {
-	return &Core{timeout: heartbeatTimeout, workers: map[string]*Worker{}}
+	return &Core{timeout: heartbeatTimeout, workers: map[string]*Worker{}, jobs: map[string]*Job{}}
 }
 
 // Worker is the registry's record of one worker.
@@ -79,6 +80,8 @@ type Submit struct {
 	At      time.Time
 	Job     string
 	Workers int
+	// Mode is the job's mode (ring, ps, fedavg, ...).
+	Mode string
 	// Entrypoint: only workers that run commands may take it.
 	Entrypoint bool
 }
@@ -162,7 +165,13 @@ func (e *ConnectedError) Error() string {
 // does not know are ignored: they are late (the worker reconnected, the
 // job ended).
 func (c *Core) Step(in Input) ([]Action, error) {
-	var out []Action
+	out, ok, err := c.stepJob(nil, in)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		return c.schedule(out), nil
+	}
 	switch in := in.(type) {
 	case Hello:
 		if old := c.workers[in.Worker]; old != nil && old.State != pb.WorkerState_WORKER_STATE_LOST {
@@ -186,6 +195,9 @@ func (c *Core) Step(in Input) ([]Action, error) {
 			}
 		}
 	case Submit:
+		if c.jobs[in.Job] == nil || Final(c.jobs[in.Job].State) {
+			c.jobs[in.Job] = &Job{ID: in.Job, Mode: in.Mode, State: pb.JobState_JOB_STATE_PENDING}
+		}
 		if !slices.ContainsFunc(c.queue, func(p Pending) bool { return p.Job == in.Job }) {
 			c.queue = append(c.queue, Pending{Job: in.Job, Workers: in.Workers, Entrypoint: in.Entrypoint})
 		}
@@ -198,16 +210,15 @@ func (c *Core) Step(in Input) ([]Action, error) {
 			}
 		}
 	case Released:
-		for _, id := range in.Workers {
-			if w := c.workers[id]; w != nil && w.Job == in.Job {
-				w.Job = ""
-				if w.State == pb.WorkerState_WORKER_STATE_BUSY {
-					w.State = pb.WorkerState_WORKER_STATE_IDLE
-				}
-			}
-		}
+		c.release(in.Job, in.Workers)
 	case Shutdown:
 		c.closed = true
+		for _, j := range c.sortedJobs() { // no task reports any more
+			if len(j.stopping) > 0 {
+				clear(j.stopping)
+				out = append(out, TasksStopped{Job: j.ID})
+			}
+		}
 	default:
 		panic(fmt.Sprintf("coordinator: unknown input %T", in))
 	}
@@ -221,7 +232,11 @@ func (c *Core) lose(out []Action, w *Worker, now time.Time, reason string, timeo
 	}
 	job := w.Job
 	w.State, w.Job = pb.WorkerState_WORKER_STATE_LOST, ""
-	return append(out, Disconnect{Worker: w.ID},
+	out = append(out, Disconnect{Worker: w.ID})
+	for _, j := range c.sortedJobs() { // an ended job waits no more for its task
+		out = c.taskStopped(out, j, w.ID)
+	}
+	return append(out,
 		WorkerLost{Worker: w.ID, Address: w.Address, Job: job, Reason: reason, Silent: now.Sub(w.Seen), Timeout: timeout})
 }
 
@@ -236,6 +251,9 @@ func (c *Core) schedule(out []Action) []Action {
 		for _, id := range p.Workers {
 			w := c.workers[id]
 			w.State, w.Job = pb.WorkerState_WORKER_STATE_BUSY, p.Job
+		}
+		if j := c.jobs[p.Job]; j != nil {
+			j.Placed = p.Workers
 		}
 		out = append(out, Place(p))
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/gradsync/gradsync/coordinator"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -18,7 +19,7 @@ func step(t *testing.T, c *coordinator.Core, in coordinator.Input, want ...coord
 	if err != nil {
 		t.Fatalf("Step(%#v): %v", in, err)
 	}
-	if diff := cmp.Diff(want, got); diff != "" {
+	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
 		t.Fatalf("Step(%#v): actions (-want +got)\n%s", in, diff)
 	}
 }

@@ -3,6 +3,8 @@ package coordinator
 import (
 	"slices"
 	"time"
+
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
 // The straggler rule. The delay attributed to a rank is, per step, how
@@ -82,3 +84,78 @@ func (d *Stragglers) Observe(rank int, delay float64) (begins, ends bool, median
 // RingDelayCulprit is the rank a ring progress report's left wait is
 // blamed on: rank r waits for its left neighbour's frames.
 func RingDelayCulprit(r, world int) int { return (r + world - 1) % world }
+
+// Progress: rank Rank (Worker) of generation Generation of Job reported
+// its progress at step Step. LeftWait is a ring rank's wait for its left
+// neighbour's data per step; Lag (when HasLag) how far a ps rank's
+// gradient trailed the first rank's, as its parameter server measured.
+type Progress struct {
+	At          time.Time
+	Job, Worker string
+	Generation  uint64
+	Rank        int
+	Step        int64
+	LeftWait    float64
+	Lag         float64
+	HasLag      bool
+}
+
+func (i Progress) when() time.Time { return i.At }
+
+// Straggler: a straggler episode of rank Rank (Worker, at Address) of
+// Job's generation Generation begins (Ends false) or ends, at the report
+// of step Step: it delays every step by Delay seconds while the other
+// ranks' median is Median. Mode is the job's mode.
+type Straggler struct {
+	Job, Worker, Address, Mode string
+	Generation                 uint64
+	Rank                       int
+	Step                       int64
+	Delay, Median              float64
+	Ends                       bool
+}
+
+func (Straggler) action() {}
+
+// progress applies the straggler rule to one progress report: in ring
+// mode the report's left wait is the delay of the rank's left
+// neighbour; in ps mode the parameter server measured the rank's own.
+// An episode is reported once as it begins, and once as it ends.
+func (c *Core) progress(out []Action, in Progress) []Action {
+	j := c.jobs[in.Job]
+	if j == nil || j.State != pb.JobState_JOB_STATE_RUNNING || in.Generation != j.Generation ||
+		in.Rank < 0 || in.Rank >= len(j.Members) || j.Members[in.Rank] != in.Worker {
+		return out
+	}
+	n := len(j.Members)
+	if n < 2 {
+		return out
+	}
+	var culprit int
+	var delay float64
+	switch j.Mode {
+	case "ring":
+		culprit, delay = RingDelayCulprit(in.Rank, n), in.LeftWait
+	case "ps":
+		if !in.HasLag {
+			return out
+		}
+		culprit, delay = in.Rank, in.Lag
+	default:
+		return out
+	}
+	if !j.stragglers.For(j.Generation, n) {
+		j.stragglers = NewStragglers(j.Generation, n)
+	}
+	begins, ends, median := j.stragglers.Observe(culprit, delay)
+	if !begins && !ends {
+		return out
+	}
+	id := j.Members[culprit]
+	addr := ""
+	if w := c.workers[id]; w != nil {
+		addr = w.Address
+	}
+	return append(out, Straggler{Job: j.ID, Worker: id, Address: addr, Mode: j.Mode, Generation: j.Generation, Rank: culprit,
+		Step: in.Step, Delay: delay, Median: median, Ends: ends})
+}

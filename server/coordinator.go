@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"slices"
 	"sync"
 	"time"
 
@@ -181,9 +180,6 @@ func (s *Server) workerLostLocked(a coordinator.WorkerLost) {
 	if a.Timeout {
 		s.cfg.Metrics.HeartbeatMissed()
 	}
-	for _, e := range s.jobs { // an ended job waits no more for its task
-		e.taskStoppedLocked(a.Worker)
-	}
 	if s.closed {
 		s.log.Debug("worker disconnected at shutdown", "worker", a.Worker)
 		return
@@ -207,7 +203,7 @@ func (s *Server) workerLostLocked(a coordinator.WorkerLost) {
 	if s.recoverLocked(e, &lostWorker{id: a.Worker, address: a.Address, silent: a.Silent}, a.Reason, msg) {
 		return
 	}
-	s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg)
+	s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg, nil)
 }
 
 // handleWorkerMessage applies one message from a worker's stream.
@@ -253,7 +249,7 @@ func (s *Server) handleWorkerMessage(c *conn, m *pb.ConnectRequest) {
 			}
 			s.runLogLocked(e, rec)
 		}
-		s.noteDelayLocked(e, int(r), p, now)
+		s.stepProgressLocked(e, id, int(r), p, now)
 		if r != 0 {
 			return
 		}
@@ -275,76 +271,28 @@ func (s *Server) handleWorkerMessage(c *conn, m *pb.ConnectRequest) {
 		}
 		s.recordEvalLocked(e, ev, now)
 	case *pb.ConnectRequest_Done:
+		// The core decides: a task of an ended job stopped, a rank
+		// finished (the job may be done) or failed.
 		d := m.Done
-		if e := s.jobs[d.GetJobId()]; e != nil && e.final() {
-			if d.Generation == e.stopGen {
-				e.taskStoppedLocked(id)
-			}
-			return
+		err := s.stepLocked(coordinator.TaskDone{At: now, Worker: id, Job: d.GetJobId(), Generation: d.GetGeneration(), Rank: int(d.GetRank()),
+			Error: d.GetError(), Result: d.GetResult(), Links: d.GetRingLinks()})
+		if err != nil {
+			s.log.Warn("worker reported on a rank it does not hold", "worker", id, "job", d.GetJobId(), "rank", d.GetRank())
 		}
-		if s.closed {
-			return // the job stays RUNNING in the store; the next start decides
-		}
-		if e := s.jobs[d.GetJobId()]; e != nil && d.Generation != e.job.Generation {
-			return // a task of a generation left behind (it was told to stop)
-		}
-		e := s.runningJobLocked(id, d.GetJobId(), d.GetRank())
-		if e == nil || d.Generation != e.job.Generation {
-			return
-		}
-		if d.Error != "" {
-			if e.failed == nil {
-				e.failed = map[string]bool{}
-			}
-			e.failed[id] = true // its task is over: nothing to stop
-			msg := fmt.Sprintf("rank %d (worker %s): %s", d.Rank, id, d.Error)
-			if e.job.Spec.GetMode() == "ring" {
-				if s.ringFailedLocked(e, d) {
-					return // the frame counts named the rank cut off
-				}
-				// A broken ring is usually a lost peer, which the
-				// coordinator sees a moment later: it then names the lost
-				// worker (or, for an elastic job, recovers). Fail with the
-				// rank's own error only if nothing else happens within the
-				// heartbeat timeout.
-				e.recovery.RankFailed(now, e.job.Generation, msg, s.cfg.HeartbeatTimeout)
-				return
-			}
-			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg)
-			return
-		}
-		e.ranksDone[d.Rank] = true
-		e.results[d.Rank] = d.Result
-		if !slices.Contains(e.ranksDone, false) {
-			s.finishJobLocked(e)
-			return
-		}
-		// This worker is free for the next job (the job goes on).
-		s.mustStepLocked(coordinator.Released{At: now, Job: e.job.Id, Workers: []string{id}})
 	}
 }
 
-// finishJobLocked ends a job whose every rank finished: its result is
-// rank 0's, with the ranks' throughput summed.
-func (s *Server) finishJobLocked(e *jobEntry) {
-	{
-		res := e.results[0]
-		if res == nil {
-			res = &pb.JobResult{}
-		}
-		var ips float64
-		for _, r := range e.results {
-			ips += r.GetImagesPerSecond()
-		}
-		res.ImagesPerSecond = ips
-		e.job.Result = res
-		unit := "epoch(s)"
-		if e.job.Spec.GetMode() == "fedavg" {
-			unit = "round(s)"
-		}
-		s.endJobLocked(e, pb.JobState_JOB_STATE_SUCCEEDED,
-			fmt.Sprintf("test accuracy %.2f%% after %d %s", 100*res.TestAccuracy, res.Epochs, unit))
+// rankFailedLocked carries out the core's RankFailed: once the ranks'
+// frame counts name the rank cut off, it is evicted (ringFailedLocked).
+// Otherwise a broken ring is usually a lost peer, which the coordinator
+// sees a moment later: it then names the lost worker (or, for an elastic
+// job, recovers). The job fails with the rank's own error only if
+// nothing else happens within the heartbeat timeout.
+func (s *Server) rankFailedLocked(e *jobEntry, a coordinator.RankFailed) {
+	if s.ringFailedLocked(e, a) {
+		return
 	}
+	e.recovery.RankFailed(s.cfg.Now(), a.Generation, a.Message, s.cfg.HeartbeatTimeout)
 }
 
 // recordEvalLocked records an evaluation of a running job: metrics.jsonl

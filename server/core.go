@@ -2,7 +2,6 @@ package server
 
 import (
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/gradsync/gradsync/coordinator"
@@ -26,7 +25,7 @@ func (s *Server) stepLocked(in coordinator.Input) error {
 	}
 	s.actions = append(s.actions, acts...)
 	switch in.(type) {
-	case coordinator.Heard, coordinator.Tick:
+	case coordinator.Heard, coordinator.Tick, coordinator.Progress:
 		// Only a worker's last-seen time changed, unless one was lost.
 		s.registryChanged = s.registryChanged || len(acts) > 0
 	default:
@@ -83,6 +82,31 @@ func (s *Server) applyLocked(a coordinator.Action) {
 		s.workerLostLocked(a)
 	case coordinator.Place:
 		s.startJobLocked(s.jobs[a.Job], a.Workers)
+	case coordinator.SetState:
+		e := s.jobs[a.Job]
+		if a.State == pb.JobState_JOB_STATE_RUNNING {
+			e.job.Generation, e.job.WorkerIds = 1, a.Workers
+			if e.prep != nil {
+				e.run, e.started = e.prep.run, e.prep.started
+			}
+		}
+		s.setStateLocked(e, a.State, a.Message)
+	case coordinator.EndJob:
+		s.jobEndedLocked(s.jobs[a.Job], a)
+	case coordinator.DropPrepared:
+		s.dropPreparedLocked(s.jobs[a.Job], a.Ended)
+	case coordinator.StartGeneration:
+		s.startGenerationLocked(s.jobs[a.Job], a)
+	case coordinator.Assign:
+		s.assignLocked(s.jobs[a.Job], a)
+	case coordinator.CancelTask:
+		s.sendLocked(a.Worker, &pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: a.Job, Reason: a.Reason, KeepState: a.KeepState}}})
+	case coordinator.RankFailed:
+		s.rankFailedLocked(s.jobs[a.Job], a)
+	case coordinator.Straggler:
+		s.stragglerLocked(s.jobs[a.Job], a)
+	case coordinator.TasksStopped:
+		s.jobs[a.Job].tasksStoppedLocked()
 	default:
 		panic(fmt.Sprintf("server: unknown action %T", a))
 	}
@@ -95,11 +119,18 @@ func (s *Server) growLocked() {
 		return
 	}
 	for _, e := range s.jobs {
-		if e.job.State == pb.JobState_JOB_STATE_RUNNING && !e.recovery.Rejoining() && !e.recovery.Pinning() && !slices.Contains(e.ranksDone, true) &&
+		if e.job.State == pb.JobState_JOB_STATE_RUNNING && !e.recovery.Rejoining() && !e.recovery.Pinning() && !s.anyRankDoneLocked(e) &&
 			len(e.job.WorkerIds) < int(e.job.Spec.GetWorkers()) && coordinator.Elastic(e.job.Spec) {
 			s.recoverLocked(e, nil, "", "")
 		}
 	}
+}
+
+// anyRankDoneLocked reports whether a rank of the job's current
+// generation finished its task.
+func (s *Server) anyRankDoneLocked(e *jobEntry) bool {
+	j, _ := s.core.Job(e.job.Id)
+	return j.AnyRankDone()
 }
 
 // workerLocked is the core's record of worker id (ok false: never seen).

@@ -98,10 +98,7 @@ func (fj *fedJob) End(state pb.JobState, msg string, result *pb.JobResult) {
 	if !fj.activeLocked() {
 		return
 	}
-	if result != nil {
-		fj.e.job.Result = result
-	}
-	fj.s.endJobLocked(fj.e, state, msg)
+	fj.s.endJobLocked(fj.e, state, msg, result)
 }
 
 // Participate serves one real federated client's stream (see

@@ -41,36 +41,23 @@ type jobEntry struct {
 	// announced: the final state's event is in events (watches end).
 	announced bool
 	// While RUNNING:
-	ps        *paramserver.Group
-	fed       *fedJob // fedavg with real clients: the round driver (federation.go)
-	run       *runlog.Writer
-	ranksDone []bool
-	rankIPS   []float64
-	results   []*pb.JobResult
-	lastEval  *pb.TaskEval
-	started   time.Time
+	ps       *paramserver.Group
+	fed      *fedJob // fedavg with real clients: the round driver (federation.go)
+	run      *runlog.Writer
+	rankIPS  []float64
+	lastEval *pb.TaskEval
+	started  time.Time
 	// recovery is the elastic-recovery state machine (coordinator.Recovery):
 	// its phase, the steps known trained, the workers evicted.
 	recovery coordinator.Recovery
-	// stragglers finds slow ranks from the progress reports (straggler.go).
-	stragglers *coordinator.Stragglers
-	// Once a running job has ended: stopping holds the workers told to
-	// stop its generation stopGen that have not yet said their task
-	// stopped (or been lost); stopped is closed when none is left (see
-	// awaitStopped). A ring job's rank 0 writes the checkpoint a resume
-	// starts from as its task stops.
-	stopping map[string]bool
-	stopGen  uint64
-	stopped  chan struct{}
-	// failed holds the workers whose task of the current generation
-	// ended with an error: they have nothing left to stop.
-	failed map[string]bool
-	// tasked: assignments were sent (a job that fails while starting
-	// has no task to cancel).
-	tasked bool
-	// placed holds the workers the core placed the job on while what it
-	// needs is made (startJobLocked); numParams is its model's size.
-	placed    []string
+	// stopped is made when a running job ends and closed when the core
+	// says every task of it has stopped (TasksStopped; see awaitStopped).
+	// A ring job's rank 0 writes the checkpoint a resume starts from as
+	// its task stops.
+	stopped chan struct{}
+	// prep is what prepareJob made, while the core's answer to Prepared
+	// is carried out; numParams is its model's size.
+	prep      *prepared
 	numParams int
 }
 
@@ -80,23 +67,15 @@ func newJobEntry(j *pb.Job) *jobEntry {
 
 func (e *jobEntry) final() bool { return coordinator.Final(e.job.State) }
 
-// taskStoppedLocked notes that worker id's task of the ended job has
-// stopped (it said so, or it is gone).
-func (e *jobEntry) taskStoppedLocked(id string) {
-	if !e.stopping[id] {
+// tasksStoppedLocked carries out the core's TasksStopped: a cancel
+// waiting for the job's tasks returns.
+func (e *jobEntry) tasksStoppedLocked() {
+	if e.stopped == nil {
 		return
 	}
-	delete(e.stopping, id)
-	if len(e.stopping) == 0 {
-		close(e.stopped)
-	}
-}
-
-// stopAllLocked gives up waiting for the ended job's tasks (the server
-// is shutting down).
-func (e *jobEntry) stopAllLocked() {
-	if len(e.stopping) > 0 {
-		clear(e.stopping)
+	select {
+	case <-e.stopped:
+	default:
 		close(e.stopped)
 	}
 }
@@ -287,46 +266,28 @@ func (s *Server) changeStateLocked(e *jobEntry, st pb.JobState, msg string) {
 	}
 }
 
-// endJobLocked finishes a running or pending job: state, abort of its
-// parameter server, cancellation sent to its workers, workers freed, then
-// the next jobs scheduled.
-func (s *Server) endJobLocked(e *jobEntry, st pb.JobState, msg string) {
-	if e.final() {
-		return
+// endJobLocked asks the core to end a running or pending job (it
+// answers with EndJob, the cancellation of its tasks, and frees its
+// workers).
+func (s *Server) endJobLocked(e *jobEntry, st pb.JobState, msg string, res *pb.JobResult) {
+	s.mustStepLocked(coordinator.End{At: s.cfg.Now(), Job: e.job.Id, State: st, Message: msg, Result: res})
+}
+
+// jobEndedLocked carries out the core's EndJob: the state, the abort of
+// the job's parameter server or round driver, its checkpoint at stop,
+// and the announcement.
+func (s *Server) jobEndedLocked(e *jobEntry, a coordinator.EndJob) {
+	if a.Result != nil {
+		e.job.Result = a.Result
 	}
-	wasRunning := e.job.State == pb.JobState_JOB_STATE_RUNNING
-	s.changeStateLocked(e, st, msg)
-	e.abort(errors.New(msg))
-	if st != pb.JobState_JOB_STATE_SUCCEEDED {
+	s.changeStateLocked(e, a.State, a.Message)
+	e.abort(errors.New(a.Message))
+	if a.State != pb.JobState_JOB_STATE_SUCCEEDED {
 		s.checkpointStoppedLocked(e)
 	}
-	s.announceLocked(e, msg) // after the checkpoint at stop, too
-	if wasRunning {
-		e.stopping, e.stopGen, e.stopped = map[string]bool{}, e.job.Generation, make(chan struct{})
-		for r, id := range e.job.WorkerIds {
-			w, ok := s.workerLocked(id)
-			if !ok || w.Job != e.job.Id || !e.tasked || (r < len(e.ranksDone) && e.ranksDone[r]) {
-				continue // gone, moved on, never given its task, or done with it
-			}
-			if st != pb.JobState_JOB_STATE_SUCCEEDED && w.State != pb.WorkerState_WORKER_STATE_LOST && !e.failed[id] {
-				e.stopping[id] = true
-			}
-			s.sendLocked(id, &pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: e.job.Id, Reason: msg}}})
-		}
-	}
-	if e.stopped != nil && len(e.stopping) == 0 {
-		close(e.stopped)
-	}
-	// Its workers are free (the next jobs are placed on them), or, for a
-	// pending job, it leaves the queue.
-	now := s.cfg.Now()
-	switch {
-	case wasRunning:
-		s.mustStepLocked(coordinator.Released{At: now, Job: e.job.Id, Workers: e.job.WorkerIds})
-	case e.placed != nil: // placed, still being prepared (startJobLocked)
-		s.mustStepLocked(coordinator.Released{At: now, Job: e.job.Id, Workers: e.placed})
-	default:
-		s.mustStepLocked(coordinator.Withdraw{At: now, Job: e.job.Id})
+	s.announceLocked(e, a.Message) // after the checkpoint at stop, too
+	if a.Running {
+		e.stopped = make(chan struct{}) // closed at TasksStopped
 	}
 }
 
@@ -356,7 +317,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*pb.S
 	s.jobs[j.Id] = e
 	s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, "submitted", nil)
 	s.log.Info("job submitted", "job", j.Id, "model", spec.Model, "dataset", spec.Dataset.Name, "mode", spec.Mode, "workers", spec.GetWorkers())
-	s.mustStepLocked(coordinator.Submit{At: now, Job: j.Id, Workers: int(spec.GetWorkers()), Entrypoint: jobspec.IsEntrypoint(spec)})
+	s.mustStepLocked(coordinator.Submit{At: now, Job: j.Id, Workers: int(spec.GetWorkers()), Mode: spec.GetMode(), Entrypoint: jobspec.IsEntrypoint(spec)})
 	return &pb.SubmitJobResponse{Job: proto.Clone(e.job).(*pb.Job)}, nil
 }
 
@@ -404,18 +365,20 @@ func (s *Server) ListJobs(ctx context.Context, req *pb.ListJobsRequest) (*pb.Lis
 func (s *Server) CancelJob(ctx context.Context, req *pb.CancelJobRequest) (*pb.CancelJobResponse, error) {
 	s.mu.Lock()
 	e, err := s.jobLocked(req.JobId)
-	if err == nil && e.final() {
-		err = status.Errorf(codes.FailedPrecondition, "job %s already ended (%s)", req.JobId, runlog.StateName(e.job.State))
+	if err == nil {
+		err = s.stepLocked(coordinator.Cancel{At: s.cfg.Now(), Job: req.JobId, Reason: req.Reason})
+		var ended *coordinator.EndedError
+		switch {
+		case errors.As(err, &ended):
+			err = status.Errorf(codes.FailedPrecondition, "job %s already ended (%s)", req.JobId, runlog.StateName(ended.State))
+		case err != nil:
+			err = status.Errorf(codes.Internal, "cancelling job %s: %v", req.JobId, err)
+		}
 	}
 	if err != nil {
 		s.mu.Unlock()
 		return nil, err
 	}
-	reason := "cancelled by user"
-	if req.Reason != "" {
-		reason += ": " + req.Reason
-	}
-	s.endJobLocked(e, pb.JobState_JOB_STATE_CANCELLED, reason)
 	job, stopped := proto.Clone(e.job).(*pb.Job), e.stopped
 	s.mu.Unlock()
 	// CancelJob returns once the job has stopped: every task of it has

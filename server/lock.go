@@ -39,6 +39,10 @@ type shellLock struct {
 	queue             []func()
 	handed, done      uint64
 	running, stopping bool
+	// inline says a goroutine is running an effect itself (no executor
+	// runs): the others wait for it rather than run the next one beside
+	// it.
+	inline bool
 	// runner is the goroutine running effects (lockChecks only).
 	runner atomic.Int64
 }
@@ -122,17 +126,20 @@ func (l *shellLock) wait(ticket uint64) {
 	defer l.qmu.Unlock()
 	// Inline, everything queued runs (an effect's within queues more).
 	for l.done < ticket || (!l.running && len(l.queue) > 0) {
-		if l.running {
+		if l.running || l.inline {
 			l.qcond.Wait()
 			continue
 		}
+		l.inline = true
 		l.runOneLocked()
+		l.inline = false
 	}
 }
 
 // runOneLocked runs the FIFO's first effect; qmu is held, and released
 // while the effect runs. One goroutine at a time does (inline runs
-// happen only while no executor runs, and Serve is single-threaded then).
+// happen only while no executor runs, and wait lets one goroutine at a
+// time run inline).
 func (l *shellLock) runOneLocked() {
 	f := l.queue[0]
 	l.queue[0] = nil

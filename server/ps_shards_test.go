@@ -276,14 +276,12 @@ func TestPSBoundedStalenessWaits(t *testing.T) {
 	if rc := recvAnswer(t, streams[0], n, 2); rc == nil || rc.StaleSteps > 1 {
 		t.Fatalf("rank 0 step 1: receipt %v", rc)
 	}
-	start := time.Now()
 	push(0, 2) // two ahead of rank 1 (at step 1) for good
+	// The shard's own bound ends the wait (the test's context is far
+	// longer): DeadlineExceeded from the shard, naming the rank behind.
 	_, err := streams[0].Recv()
 	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "rank(s) [1]") {
 		t.Fatalf("rank 0 two steps ahead: %v; want DeadlineExceeded naming rank 1", err)
-	}
-	if d := time.Since(start); d > 10*time.Second {
-		t.Errorf("the wait ended after %v; the step timeout is 1s", d)
 	}
 	push(1, 1)
 	if _, err := streams[1].Recv(); status.Code(err) != codes.Aborted {
@@ -351,7 +349,8 @@ func TestPSShardJoinRefusals(t *testing.T) {
 
 // TestPSAggregatorDies: when one of a job's aggregator processes stops
 // mid-training, every rank's step fails naming that shard, and the job
-// fails well within the step timeout; nothing is left running.
+// fails from the broken stream, not by its step timeout running out;
+// nothing is left running.
 func TestPSAggregatorDies(t *testing.T) {
 	ctx := testCtx(t, 90*time.Second)
 	c := newCluster(t, server.Config{}, 2)
@@ -362,16 +361,17 @@ func TestPSAggregatorDies(t *testing.T) {
 	spec.ParameterServer = &pb.ParameterServerSpec{Shards: 2, Addresses: addrs}
 	job := c.submit(ctx, spec)
 	c.waitProgress(ctx, job.Id, func(p *pb.Progress) bool { return p.Step >= 4 })
-	start := time.Now()
 	stop[1]()
 	j := c.waitState(ctx, job.Id, pb.JobState_JOB_STATE_FAILED, pb.JobState_JOB_STATE_SUCCEEDED)
 	if j.State != pb.JobState_JOB_STATE_FAILED || !strings.Contains(j.Message, "shard 1 of 2 (aggregator "+addrs[1]+")") {
 		t.Fatalf("job %v: %q; want FAILED naming shard 1's aggregator", j.State, j.Message)
 	}
-	t.Logf("failed %.2fs after the aggregator stopped: %s", time.Since(start).Seconds(), j.Message)
-	if d := time.Since(start); d > 15*time.Second {
-		t.Errorf("the job failed %v after its aggregator stopped", d)
+	// The broken stream failed the step, not the step timeout (30 s)
+	// running out while the rank waited for an answer.
+	if strings.Contains(j.Message, "step timeout") {
+		t.Fatalf("job failed by its step timeout: %q; want the shard's broken stream", j.Message)
 	}
+	t.Logf("failed after the aggregator stopped: %s", j.Message)
 }
 
 // TestAggregatorJoinRefusals: an aggregator serves only joins that carry

@@ -87,7 +87,7 @@ func (s *Server) recoverPinnedLocked(e *jobEntry, path string, pinErr error) {
 	spec := j.Spec
 	fail := func() {
 		if p.FailMsg != "" {
-			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, p.FailMsg)
+			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, p.FailMsg, nil)
 		}
 	}
 	if pinErr != nil {
@@ -110,15 +110,11 @@ func (s *Server) recoverPinnedLocked(e *jobEntry, path string, pinErr error) {
 	for _, r := range j.Ranks {
 		lastStep = max(lastStep, r.GetStep())
 	}
-	for _, id := range j.WorkerIds { // stop the current generation's tasks
-		if id != p.Lost {
-			s.sendLocked(id, &pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: j.Id,
-				Reason: "recovering: generation " + fmt.Sprint(j.Generation+1), KeepState: true}}})
-		}
-	}
-	j.Generation++
+	gen := j.Generation + 1
 	j.ResumeFrom = path
 	e.recovery.Begin(now, p.Lost, p.Silent, lastStep, path)
+	// The core stops the current generation's tasks and assigns the next.
+	s.mustStepLocked(coordinator.Regenerate{At: now, Job: j.Id, Lost: p.Lost, Workers: ids})
 	from := "the ranks' in-memory snapshots (no checkpoint)"
 	if path != "" {
 		from = "the ranks' in-memory snapshots or " + path
@@ -126,12 +122,12 @@ func (s *Server) recoverPinnedLocked(e *jobEntry, path string, pinErr error) {
 	var msg string
 	if p.Lost != "" {
 		msg = fmt.Sprintf("worker %s (%s) lost: %s; recovering on %d worker(s) from %s (generation %d)",
-			p.Lost, p.Address, p.Reason, len(ids), from, j.Generation)
-		s.log.Warn("job recovering", "job", j.Id, "lost", p.Lost, "workers", len(ids), "from", from, "generation", j.Generation)
+			p.Lost, p.Address, p.Reason, len(ids), from, gen)
+		s.log.Warn("job recovering", "job", j.Id, "lost", p.Lost, "workers", len(ids), "from", from, "generation", gen)
 		s.cfg.Metrics.Recovered()
 	} else {
-		msg = fmt.Sprintf("growing from %d to %d worker(s) from %s (generation %d)", before, len(ids), from, j.Generation)
-		s.log.Info("job growing", "job", j.Id, "workers", len(ids), "from", from, "generation", j.Generation)
+		msg = fmt.Sprintf("growing from %d to %d worker(s) from %s (generation %d)", before, len(ids), from, gen)
+		s.log.Info("job growing", "job", j.Id, "workers", len(ids), "from", from, "generation", gen)
 	}
 	{
 		kind := "recovery"
@@ -139,10 +135,9 @@ func (s *Server) recoverPinnedLocked(e *jobEntry, path string, pinErr error) {
 			kind = "grow"
 		}
 		s.runLogLocked(e, map[string]any{"kind": kind, "time": now.UTC().Format(time.RFC3339Nano), "lost_worker": p.Lost,
-			"reason": p.Reason, "generation": j.Generation, "workers": len(ids), "checkpoint": path, "last_step": lastStep})
+			"reason": p.Reason, "generation": gen, "workers": len(ids), "checkpoint": path, "last_step": lastStep})
 	}
 	s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, msg, nil)
-	s.assignLocked(e, ids)
 }
 
 // taskStartedLocked records where a ring generation's state came from

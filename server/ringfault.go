@@ -13,11 +13,11 @@ import (
 // that lost frames, the rank cut off is evicted (an elastic job recovers
 // without it) or the job fails naming it; it reports whether it acted.
 // Otherwise the caller's usual handling applies.
-func (s *Server) ringFailedLocked(e *jobEntry, d *pb.TaskDone) bool {
+func (s *Server) ringFailedLocked(e *jobEntry, d coordinator.RankFailed) bool {
 	j := e.job
 	n := len(j.WorkerIds)
 	minIdle := j.Spec.GetStepTimeoutSeconds() / 2
-	rank, why, ok := e.recovery.RingFailed(j.Generation, n, int(d.Rank), d.RingLinks, minIdle)
+	rank, why, ok := e.recovery.RingFailed(j.Generation, n, d.Rank, d.Links, minIdle)
 	if !ok {
 		return false
 	}
@@ -36,11 +36,8 @@ func (s *Server) ringFailedLocked(e *jobEntry, d *pb.TaskDone) bool {
 	// recovery neither keeps it nor takes it as an idle worker.
 	failMsg := fmt.Sprintf("worker %s (%s) %s", id, w.Address, reason)
 	if !s.recoverLocked(e, &lostWorker{id: id, address: w.Address, silent: now.Sub(w.Seen)}, reason, failMsg) {
-		s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, failMsg)
+		s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, failMsg, nil)
 	}
-	if w, _ := s.workerLocked(id); w.Job == j.Id {
-		s.sendLocked(id, &pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: j.Id, Reason: "evicted: " + reason}}})
-	}
-	s.mustStepLocked(coordinator.Released{At: now, Job: j.Id, Workers: []string{id}})
+	s.mustStepLocked(coordinator.Evict{At: now, Job: j.Id, Worker: id, Reason: reason})
 	return true
 }

@@ -21,7 +21,6 @@ import (
 // federated clients the round driver — is made off the lock, as an
 // effect; jobPreparedLocked then runs the job and sends the assignments.
 func (s *Server) startJobLocked(e *jobEntry, workerIDs []string) {
-	e.placed = workerIDs
 	job := proto.Clone(e.job).(*pb.Job)
 	started := s.cfg.Now()
 	var fj *fedJob
@@ -46,6 +45,8 @@ type prepared struct {
 	fed       *fedJob
 	// failure is why the job cannot start (its run directory is made).
 	failure string
+	// started is when the job was placed.
+	started time.Time
 }
 
 // prepareJob makes what job (generation 1 on world workers) needs to
@@ -91,51 +92,43 @@ func (s *Server) prepareJob(j *pb.Job, workerIDs []string, started time.Time, fj
 	return p
 }
 
-// jobPreparedLocked runs a job placed on workerIDs once prepareJob made
-// what it needs, unless it ended (was cancelled) meanwhile.
+// jobPreparedLocked hands the core a placed job once prepareJob made
+// what it needs: it runs it (SetState, StartGeneration, the Assigns) or,
+// when it ended meanwhile, drops what was made (DropPrepared).
 func (s *Server) jobPreparedLocked(e *jobEntry, workerIDs []string, started time.Time, p prepared) {
-	j := e.job
-	e.placed = nil
-	if e.final() || s.closed {
-		// Cancelled while it was being prepared (its workers were freed
-		// then), or the server is stopping (it stays PENDING in the
-		// store): drop what was made.
-		if p.ps != nil {
-			p.ps.Abort(errors.New("the job ended before it started"))
-		}
-		if p.fed != nil {
-			p.fed.abort(errors.New("the job ended before it started"))
-		}
-		if p.run != nil && e.final() {
-			run, sum := p.run, runlog.SummaryOf(proto.Clone(j).(*pb.Job))
-			s.mu.later(func() {
-				s.mu.offLock("writing a run summary")
-				if err := run.Finish(sum); err != nil {
-					s.log.Error("writing summary failed", "job", j.Id, "err", err)
-				}
-			})
-		}
-		return
-	}
+	p.started = started
+	in := coordinator.Prepared{At: s.cfg.Now(), Job: e.job.Id, Failure: p.failure}
 	if p.runErr != nil {
-		s.setStateLocked(e, pb.JobState_JOB_STATE_FAILED, fmt.Sprintf("creating run directory: %v", p.runErr))
-		s.mustStepLocked(coordinator.Released{At: s.cfg.Now(), Job: j.Id, Workers: workerIDs})
+		in.RunDirErr = p.runErr.Error()
+	}
+	e.prep = &p
+	defer func() { e.prep = nil }()
+	s.mustStepLocked(in)
+}
+
+// dropPreparedLocked carries out the core's DropPrepared: the job was
+// cancelled while it was being prepared (its workers were freed then),
+// or the server is stopping (it stays PENDING in the store).
+func (s *Server) dropPreparedLocked(e *jobEntry, ended bool) {
+	p, j := e.prep, e.job
+	if p == nil {
 		return
 	}
-	e.run = p.run
-	e.started = started
-	j.Generation = 1
-	j.WorkerIds = workerIDs
-	s.setStateLocked(e, pb.JobState_JOB_STATE_RUNNING, fmt.Sprintf("running on %d worker(s)", len(workerIDs)))
-	if p.failure != "" {
-		s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, p.failure)
-		return
+	if p.ps != nil {
+		p.ps.Abort(errors.New("the job ended before it started"))
 	}
-	e.numParams, e.ps = p.numParams, p.ps
 	if p.fed != nil {
-		e.fed = s.runFedJob(p.fed)
+		p.fed.abort(errors.New("the job ended before it started"))
 	}
-	s.assignLocked(e, workerIDs)
+	if p.run != nil && ended {
+		run, sum := p.run, runlog.SummaryOf(proto.Clone(j).(*pb.Job))
+		s.mu.later(func() {
+			s.mu.offLock("writing a run summary")
+			if err := run.Finish(sum); err != nil {
+				s.log.Error("writing summary failed", "job", j.Id, "err", err)
+			}
+		})
+	}
 }
 
 // jobCheckpointDir is where a job's checkpoints go, or "" when it writes
@@ -147,40 +140,42 @@ func jobCheckpointDir(j *pb.Job) string {
 	return ""
 }
 
-// assignLocked gives a running job's current generation to workerIDs, by
-// rank: every worker its assignment (the job's parameter server or round
-// driver, if it has one, is made at its start).
-func (s *Server) assignLocked(e *jobEntry, workerIDs []string) {
+// startGenerationLocked carries out the core's StartGeneration: the
+// job's record of its ranks starts again; at the first generation the
+// parameter server or round driver prepared for it takes over.
+func (s *Server) startGenerationLocked(e *jobEntry, a coordinator.StartGeneration) {
 	j := e.job
-	spec := j.Spec
-	j.WorkerIds = workerIDs
-	e.failed = nil
-	world := len(workerIDs)
-	e.ranksDone = make([]bool, world)
+	if p := e.prep; p != nil && a.Generation == 1 {
+		e.numParams, e.ps = p.numParams, p.ps
+		if p.fed != nil {
+			e.fed = s.runFedJob(p.fed)
+		}
+	}
+	j.Generation = a.Generation
+	j.WorkerIds = a.Workers
+	world := len(a.Workers)
 	e.rankIPS = make([]float64, world)
 	j.Ranks = make([]*pb.Progress, world)
 	for r := range j.Ranks {
 		j.Ranks[r] = &pb.Progress{}
 	}
-	e.results = make([]*pb.JobResult, world)
+}
+
+// assignLocked carries out the core's Assign: the worker's assignment of
+// its rank (the job's parameter server or round driver, if it has one,
+// is made at its start).
+func (s *Server) assignLocked(e *jobEntry, a coordinator.Assign) {
+	j := e.job
+	spec := j.Spec
 	var psAddrs []string
 	if spec.Mode == "ps" && len(spec.GetParameterServer().GetAddresses()) > 0 {
 		// The shards are `gradsync aggregator` processes, which learn
 		// the job from the workers' joins.
 		psAddrs = spec.GetParameterServer().GetAddresses()
 	}
-	peers := make([]string, world)
-	for r, id := range workerIDs {
-		w, _ := s.workerLocked(id)
-		peers[r] = w.Address
-	}
-	s.mustStepLocked(coordinator.Assigned{At: s.cfg.Now(), Job: j.Id, Workers: workerIDs})
-	e.tasked = true
-	for r, id := range workerIDs {
-		s.sendLocked(id, &pb.ConnectResponse{Msg: &pb.ConnectResponse_Assignment{Assignment: &pb.Assignment{
-			JobId: j.Id, Generation: j.Generation, Rank: int32(r), WorldSize: int32(world),
-			Spec: spec, Peers: peers, PsAddresses: psAddrs, NumParams: int64(e.numParams),
-			CheckpointDir: jobCheckpointDir(j), ResumeFrom: j.ResumeFrom, TrainedSteps: e.recovery.Trained(),
-		}}})
-	}
+	s.sendLocked(a.Worker, &pb.ConnectResponse{Msg: &pb.ConnectResponse_Assignment{Assignment: &pb.Assignment{
+		JobId: j.Id, Generation: a.Generation, Rank: int32(a.Rank), WorldSize: int32(len(a.Peers)),
+		Spec: spec, Peers: a.Peers, PsAddresses: psAddrs, NumParams: int64(e.numParams),
+		CheckpointDir: jobCheckpointDir(j), ResumeFrom: j.ResumeFrom, TrainedSteps: e.recovery.Trained(),
+	}}})
 }

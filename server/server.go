@@ -228,7 +228,12 @@ func New(cfg Config) (*Server, error) {
 	// nothing is placed).
 	s.mu.Lock()
 	for _, j := range queue {
-		s.mustStepLocked(coordinator.Submit{At: cfg.Now(), Job: j.Id, Workers: int(j.Spec.GetWorkers()), Entrypoint: jobspec.IsEntrypoint(j.Spec)})
+		s.mustStepLocked(coordinator.Submit{At: cfg.Now(), Job: j.Id, Workers: int(j.Spec.GetWorkers()), Mode: j.Spec.GetMode(), Entrypoint: jobspec.IsEntrypoint(j.Spec)})
+	}
+	for _, e := range s.jobs {
+		if e.final() { // the core refuses to cancel them
+			s.mustStepLocked(coordinator.Loaded{At: cfg.Now(), Job: e.job.Id, State: e.job.State})
+		}
 	}
 	s.mu.Unlock()
 	s.grpc = grpc.NewServer(s.serverOptions()...)
@@ -334,8 +339,7 @@ func (s *Server) shutdown() {
 		c.close()
 	}
 	for _, e := range s.jobs {
-		e.stopAllLocked() // wake CancelJob calls: no task reports any more
-		close(e.notify)   // wake watchers: they see closed and leave
+		close(e.notify) // wake watchers: they see closed and leave
 		e.notify = make(chan struct{})
 	}
 	s.mu.Unlock()
@@ -357,7 +361,7 @@ func (s *Server) monitor(ctx context.Context) {
 		s.mustStepLocked(coordinator.Tick{At: now})
 		for _, e := range s.jobs {
 			if msg, due := e.recovery.Due(now, e.job.Generation); due && !e.final() {
-				s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg)
+				s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg, nil)
 			}
 		}
 		s.mu.Unlock()
