@@ -80,8 +80,15 @@ type Submit struct {
 	At      time.Time
 	Job     string
 	Workers int
-	// Mode is the job's mode (ring, ps, fedavg, ...).
-	Mode string
+	// Mode is the job's mode (ring, ps, fedavg, ...); a ring job with
+	// MinWorkers < Workers is elastic. RealClients: a fedavg job whose
+	// clients are the workers. StepTimeoutSeconds is the job's step
+	// timeout; ResumeFrom the checkpoint it starts from ("" none).
+	Mode               string
+	MinWorkers         int
+	RealClients        bool
+	StepTimeoutSeconds float64
+	ResumeFrom         string
 	// Entrypoint: only workers that run commands may take it.
 	Entrypoint bool
 }
@@ -170,8 +177,17 @@ func (c *Core) Step(in Input) ([]Action, error) {
 		return nil, err
 	}
 	if ok {
-		return c.schedule(out), nil
+		out = c.schedule(out)
+		switch in.(type) {
+		case Progress, Started: // no worker was freed
+		default:
+			// Idle workers may have appeared: elastic jobs below their
+			// size grow onto what the queue leaves.
+			out = c.grow(out)
+		}
+		return out, nil
 	}
+	grow := true
 	switch in := in.(type) {
 	case Hello:
 		if old := c.workers[in.Worker]; old != nil && old.State != pb.WorkerState_WORKER_STATE_LOST {
@@ -181,6 +197,7 @@ func (c *Core) Step(in Input) ([]Action, error) {
 			State: pb.WorkerState_WORKER_STATE_IDLE, Connected: in.At, Seen: in.At}
 		out = append(out, Welcome{Worker: in.Worker})
 	case Heard:
+		grow = false
 		if w := c.workers[in.Worker]; w != nil && w.State != pb.WorkerState_WORKER_STATE_LOST {
 			w.Seen = in.At
 		}
@@ -194,9 +211,12 @@ func (c *Core) Step(in Input) ([]Action, error) {
 				out = c.lose(out, w, in.At, fmt.Sprintf("no heartbeat for %.1fs (timeout %v)", in.At.Sub(w.Seen).Seconds(), c.timeout), true)
 			}
 		}
+		out = c.due(out, in.At)
+		grow = len(out) > 0
 	case Submit:
 		if c.jobs[in.Job] == nil || Final(c.jobs[in.Job].State) {
-			c.jobs[in.Job] = &Job{ID: in.Job, Mode: in.Mode, State: pb.JobState_JOB_STATE_PENDING}
+			c.jobs[in.Job] = &Job{ID: in.Job, Mode: in.Mode, State: pb.JobState_JOB_STATE_PENDING, size: in.Workers, min: in.MinWorkers,
+				realClients: in.RealClients, minIdle: in.StepTimeoutSeconds / 2, resumeFrom: in.ResumeFrom}
 		}
 		if !slices.ContainsFunc(c.queue, func(p Pending) bool { return p.Job == in.Job }) {
 			c.queue = append(c.queue, Pending{Job: in.Job, Workers: in.Workers, Entrypoint: in.Entrypoint})
@@ -222,7 +242,11 @@ func (c *Core) Step(in Input) ([]Action, error) {
 	default:
 		panic(fmt.Sprintf("coordinator: unknown input %T", in))
 	}
-	return c.schedule(out), nil
+	out = c.schedule(out)
+	if grow {
+		out = c.grow(out)
+	}
+	return out, nil
 }
 
 // lose declares w lost at now.
@@ -236,8 +260,12 @@ func (c *Core) lose(out []Action, w *Worker, now time.Time, reason string, timeo
 	for _, j := range c.sortedJobs() { // an ended job waits no more for its task
 		out = c.taskStopped(out, j, w.ID)
 	}
-	return append(out,
+	out = append(out,
 		WorkerLost{Worker: w.ID, Address: w.Address, Job: job, Reason: reason, Silent: now.Sub(w.Seen), Timeout: timeout})
+	if j := c.jobs[job]; j != nil {
+		out = c.workerLost(out, j, w, reason, now.Sub(w.Seen))
+	}
+	return out
 }
 
 // schedule places every queued job the FIFO gang scheduler can start.

@@ -2,24 +2,31 @@
 // state machine for who runs what: the worker registry (address,
 // resources, state, job, last heartbeat), liveness (a worker silent past
 // the heartbeat timeout is lost), the queue of pending jobs and the FIFO
-// gang scheduler's placements. Beside it are the rules by which jobs move
-// through their lifecycle (PENDING → RUNNING → SUCCEEDED | FAILED |
-// CANCELLED), recover from lost ranks (Recovery: an explicit state
-// machine, steady → pinning → rejoining, failing by a deadline), grow onto
-// idle workers, and have their stragglers and cut ring links named.
+// gang scheduler's placements, and the job table (jobs.go): each job's
+// lifecycle (PENDING → RUNNING → SUCCEEDED | FAILED | CANCELLED), its
+// generation and members, which ranks finished or failed, a cancel's
+// CancelTasks and the tasks an ended job still waits for, and the
+// straggler rule over its progress reports. Beside it are the rules by
+// which jobs recover from lost ranks (Recovery: an explicit state
+// machine, steady → pinning → rejoining, failing by a deadline), grow
+// onto idle workers, and have their cut ring links named.
 //
 // Where is recovery decided: here. Recovery plans a new generation's
 // workers (survivors first, then idle workers, never an evicted one),
 // decides when a rank's failure is final, and says what to announce
 // when a generation starts; RingCulprit names the rank cut off from the
 // frame counts; Stragglers applies the straggler rule. The shell (package
-// server) still holds each job's record and calls these rules with it.
+// server) still holds each job's Recovery and calls these rules with
+// it; the new generation it plans starts through the core (Regenerate).
 //
 // It is written the way federated.Server and etcd's raft are: every
 // input carries the time it happened (Core.Step takes Hello, Heard,
-// Disconnected, Tick, Submit, Withdraw, Assigned, Released, Shutdown),
-// and the core answers with what the caller must do (Welcome,
-// Disconnect, WorkerLost, Place) — data, never side effects. There is no
+// Disconnected, Tick, Submit, Withdraw, Assigned, Released, Shutdown,
+// and for jobs Loaded, Prepared, Progress, TaskDone, Cancel, End,
+// Regenerate, Evict), and the core answers with what the caller must do
+// (Welcome, Disconnect, WorkerLost, Place, SetState, EndJob,
+// DropPrepared, StartGeneration, Assign, CancelTask, RankFailed,
+// TasksStopped, Straggler) — data, never side effects. There is no
 // gRPC, storage, goroutine, clock or lock in here (purity_test.go checks
 // it), so every rule is tested as a script against a fake clock. The
 // gRPC shell validates input, feeds the core under its lock, and carries

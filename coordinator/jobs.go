@@ -42,6 +42,17 @@ type Job struct {
 	stopGen  uint64
 	// stragglers applies the straggler rule to the current generation.
 	stragglers *Stragglers
+	// rec is the job's elastic-recovery state; size and min its number
+	// of workers and the least it runs on; steps the latest step each
+	// rank of the generation reported; resumeFrom the checkpoint its
+	// generation falls back to; minIdle how long a ring link must be idle
+	// to count as broken; realClients: a fedavg job with real clients.
+	rec         Recovery
+	size, min   int
+	steps       []int64
+	resumeFrom  string
+	minIdle     float64
+	realClients bool
 }
 
 // Stopping lists the workers whose task of the ended job has not yet
@@ -101,22 +112,6 @@ type End struct {
 	Result  *pb.JobResult
 }
 
-// Regenerate: the shell's recovery (or growth) starts the job's next
-// generation on Workers, by rank; Lost is the worker lost ("" none),
-// which is not told to stop.
-type Regenerate struct {
-	At        time.Time
-	Job, Lost string
-	Workers   []string
-}
-
-// Evict: Worker was cut off from Job's ring (its recovery or end is
-// decided already): its task is stopped and the worker freed.
-type Evict struct {
-	At                  time.Time
-	Job, Worker, Reason string
-}
-
 // Loaded: a job that ended before the server started (from the store).
 type Loaded struct {
 	At    time.Time
@@ -124,13 +119,11 @@ type Loaded struct {
 	State pb.JobState
 }
 
-func (i Prepared) when() time.Time   { return i.At }
-func (i TaskDone) when() time.Time   { return i.At }
-func (i Cancel) when() time.Time     { return i.At }
-func (i End) when() time.Time        { return i.At }
-func (i Regenerate) when() time.Time { return i.At }
-func (i Evict) when() time.Time      { return i.At }
-func (i Loaded) when() time.Time     { return i.At }
+func (i Prepared) when() time.Time { return i.At }
+func (i TaskDone) when() time.Time { return i.At }
+func (i Cancel) when() time.Time   { return i.At }
+func (i End) when() time.Time      { return i.At }
+func (i Loaded) when() time.Time   { return i.At }
 
 // SetState: Job is now in State, for Message (store it, log it,
 // announce it). A job that starts running does so on Workers, by rank,
@@ -168,6 +161,8 @@ type StartGeneration struct {
 	Job        string
 	Generation uint64
 	Workers    []string
+	// ResumeFrom is the checkpoint the generation falls back to.
+	ResumeFrom string
 }
 
 // Assign: give Worker rank Rank of Job's generation Generation, on a
@@ -178,6 +173,10 @@ type Assign struct {
 	Worker     string
 	Rank       int
 	Peers      []string
+	// ResumeFrom is the checkpoint to fall back to ("" none); Trained
+	// the most steps the job is known to have trained.
+	ResumeFrom string
+	Trained    int64
 }
 
 // CancelTask: tell Worker to stop its task of Job, for Reason; KeepState
@@ -185,15 +184,6 @@ type Assign struct {
 type CancelTask struct {
 	Job, Worker, Reason string
 	KeepState           bool
-}
-
-// RankFailed: a ring rank's task failed (Worker's, with Message and its
-// frame counts Links); the shell's recovery decides what it means.
-type RankFailed struct {
-	Job, Worker, Message string
-	Generation           uint64
-	Rank                 int
-	Links                *pb.RingLinks
 }
 
 // TasksStopped: every task of the ended Job has stopped (or will say so
@@ -206,7 +196,6 @@ func (DropPrepared) action()    {}
 func (StartGeneration) action() {}
 func (Assign) action()          {}
 func (CancelTask) action()      {}
-func (RankFailed) action()      {}
 func (TasksStopped) action()    {}
 
 // ErrUnknownJob refuses an input naming a job the core never had.
@@ -270,23 +259,10 @@ func (c *Core) stepJob(out []Action, in Input) (_ []Action, ok bool, err error) 
 		if j := c.jobs[in.Job]; j != nil {
 			out = c.end(out, j, in.State, in.Message, in.Result)
 		}
-	case Regenerate:
-		j := c.jobs[in.Job]
-		if j == nil || j.State != pb.JobState_JOB_STATE_RUNNING {
-			break
-		}
-		for _, id := range j.Members { // stop the current generation's tasks
-			if id != in.Lost {
-				out = append(out, CancelTask{Job: j.ID, Worker: id, Reason: fmt.Sprintf("recovering: generation %d", j.Generation+1), KeepState: true})
-			}
-		}
-		out = c.startGeneration(out, j, j.Generation+1, in.Workers)
-	case Evict:
-		j := c.jobs[in.Job]
-		if w := c.workers[in.Worker]; j != nil && w != nil && w.Job == j.ID {
-			out = append(out, CancelTask{Job: j.ID, Worker: in.Worker, Reason: "evicted: " + in.Reason})
-		}
-		c.release(in.Job, []string{in.Worker})
+	case Pinned:
+		out = c.pinned(out, in)
+	case Started:
+		out, err = c.started(out, in)
 	default:
 		return out, false, nil
 	}
@@ -325,6 +301,7 @@ func (c *Core) startGeneration(out []Action, j *Job, gen uint64, workers []strin
 	workers = slices.Clone(workers)
 	j.Generation, j.Members = gen, workers
 	j.done, j.results, j.failed = make([]bool, len(workers)), make([]*pb.JobResult, len(workers)), nil
+	j.steps = make([]int64, len(workers))
 	peers := make([]string, len(workers))
 	for r, id := range workers {
 		if w := c.workers[id]; w != nil {
@@ -335,9 +312,9 @@ func (c *Core) startGeneration(out []Action, j *Job, gen uint64, workers []strin
 		}
 	}
 	j.tasked = true
-	out = append(out, StartGeneration{Job: j.ID, Generation: gen, Workers: slices.Clone(workers)})
+	out = append(out, StartGeneration{Job: j.ID, Generation: gen, Workers: slices.Clone(workers), ResumeFrom: j.resumeFrom})
 	for r, id := range workers {
-		out = append(out, Assign{Job: j.ID, Generation: gen, Worker: id, Rank: r, Peers: slices.Clone(peers)})
+		out = append(out, Assign{Job: j.ID, Generation: gen, Worker: id, Rank: r, Peers: slices.Clone(peers), ResumeFrom: j.resumeFrom, Trained: j.rec.Trained()})
 	}
 	return out
 }
@@ -367,7 +344,7 @@ func (c *Core) taskDone(out []Action, in TaskDone) ([]Action, error) {
 		j.failed[in.Worker] = true // its task is over: nothing to stop
 		msg := fmt.Sprintf("rank %d (worker %s): %s", in.Rank, in.Worker, in.Error)
 		if j.Mode == "ring" {
-			return append(out, RankFailed{Job: j.ID, Worker: in.Worker, Message: msg, Generation: j.Generation, Rank: in.Rank, Links: in.Links}), nil
+			return c.rankFailed(out, j, in, msg), nil
 		}
 		return c.end(out, j, pb.JobState_JOB_STATE_FAILED, msg, nil), nil
 	}

@@ -2,6 +2,7 @@ package coordinator_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -55,65 +56,104 @@ func runningJob(t *testing.T, job, mode string, n int, workers ...string) *coord
 	return c
 }
 
+// elasticJob runs an elastic ring job j (3 workers, at least 2) on w0,
+// w1, w2.
+func elasticJob(t *testing.T) *coordinator.Core {
+	t.Helper()
+	c := coordinator.NewCore(5 * time.Second)
+	for _, id := range []string{"w0", "w1", "w2"} {
+		step(t, c, hello(0, id), coordinator.Welcome{Worker: id})
+	}
+	step(t, c, coordinator.Submit{At: at(0.5), Job: "j", Workers: 3, MinWorkers: 2, Mode: "ring", StepTimeoutSeconds: 10},
+		coordinator.Place{Job: "j", Workers: []string{"w0", "w1", "w2"}})
+	step(t, c, coordinator.Prepared{At: at(1), Job: "j"},
+		append([]coordinator.Action{coordinator.SetState{Job: "j", State: running, Message: "running on 3 worker(s)", Workers: []string{"w0", "w1", "w2"}}},
+			assigns("j", 1, "w0", "w1", "w2")...)...)
+	return c
+}
+
+// recovering is what the core says as generation gen of j starts on ids
+// after the loss of lost (or growth), with the survivors told to stop.
+func recovering(gen uint64, stop []string, ids []string, trained int64, from string, tail coordinator.Recovering) []coordinator.Action {
+	var out []coordinator.Action
+	for _, id := range stop {
+		out = append(out, coordinator.CancelTask{Job: "j", Worker: id, Reason: fmt.Sprintf("recovering: generation %d", gen), KeepState: true})
+	}
+	start := assigns("j", gen, ids...)
+	for i, a := range start {
+		switch a := a.(type) {
+		case coordinator.Assign:
+			a.Trained, a.ResumeFrom = trained, from
+			start[i] = a
+		case coordinator.StartGeneration:
+			a.ResumeFrom = from
+			start[i] = a
+		}
+	}
+	return append(append(out, start...), tail)
+}
+
 // TestW2LostGeneration2OnW0W1W3: w2 of an elastic ring job on {w0, w1,
-// w2} is lost at t=3 s; the recovery plans generation 2 on the
-// survivors and the idle w3, and the core tells the survivors to stop
-// generation 1 keeping their in-memory snapshots, then assigns
-// generation 2 to w0, w1, w3, which starts from rank 1's snapshot.
+// w2} is lost at t=3 s, after step 30; the core asks for the checkpoint
+// pin, then tells the survivors to stop generation 1 keeping their
+// in-memory snapshots and assigns generation 2 to w0, w1 and the idle
+// w3; rank 0 says it started from rank 1's snapshot, which ends the
+// recovery.
 func TestW2LostGeneration2OnW0W1W3(t *testing.T) {
-	c := runningJob(t, "j", "ring", 3, "w0", "w1", "w2")
+	c := elasticJob(t)
 	step(t, c, hello(2, "w3"), coordinator.Welcome{Worker: "w3"})
+	for r, id := range []string{"w0", "w1", "w2"} {
+		step(t, c, coordinator.Progress{At: at(2.5), Job: "j", Worker: id, Generation: 1, Rank: r, Step: 30})
+	}
 	step(t, c, coordinator.Disconnected{At: at(3), Worker: "w2", Reason: "its connection broke"}, coordinator.Disconnect{Worker: "w2"},
-		coordinator.WorkerLost{Worker: "w2", Address: "w2:1", Job: "j", Reason: "its connection broke", Silent: 3 * time.Second})
-	var r coordinator.Recovery
-	ids, ok := r.Plan([]string{"w0", "w1"}, c.Idle(), 3, 2, false)
-	if !ok {
-		t.Fatal("plan refused")
+		coordinator.WorkerLost{Worker: "w2", Address: "w2:1", Job: "j", Reason: "its connection broke", Silent: 3 * time.Second},
+		coordinator.PinCheckpoint{Job: "j", Generation: 2})
+	if p := c.RecoveryPhase("j"); p != coordinator.Pinning {
+		t.Fatalf("phase %v; want pinning", p)
 	}
-	r.Begin(at(3), "w2", 3*time.Second, 30, "")
-	want := []coordinator.Action{
-		coordinator.CancelTask{Job: "j", Worker: "w0", Reason: "recovering: generation 2", KeepState: true},
-		coordinator.CancelTask{Job: "j", Worker: "w1", Reason: "recovering: generation 2", KeepState: true},
-	}
-	step(t, c, coordinator.Regenerate{At: at(3), Job: "j", Lost: "w2", Workers: ids}, append(want, assigns("j", 2, "w0", "w1", "w3")...)...)
+	step(t, c, coordinator.Pinned{At: at(3.1), Job: "j"}, recovering(2, []string{"w0", "w1"}, []string{"w0", "w1", "w3"}, 30, "",
+		coordinator.Recovering{Job: "j", Lost: "w2", Address: "w2:1", Reason: "its connection broke", Generation: 2, Workers: 3, Before: 2, LastStep: 30})...)
 	wantWorker(t, c, "w3", pb.WorkerState_WORKER_STATE_BUSY, "j")
 	// A late report of generation 1 changes nothing.
 	step(t, c, coordinator.TaskDone{At: at(3.5), Worker: "w0", Job: "j", Generation: 1, Rank: 0, Error: "cancelled"})
-	if _, ended := r.Started(at(4), &pb.TaskStarted{Generation: 2, Source: "memory", SourceRank: 1, Step: 29, NewestStep: 30}, 3); !ended {
-		t.Fatal("generation 2's TaskStarted did not end the recovery")
+	got, err := c.Step(coordinator.Started{At: at(4), Worker: "w0", Job: "j", Rank: 0,
+		Task: &pb.TaskStarted{JobId: "j", Generation: 2, Source: "memory", SourceRank: 1, Step: 29, NewestStep: 30}})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("TaskStarted: %v, %v", got, err)
+	}
+	if gs, ok := got[0].(coordinator.GenerationStarted); !ok || gs.Outcome == nil || gs.Outcome.Record["steps_redone"] != int64(1) {
+		t.Fatalf("TaskStarted: %#v; want the recovery's end, one step redone", got[0])
+	}
+	if p := c.RecoveryPhase("j"); p != coordinator.Steady {
+		t.Fatalf("phase %v; want steady", p)
 	}
 	if j, _ := c.Job("j"); j.Generation != 2 || j.State != running || !cmp.Equal(j.Members, []string{"w0", "w1", "w3"}) {
 		t.Fatalf("job %+v; want generation 2 running on w0, w1, w3", j)
 	}
 }
 
-// TestGrowBackOntoIdleWorker: an elastic job that runs on two of its
-// three workers grows back onto a worker that becomes idle: every
-// member stops its generation (keeping its snapshot), and generation 3
-// runs on all three.
-func TestGrowBackOntoIdleWorker(t *testing.T) {
-	c := runningJob(t, "j", "ring", 3, "w0", "w1", "w2")
+// TestElasticGrowsBackOntoIdleWorker: an elastic job that lost w2 and
+// found no idle worker runs on two; when w4 connects it grows back onto
+// it: every member stops its generation (keeping its snapshot), and
+// generation 3 runs on all three. Before its recovery ended it does not
+// grow.
+func TestElasticGrowsBackOntoIdleWorker(t *testing.T) {
+	c := elasticJob(t)
 	step(t, c, coordinator.Disconnected{At: at(3), Worker: "w2", Reason: "gone"}, coordinator.Disconnect{Worker: "w2"},
-		coordinator.WorkerLost{Worker: "w2", Address: "w2:1", Job: "j", Reason: "gone", Silent: 3 * time.Second})
-	step(t, c, coordinator.Regenerate{At: at(3), Job: "j", Lost: "w2", Workers: []string{"w0", "w1"}},
-		append([]coordinator.Action{
-			coordinator.CancelTask{Job: "j", Worker: "w0", Reason: "recovering: generation 2", KeepState: true},
-			coordinator.CancelTask{Job: "j", Worker: "w1", Reason: "recovering: generation 2", KeepState: true},
-		}, assigns("j", 2, "w0", "w1")...)...)
-	step(t, c, hello(6, "w4"), coordinator.Welcome{Worker: "w4"})
-	var r coordinator.Recovery
-	ids, ok := r.Plan([]string{"w0", "w1"}, c.Idle(), 3, 2, true)
-	if !ok || !cmp.Equal(ids, []string{"w0", "w1", "w4"}) {
-		t.Fatalf("growth plan %v (%v); want w0, w1, w4", ids, ok)
-	}
-	if j, _ := c.Job("j"); j.AnyRankDone() {
-		t.Fatal("no rank finished: growth is allowed")
-	}
-	step(t, c, coordinator.Regenerate{At: at(6), Job: "j", Workers: ids},
-		append([]coordinator.Action{
-			coordinator.CancelTask{Job: "j", Worker: "w0", Reason: "recovering: generation 3", KeepState: true},
-			coordinator.CancelTask{Job: "j", Worker: "w1", Reason: "recovering: generation 3", KeepState: true},
-		}, assigns("j", 3, "w0", "w1", "w4")...)...)
+		coordinator.WorkerLost{Worker: "w2", Address: "w2:1", Job: "j", Reason: "gone", Silent: 3 * time.Second},
+		coordinator.PinCheckpoint{Job: "j", Generation: 2})
+	step(t, c, coordinator.Pinned{At: at(3), Job: "j", Path: "ckpt-10"}, recovering(2, []string{"w0", "w1"}, []string{"w0", "w1"}, 0, "ckpt-10",
+		coordinator.Recovering{Job: "j", Lost: "w2", Address: "w2:1", Reason: "gone", Checkpoint: "ckpt-10", Generation: 2, Workers: 2, Before: 2})...)
+	step(t, c, hello(5, "w4"), coordinator.Welcome{Worker: "w4"}) // still rejoining
+	step(t, c, coordinator.Progress{At: at(6), Job: "j", Worker: "w0", Generation: 2, Rank: 0, Step: 12},
+		coordinator.Recovered{Job: "j", Generation: 2, Outcome: coordinator.Outcome{
+			Message: "recovered from the loss of w2 in 3.0s: generation 2 training again from step 10 (about 0 steps redone)",
+			Record: map[string]any{"kind": "recovered", "time": "2026-01-02T03:04:11Z", "lost_worker": "w2", "recovery_seconds": 3.0,
+				"generation": uint64(2), "last_step_before": int64(0), "checkpoint": "ckpt-10", "steps_redone": int64(0)},
+			Seconds: 3}})
+	step(t, c, hello(7, "w5"), coordinator.Welcome{Worker: "w5"}, coordinator.PinCheckpoint{Job: "j", Generation: 3})
+	step(t, c, coordinator.Pinned{At: at(7.5), Job: "j"}, recovering(3, []string{"w0", "w1"}, []string{"w0", "w1", "w4"}, 12, "ckpt-10",
+		coordinator.Recovering{Job: "j", Checkpoint: "ckpt-10", Generation: 3, Workers: 3, Before: 2, LastStep: 12})...)
 }
 
 // TestCancelStopsEveryMemberThenTasksStopped: cancelling a running job
@@ -212,7 +252,7 @@ func TestRanksFinish(t *testing.T) {
 
 // TestRankFails: a ps rank's failure fails the job, and the others are
 // told to stop (the failed one is not waited for); a ring rank's goes
-// to the recovery (RankFailed, with its frame counts); a report on a
+// to the recovery (TestRingCutEvicts); a report on a
 // rank the worker does not hold is refused.
 func TestRankFails(t *testing.T) {
 	c := runningJob(t, "p", "ps", 3, "w0", "w1", "w2")
@@ -226,22 +266,56 @@ func TestRankFails(t *testing.T) {
 	}
 
 	c = runningJob(t, "r", "ring", 3, "w0", "w1", "w2")
-	links := &pb.RingLinks{FramesSent: 4}
-	step(t, c, coordinator.TaskDone{At: at(4), Worker: "w2", Job: "r", Generation: 1, Rank: 2, Error: "ring broke", Links: links},
-		coordinator.RankFailed{Job: "r", Worker: "w2", Message: "rank 2 (worker w2): ring broke", Generation: 1, Rank: 2, Links: links})
+	step(t, c, coordinator.TaskDone{At: at(4), Worker: "w2", Job: "r", Generation: 1, Rank: 2, Error: "ring broke", Links: &pb.RingLinks{FramesSent: 4}})
 	var rankErr *coordinator.RankError
 	if _, err := c.Step(coordinator.TaskDone{At: at(5), Worker: "w0", Job: "r", Generation: 1, Rank: 1}); !errors.As(err, &rankErr) {
 		t.Fatalf("w0 reporting rank 1: %v; want a RankError", err)
 	}
 }
 
-// TestEvictCutOffWorker: a worker cut off from the ring is told to stop
-// and is free again.
-func TestEvictCutOffWorker(t *testing.T) {
-	c := runningJob(t, "r", "ring", 3, "w0", "w1", "w2")
-	step(t, c, coordinator.Evict{At: at(4), Job: "r", Worker: "w1", Reason: "cut off"},
-		coordinator.CancelTask{Job: "r", Worker: "w1", Reason: "evicted: cut off"})
+// TestRingCutEvicts: when every rank's frame counts show that w1's
+// links lost frames, w1 is cut off: the elastic job recovers without it
+// (it is told to stop and never taken back), and a ring rank's failure
+// the counts do not explain fails the job only once the heartbeat
+// timeout passed with no recovery.
+func TestRingCutEvicts(t *testing.T) {
+	c := elasticJob(t)
+	links := []*pb.RingLinks{
+		{FramesSent: 10, FramesReceived: 10, LeftIdleSeconds: 0},
+		{FramesSent: 10, FramesReceived: 4, LeftIdleSeconds: 6},
+		{FramesSent: 10, FramesReceived: 10, LeftIdleSeconds: 0},
+	}
+	step(t, c, coordinator.TaskDone{At: at(4), Worker: "w0", Job: "j", Generation: 1, Rank: 0, Error: "ring broke", Links: links[0]})
+	step(t, c, coordinator.TaskDone{At: at(4), Worker: "w2", Job: "j", Generation: 1, Rank: 2, Error: "ring broke", Links: links[2]})
+	got, err := c.Step(coordinator.TaskDone{At: at(4), Worker: "w1", Job: "j", Generation: 1, Rank: 1, Error: "ring broke", Links: links[1]})
+	if err != nil || len(got) < 3 {
+		t.Fatalf("the last report: %v, %v", got, err)
+	}
+	if cut, ok := got[0].(coordinator.RingCut); !ok || cut.Worker != "w1" || cut.Rank != 1 {
+		t.Fatalf("first action %#v; want w1 cut off", got[0])
+	}
+	if diff := cmp.Diff([]coordinator.Action{coordinator.PinCheckpoint{Job: "j", Generation: 2},
+		coordinator.CancelTask{Job: "j", Worker: "w1", Reason: "evicted: cut off from the ring (rank 1): " + got[0].(coordinator.RingCut).Evidence}}, got[1:]); diff != "" {
+		t.Fatalf("after the cut (-want +got)\n%s", diff)
+	}
 	wantWorker(t, c, "w1", pb.WorkerState_WORKER_STATE_IDLE, "")
+	step(t, c, coordinator.Pinned{At: at(4.2), Job: "j"}, recovering(2, []string{"w0", "w2"}, []string{"w0", "w2"}, 0, "",
+		coordinator.Recovering{Job: "j", Lost: "w1", Address: "w1:1", Reason: "cut off from the ring (rank 1): " + got[0].(coordinator.RingCut).Evidence,
+			Generation: 2, Workers: 2, Before: 2})...)
+
+	// A ps-less ring job that is not elastic: a rank's unexplained
+	// failure waits for the heartbeat timeout, then fails the job.
+	c = runningJob(t, "r", "ring", 3, "w0", "w1", "w2")
+	step(t, c, coordinator.TaskDone{At: at(4), Worker: "w2", Job: "r", Generation: 1, Rank: 2, Error: "ring broke", Links: &pb.RingLinks{FramesSent: 4}})
+	for _, id := range []string{"w0", "w1", "w2"} {
+		step(t, c, coordinator.Heard{At: at(8), Worker: id})
+	}
+	step(t, c, coordinator.Tick{At: at(8.9)})
+	step(t, c, coordinator.Tick{At: at(9.1)},
+		coordinator.EndJob{Job: "r", State: failed, Message: "rank 2 (worker w2): ring broke", Running: true},
+		coordinator.CancelTask{Job: "r", Worker: "w0", Reason: "rank 2 (worker w2): ring broke"},
+		coordinator.CancelTask{Job: "r", Worker: "w1", Reason: "rank 2 (worker w2): ring broke"},
+		coordinator.CancelTask{Job: "r", Worker: "w2", Reason: "rank 2 (worker w2): ring broke"})
 }
 
 // TestShutdownStopsWaiting: at shutdown no task reports any more, so a

@@ -127,6 +127,10 @@ func (c *Core) progress(out []Action, in Progress) []Action {
 		in.Rank < 0 || in.Rank >= len(j.Members) || j.Members[in.Rank] != in.Worker {
 		return out
 	}
+	j.steps[in.Rank] = in.Step
+	if o, ended := j.rec.Progressed(in.At, j.Generation, len(j.Members)); ended {
+		out = append(out, Recovered{Job: j.ID, Generation: j.Generation, Outcome: o})
+	}
 	n := len(j.Members)
 	if n < 2 {
 		return out

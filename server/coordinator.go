@@ -193,17 +193,8 @@ func (s *Server) workerLostLocked(a coordinator.WorkerLost) {
 		e.fed.workerLostLocked(a.Worker, a.Reason)
 		return
 	}
-	rank := -1
-	for r, id := range e.job.WorkerIds {
-		if id == a.Worker {
-			rank = r
-		}
-	}
-	msg := fmt.Sprintf("worker %s (rank %d, %s) lost: %s", a.Worker, rank, a.Address, a.Reason)
-	if s.recoverLocked(e, &lostWorker{id: a.Worker, address: a.Address, silent: a.Silent}, a.Reason, msg) {
-		return
-	}
-	s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg, nil)
+	// Otherwise the core fails or recovers the job (the actions after
+	// this one).
 }
 
 // handleWorkerMessage applies one message from a worker's stream.
@@ -229,11 +220,6 @@ func (s *Server) handleWorkerMessage(c *conn, m *pb.ConnectRequest) {
 		}
 		p := m.Progress.Progress
 		r := m.Progress.Rank
-		if out, ended := e.recovery.Progressed(now, e.job.Generation, len(e.job.WorkerIds)); ended {
-			s.runLogLocked(e, out.Record)
-			s.log.Info("job recovered", "job", e.job.Id, "seconds", out.Seconds, "generation", e.job.Generation)
-			s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, out.Message, nil)
-		}
 		e.rankIPS[r] = p.ImagesPerSecond
 		s.cfg.Metrics.SetImagesPerSecond(e.job.Id, int(r), p.ImagesPerSecond)
 		e.job.Ranks[r] = proto.Clone(p).(*pb.Progress)
@@ -262,7 +248,10 @@ func (s *Server) handleWorkerMessage(c *conn, m *pb.ConnectRequest) {
 		e.job.Progress = jp
 		s.emitLocked(e, pb.EventKind_EVENT_KIND_PROGRESS, "", nil)
 	case *pb.ConnectRequest_Started:
-		s.taskStartedLocked(id, m.Started)
+		st := m.Started
+		if err := s.stepLocked(coordinator.Started{At: now, Worker: id, Job: st.GetJobId(), Rank: int(st.GetRank()), Task: st}); err != nil {
+			s.log.Warn("worker reported on a rank it does not hold", "worker", id, "job", st.GetJobId(), "rank", st.GetRank())
+		}
 	case *pb.ConnectRequest_Eval:
 		ev := m.Eval
 		e := s.runningJobLocked(id, ev.GetJobId(), ev.GetRank())
@@ -280,19 +269,6 @@ func (s *Server) handleWorkerMessage(c *conn, m *pb.ConnectRequest) {
 			s.log.Warn("worker reported on a rank it does not hold", "worker", id, "job", d.GetJobId(), "rank", d.GetRank())
 		}
 	}
-}
-
-// rankFailedLocked carries out the core's RankFailed: once the ranks'
-// frame counts name the rank cut off, it is evicted (ringFailedLocked).
-// Otherwise a broken ring is usually a lost peer, which the coordinator
-// sees a moment later: it then names the lost worker (or, for an elastic
-// job, recovers). The job fails with the rank's own error only if
-// nothing else happens within the heartbeat timeout.
-func (s *Server) rankFailedLocked(e *jobEntry, a coordinator.RankFailed) {
-	if s.ringFailedLocked(e, a) {
-		return
-	}
-	e.recovery.RankFailed(s.cfg.Now(), a.Generation, a.Message, s.cfg.HeartbeatTimeout)
 }
 
 // recordEvalLocked records an evaluation of a running job: metrics.jsonl

@@ -2,17 +2,21 @@ package server
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/gradsync/gradsync/coordinator"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
 // The server feeds coordinator.Core — the worker registry, the queue of
-// pending jobs, liveness and the gang scheduler — under its lock, and
-// carries out the actions it returns: on its job table (place a job,
-// fail or recover the job of a lost worker) and as effects queued for
-// after the lock (sends, closing a stream).
+// pending jobs, liveness, the gang scheduler and the job table (each
+// job's lifecycle, generation, members, finished and failed ranks, the
+// tasks an ended job waits for, the straggler rule) — under its lock,
+// and carries out the typed actions it returns: on its record of each
+// job for clients (state, events, per-rank progress), on the handles it
+// holds (parameter-server groups, round drivers, run logs), and as
+// effects queued for after the lock (sends, store writes, closing a
+// stream). Elastic recovery and growth are decided in the core too; the
+// shell pins checkpoints for them and announces them (recovery.go).
 
 // stepLocked feeds one input to the core and carries out its actions in
 // order. Actions that feed the core again (a job that cannot start
@@ -31,23 +35,12 @@ func (s *Server) stepLocked(in coordinator.Input) error {
 	default:
 		s.registryChanged = true
 	}
-	switch in.(type) {
-	case coordinator.Hello, coordinator.Submit, coordinator.Withdraw, coordinator.Released:
-		// Idle workers may have appeared: elastic jobs below their size
-		// grow onto what the queue leaves (after the placements).
-		s.growPending = true
-	}
 	if s.applying {
 		return nil
 	}
 	s.applying = true
 	defer func() { s.applying = false }()
-	for len(s.actions) > 0 || s.growPending {
-		if len(s.actions) == 0 {
-			s.growPending = false
-			s.growLocked()
-			continue
-		}
+	for len(s.actions) > 0 {
 		a := s.actions[0]
 		s.actions[0] = nil
 		s.actions = s.actions[1:]
@@ -101,8 +94,16 @@ func (s *Server) applyLocked(a coordinator.Action) {
 		s.assignLocked(s.jobs[a.Job], a)
 	case coordinator.CancelTask:
 		s.sendLocked(a.Worker, &pb.ConnectResponse{Msg: &pb.ConnectResponse_Cancel{Cancel: &pb.CancelTask{JobId: a.Job, Reason: a.Reason, KeepState: a.KeepState}}})
-	case coordinator.RankFailed:
-		s.rankFailedLocked(s.jobs[a.Job], a)
+	case coordinator.PinCheckpoint:
+		s.pinCheckpointLocked(s.jobs[a.Job], a)
+	case coordinator.Recovering:
+		s.recoveringLocked(s.jobs[a.Job], a)
+	case coordinator.GenerationStarted:
+		s.generationStartedLocked(s.jobs[a.Job], a)
+	case coordinator.Recovered:
+		s.recoveredLocked(s.jobs[a.Job], a)
+	case coordinator.RingCut:
+		s.ringCutLocked(s.jobs[a.Job], a)
 	case coordinator.Straggler:
 		s.stragglerLocked(s.jobs[a.Job], a)
 	case coordinator.TasksStopped:
@@ -110,34 +111,4 @@ func (s *Server) applyLocked(a coordinator.Action) {
 	default:
 		panic(fmt.Sprintf("server: unknown action %T", a))
 	}
-}
-
-// growLocked grows elastic jobs running below their size onto idle
-// workers nobody queued for (from their latest checkpoint).
-func (s *Server) growLocked() {
-	if s.closed || len(s.core.Queued()) > 0 {
-		return
-	}
-	for _, e := range s.jobs {
-		if e.job.State == pb.JobState_JOB_STATE_RUNNING && !e.recovery.Rejoining() && !e.recovery.Pinning() && !s.anyRankDoneLocked(e) &&
-			len(e.job.WorkerIds) < int(e.job.Spec.GetWorkers()) && coordinator.Elastic(e.job.Spec) {
-			s.recoverLocked(e, nil, "", "")
-		}
-	}
-}
-
-// anyRankDoneLocked reports whether a rank of the job's current
-// generation finished its task.
-func (s *Server) anyRankDoneLocked(e *jobEntry) bool {
-	j, _ := s.core.Job(e.job.Id)
-	return j.AnyRankDone()
-}
-
-// workerLocked is the core's record of worker id (ok false: never seen).
-func (s *Server) workerLocked(id string) (coordinator.Worker, bool) { return s.core.Worker(id) }
-
-// lostWorker is what a recovery needs of the worker it recovers from.
-type lostWorker struct {
-	id, address string
-	silent      time.Duration
 }

@@ -47,9 +47,6 @@ type jobEntry struct {
 	rankIPS  []float64
 	lastEval *pb.TaskEval
 	started  time.Time
-	// recovery is the elastic-recovery state machine (coordinator.Recovery):
-	// its phase, the steps known trained, the workers evicted.
-	recovery coordinator.Recovery
 	// stopped is made when a running job ends and closed when the core
 	// says every task of it has stopped (TasksStopped; see awaitStopped).
 	// A ring job's rank 0 writes the checkpoint a resume starts from as
@@ -317,8 +314,17 @@ func (s *Server) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*pb.S
 	s.jobs[j.Id] = e
 	s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, "submitted", nil)
 	s.log.Info("job submitted", "job", j.Id, "model", spec.Model, "dataset", spec.Dataset.Name, "mode", spec.Mode, "workers", spec.GetWorkers())
-	s.mustStepLocked(coordinator.Submit{At: now, Job: j.Id, Workers: int(spec.GetWorkers()), Mode: spec.GetMode(), Entrypoint: jobspec.IsEntrypoint(spec)})
+	s.mustStepLocked(submitInput(j, now))
 	return &pb.SubmitJobResponse{Job: proto.Clone(e.job).(*pb.Job)}, nil
+}
+
+// submitInput is what the core needs to know of a submitted (or
+// requeued) job.
+func submitInput(j *pb.Job, now time.Time) coordinator.Submit {
+	spec := j.Spec
+	return coordinator.Submit{At: now, Job: j.Id, Workers: int(spec.GetWorkers()), MinWorkers: int(spec.GetMinWorkers()), Mode: spec.GetMode(),
+		RealClients: jobspec.RealClients(spec), StepTimeoutSeconds: spec.GetStepTimeoutSeconds(), ResumeFrom: j.ResumeFrom,
+		Entrypoint: jobspec.IsEntrypoint(spec)}
 }
 
 func (s *Server) jobLocked(id string) (*jobEntry, error) {

@@ -11,153 +11,93 @@ import (
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
-// recoverLocked keeps an elastic ring job (min_workers < workers) going
-// after it lost a worker: the survivors (and idle workers, up to the
-// job's size) stop the broken step, the generation is bumped, and the new
-// generation's ranks agree on the newest state one of them holds in
-// memory (worker/agree.go), or else resume from the latest checkpoint.
-// With lost nil it grows a job that runs below its size onto idle
-// workers the same way. It reports whether it will (false: the job
-// cannot, and the caller fails it with failMsg).
-//
-// It runs in two halves: this one decides (the job can recover with the
-// workers there are) and enters the Pinning phase; the latest checkpoint
-// is found and pinned off the lock; recoverPinnedLocked then plans the
-// new generation again with the workers there are by then, or fails
-// the job with failMsg.
-func (s *Server) recoverLocked(e *jobEntry, lost *lostWorker, reason, failMsg string) bool {
-	j := e.job
-	spec := j.Spec
-	if !coordinator.Elastic(spec) {
-		return false
-	}
-	if e.recovery.Pinning() {
-		// A recovery is already on its way; it leaves out every worker
-		// lost by then. Growth waits for it.
-		return lost != nil
-	}
-	lostID := ""
-	if lost != nil {
-		lostID = lost.id
-	}
-	if _, ok := e.recovery.Plan(s.survivorsLocked(e, lostID), s.core.Idle(), int(spec.GetWorkers()), int(spec.GetMinWorkers()), lost == nil); !ok {
-		return false
-	}
-	p := coordinator.Pin{Gen: j.Generation, Reason: reason, FailMsg: failMsg}
-	if lost != nil {
-		p.Lost, p.Address, p.Silent = lost.id, lost.address, lost.silent
-	}
-	e.recovery.AwaitPin(p)
-	// The checkpoint is the fallback when no rank holds a snapshot. The
-	// new generation's ranks load a pinned copy: the old generation's
-	// rank 0 may still be writing or replacing checkpoints.
-	job := proto.Clone(j).(*pb.Job)
-	tag := fmt.Sprintf("g%d", j.Generation+1)
+// Elastic recovery is decided by the core (coordinator/elastic.go): an
+// elastic ring job that loses a worker, or has one cut off from its
+// ring, recovers onto the survivors and idle workers, and one below its
+// size grows back. The shell pins the checkpoint a new generation falls
+// back to and announces what happened.
+
+// pinCheckpointLocked carries out the core's PinCheckpoint: the job's
+// latest checkpoint, the fallback when no rank holds a snapshot, is
+// pinned off the lock (the new generation's ranks load a pinned copy:
+// the old generation's rank 0 may still be writing or replacing
+// checkpoints), and the core is told (Pinned).
+func (s *Server) pinCheckpointLocked(e *jobEntry, a coordinator.PinCheckpoint) {
+	job := proto.Clone(e.job).(*pb.Job)
+	tag := fmt.Sprintf("g%d", a.Generation)
 	s.mu.later(func() {
 		path, err := "", error(nil)
 		if latest := latestCheckpoint(job); latest != "" {
 			s.mu.offLock("a checkpoint pin")
 			path, err = checkpoint.Pin(checkpointDir(job.RunDir), latest, tag, 4)
 		}
-		s.mu.within(func() { s.recoverPinnedLocked(e, path, err) })
+		s.mu.within(func() {
+			if err != nil {
+				s.log.Warn("pinning the checkpoint to resume from failed", "job", job.Id, "err", err)
+			}
+			s.mustStepLocked(coordinator.Pinned{At: s.cfg.Now(), Job: job.Id, Path: path, Err: err})
+		})
 	})
-	return true
 }
 
-// survivorsLocked lists the job's workers that are still there, but
-// lost and those evicted from its ring.
-func (s *Server) survivorsLocked(e *jobEntry, lost string) []string {
-	var ids []string
-	for _, id := range e.job.WorkerIds {
-		if w, ok := s.workerLocked(id); ok && id != lost && w.State != pb.WorkerState_WORKER_STATE_LOST && !e.recovery.Evicted(id) {
-			ids = append(ids, id)
-		}
-	}
-	return ids
-}
-
-// recoverPinnedLocked is recoverLocked's second half, once the checkpoint
-// to fall back to is pinned (path; "" when the job has none).
-func (s *Server) recoverPinnedLocked(e *jobEntry, path string, pinErr error) {
-	p, ok := e.recovery.Pinned()
+// recoveringLocked carries out the core's Recovering: the new
+// generation is announced, logged and recorded in the run log.
+func (s *Server) recoveringLocked(e *jobEntry, a coordinator.Recovering) {
 	j := e.job
-	if !ok || s.closed || j.State != pb.JobState_JOB_STATE_RUNNING || j.Generation != p.Gen {
-		return // the job ended or moved on meanwhile
-	}
-	spec := j.Spec
-	fail := func() {
-		if p.FailMsg != "" {
-			s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, p.FailMsg, nil)
-		}
-	}
-	if pinErr != nil {
-		s.log.Warn("pinning the checkpoint to resume from failed", "job", j.Id, "err", pinErr)
-		fail()
-		return
-	}
-	if path == "" {
-		path = j.ResumeFrom
-	}
-	survivors := s.survivorsLocked(e, p.Lost)
-	before := len(survivors)
-	ids, ok := e.recovery.Plan(survivors, s.core.Idle(), int(spec.GetWorkers()), int(spec.GetMinWorkers()), p.Lost == "")
-	if !ok {
-		fail()
-		return
-	}
-	now := s.cfg.Now()
-	var lastStep int64
-	for _, r := range j.Ranks {
-		lastStep = max(lastStep, r.GetStep())
-	}
-	gen := j.Generation + 1
-	j.ResumeFrom = path
-	e.recovery.Begin(now, p.Lost, p.Silent, lastStep, path)
-	// The core stops the current generation's tasks and assigns the next.
-	s.mustStepLocked(coordinator.Regenerate{At: now, Job: j.Id, Lost: p.Lost, Workers: ids})
 	from := "the ranks' in-memory snapshots (no checkpoint)"
-	if path != "" {
-		from = "the ranks' in-memory snapshots or " + path
+	if a.Checkpoint != "" {
+		from = "the ranks' in-memory snapshots or " + a.Checkpoint
 	}
 	var msg string
-	if p.Lost != "" {
+	if a.Lost != "" {
 		msg = fmt.Sprintf("worker %s (%s) lost: %s; recovering on %d worker(s) from %s (generation %d)",
-			p.Lost, p.Address, p.Reason, len(ids), from, gen)
-		s.log.Warn("job recovering", "job", j.Id, "lost", p.Lost, "workers", len(ids), "from", from, "generation", gen)
+			a.Lost, a.Address, a.Reason, a.Workers, from, a.Generation)
+		s.log.Warn("job recovering", "job", j.Id, "lost", a.Lost, "workers", a.Workers, "from", from, "generation", a.Generation)
 		s.cfg.Metrics.Recovered()
 	} else {
-		msg = fmt.Sprintf("growing from %d to %d worker(s) from %s (generation %d)", before, len(ids), from, gen)
-		s.log.Info("job growing", "job", j.Id, "workers", len(ids), "from", from, "generation", gen)
+		msg = fmt.Sprintf("growing from %d to %d worker(s) from %s (generation %d)", a.Before, a.Workers, from, a.Generation)
+		s.log.Info("job growing", "job", j.Id, "workers", a.Workers, "from", from, "generation", a.Generation)
 	}
-	{
-		kind := "recovery"
-		if p.Lost == "" {
-			kind = "grow"
-		}
-		s.runLogLocked(e, map[string]any{"kind": kind, "time": now.UTC().Format(time.RFC3339Nano), "lost_worker": p.Lost,
-			"reason": p.Reason, "generation": gen, "workers": len(ids), "checkpoint": path, "last_step": lastStep})
+	kind := "recovery"
+	if a.Lost == "" {
+		kind = "grow"
 	}
+	s.runLogLocked(e, map[string]any{"kind": kind, "time": s.cfg.Now().UTC().Format(time.RFC3339Nano), "lost_worker": a.Lost,
+		"reason": a.Reason, "generation": a.Generation, "workers": a.Workers, "checkpoint": a.Checkpoint, "last_step": a.LastStep})
 	s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, msg, nil)
 }
 
-// taskStartedLocked records where a ring generation's state came from
-// (rank 0's TaskStarted) and, for a recovery or growth, ends it: the time
-// it took, the steps done again, and the source are logged to the run's
-// metrics.jsonl and announced as a job event.
-func (s *Server) taskStartedLocked(workerID string, st *pb.TaskStarted) {
-	e := s.runningJobLocked(workerID, st.GetJobId(), st.GetRank())
-	if e == nil || st.Generation != e.job.Generation {
-		return
-	}
-	out, ended := e.recovery.Started(s.cfg.Now(), st, len(e.job.WorkerIds))
-	if !ended {
-		if st.Source != "scratch" {
-			s.log.Info("job starting", "job", e.job.Id, "generation", st.Generation, "from", coordinator.StartedFrom(st))
+// generationStartedLocked carries out the core's GenerationStarted
+// (rank 0's TaskStarted: where a ring generation's state came from):
+// for a recovery or growth, the time it took, the steps done again, and
+// the source are logged to the run's metrics.jsonl and announced.
+func (s *Server) generationStartedLocked(e *jobEntry, a coordinator.GenerationStarted) {
+	if a.Outcome == nil {
+		if a.Source != "scratch" {
+			s.log.Info("job starting", "job", e.job.Id, "generation", a.Generation, "from", a.From)
 		}
 		return
 	}
+	out := a.Outcome
 	s.runLogLocked(e, out.Record)
-	s.log.Info("job recovered", "job", e.job.Id, "seconds", out.Seconds, "generation", e.job.Generation, "from", coordinator.StartedFrom(st),
+	s.log.Info("job recovered", "job", e.job.Id, "seconds", out.Seconds, "generation", a.Generation, "from", a.From,
 		"steps_redone", out.Record["steps_redone"])
 	s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, out.Message, nil)
+}
+
+// recoveredLocked carries out the core's Recovered: a recovery ended at
+// the new generation's first progress report.
+func (s *Server) recoveredLocked(e *jobEntry, a coordinator.Recovered) {
+	s.runLogLocked(e, a.Outcome.Record)
+	s.log.Info("job recovered", "job", e.job.Id, "seconds", a.Outcome.Seconds, "generation", a.Generation)
+	s.emitLocked(e, pb.EventKind_EVENT_KIND_LOG, a.Outcome.Message, nil)
+}
+
+// ringCutLocked carries out the core's RingCut: the rank the frame
+// counts name as cut off is logged and recorded (the core evicts it and
+// recovers or fails the job).
+func (s *Server) ringCutLocked(e *jobEntry, a coordinator.RingCut) {
+	s.log.Warn("ring link broken", "job", a.Job, "rank", a.Rank, "worker", a.Worker, "address", a.Address, "evidence", a.Evidence)
+	s.runLogLocked(e, map[string]any{"kind": "ring_cut", "time": s.cfg.Now().UTC().Format(time.RFC3339Nano), "rank": a.Rank, "worker": a.Worker,
+		"address": a.Address, "evidence": a.Evidence, "generation": a.Generation})
 }

@@ -153,6 +153,7 @@ func (s *Server) startGenerationLocked(e *jobEntry, a coordinator.StartGeneratio
 	}
 	j.Generation = a.Generation
 	j.WorkerIds = a.Workers
+	j.ResumeFrom = a.ResumeFrom
 	world := len(a.Workers)
 	e.rankIPS = make([]float64, world)
 	j.Ranks = make([]*pb.Progress, world)
@@ -176,6 +177,6 @@ func (s *Server) assignLocked(e *jobEntry, a coordinator.Assign) {
 	s.sendLocked(a.Worker, &pb.ConnectResponse{Msg: &pb.ConnectResponse_Assignment{Assignment: &pb.Assignment{
 		JobId: j.Id, Generation: a.Generation, Rank: int32(a.Rank), WorldSize: int32(len(a.Peers)),
 		Spec: spec, Peers: a.Peers, PsAddresses: psAddrs, NumParams: int64(e.numParams),
-		CheckpointDir: jobCheckpointDir(j), ResumeFrom: j.ResumeFrom, TrainedSteps: e.recovery.Trained(),
+		CheckpointDir: jobCheckpointDir(j), ResumeFrom: a.ResumeFrom, TrainedSteps: a.Trained,
 	}}})
 }

@@ -131,15 +131,13 @@ type Server struct {
 	// disk work) are carried out, in order, once it is released
 	// (lock.go).
 	mu shellLock
-	// core is the worker registry, the queue of pending jobs and the
-	// gang scheduler (coordinator.Core), fed by stepLocked (core.go);
-	// actions holds what it returned that is not yet carried out, and
-	// applying says stepLocked is carrying them out (growPending: the
-	// elastic jobs may grow once they are).
-	core        *coordinator.Core
-	actions     []coordinator.Action
-	applying    bool
-	growPending bool
+	// core is the worker registry, the queue of pending jobs, the gang
+	// scheduler and the job table (coordinator.Core), fed by stepLocked
+	// (core.go); actions holds what it returned that is not yet carried
+	// out, and applying says stepLocked is carrying them out.
+	core     *coordinator.Core
+	actions  []coordinator.Action
+	applying bool
 	// workersChanged is closed (and replaced) once a step has changed
 	// the registry (registryChanged: one did, in the steps being
 	// carried out): what tests wait on instead of polling.
@@ -228,7 +226,7 @@ func New(cfg Config) (*Server, error) {
 	// nothing is placed).
 	s.mu.Lock()
 	for _, j := range queue {
-		s.mustStepLocked(coordinator.Submit{At: cfg.Now(), Job: j.Id, Workers: int(j.Spec.GetWorkers()), Mode: j.Spec.GetMode(), Entrypoint: jobspec.IsEntrypoint(j.Spec)})
+		s.mustStepLocked(submitInput(j, cfg.Now()))
 	}
 	for _, e := range s.jobs {
 		if e.final() { // the core refuses to cancel them
@@ -358,12 +356,8 @@ func (s *Server) monitor(ctx context.Context) {
 		}
 		now := s.cfg.Now()
 		s.mu.Lock()
+		// Lost workers, and rank failures past their deadline.
 		s.mustStepLocked(coordinator.Tick{At: now})
-		for _, e := range s.jobs {
-			if msg, due := e.recovery.Due(now, e.job.Generation); due && !e.final() {
-				s.endJobLocked(e, pb.JobState_JOB_STATE_FAILED, msg, nil)
-			}
-		}
 		s.mu.Unlock()
 	}
 }
