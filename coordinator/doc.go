@@ -6,27 +6,30 @@
 // lifecycle (PENDING → RUNNING → SUCCEEDED | FAILED | CANCELLED), its
 // generation and members, which ranks finished or failed, a cancel's
 // CancelTasks and the tasks an ended job still waits for, and the
-// straggler rule over its progress reports. Beside it are the rules by
-// which jobs recover from lost ranks (Recovery: an explicit state
-// machine, steady → pinning → rejoining, failing by a deadline), grow
-// onto idle workers, and have their cut ring links named.
+// straggler rule over its progress reports, and elastic recovery
+// (elastic.go): each job's Recovery, an explicit state machine (steady →
+// pinning → rejoining, failing by a deadline), by which a job recovers
+// from lost ranks, grows onto idle workers, and has its cut ring links
+// named and the rank evicted.
 //
 // Where is recovery decided: here. Recovery plans a new generation's
 // workers (survivors first, then idle workers, never an evicted one),
 // decides when a rank's failure is final, and says what to announce
 // when a generation starts; RingCulprit names the rank cut off from the
-// frame counts; Stragglers applies the straggler rule. The shell (package
-// server) still holds each job's Recovery and calls these rules with
-// it; the new generation it plans starts through the core (Regenerate).
+// frame counts; Stragglers applies the straggler rule. The core holds
+// each job's Recovery and applies these rules; the shell (package
+// server) pins the checkpoint a new generation falls back to
+// (PinCheckpoint → Pinned) and announces what happened.
 //
 // It is written the way federated.Server and etcd's raft are: every
 // input carries the time it happened (Core.Step takes Hello, Heard,
 // Disconnected, Tick, Submit, Withdraw, Assigned, Released, Shutdown,
-// and for jobs Loaded, Prepared, Progress, TaskDone, Cancel, End,
-// Regenerate, Evict), and the core answers with what the caller must do
+// and for jobs Loaded, Prepared, Progress, Started, TaskDone, Cancel,
+// End, Pinned), and the core answers with what the caller must do
 // (Welcome, Disconnect, WorkerLost, Place, SetState, EndJob,
-// DropPrepared, StartGeneration, Assign, CancelTask, RankFailed,
-// TasksStopped, Straggler) — data, never side effects. There is no
+// DropPrepared, StartGeneration, Assign, CancelTask, TasksStopped,
+// Straggler, PinCheckpoint, Recovering, GenerationStarted, Recovered,
+// RingCut) — data, never side effects. There is no
 // gRPC, storage, goroutine, clock or lock in here (purity_test.go checks
 // it), so every rule is tested as a script against a fake clock. The
 // gRPC shell validates input, feeds the core under its lock, and carries

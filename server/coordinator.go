@@ -172,10 +172,10 @@ func (s *Server) Connect(stream pb.Coordinator_ConnectServer) error {
 	return status.Error(codes.Unavailable, "worker "+id+": "+reason)
 }
 
-// workerLostLocked carries out the core's WorkerLost: every ended job
-// stops waiting for the worker's task, and the job it held fails,
-// naming it, or recovers (a real federated client is only missing from
-// its rounds).
+// workerLostLocked carries out the core's WorkerLost: it is counted and
+// logged, and a real federated client is only missing from its rounds
+// (the round driver's business). Whether the job it held fails or
+// recovers the core decides (the actions that follow).
 func (s *Server) workerLostLocked(a coordinator.WorkerLost) {
 	if a.Timeout {
 		s.cfg.Metrics.HeartbeatMissed()
