@@ -93,29 +93,6 @@ type Submit struct {
 	Entrypoint bool
 }
 
-// Withdraw: a queued job ended before it was placed (cancelled).
-type Withdraw struct {
-	At  time.Time
-	Job string
-}
-
-// Assigned: the shell gave Workers a task of Job other than through a
-// Place (a recovery's or growth's new generation).
-type Assigned struct {
-	At      time.Time
-	Job     string
-	Workers []string
-}
-
-// Released: Job's tasks on Workers are over (the task finished, the job
-// ended, the worker was evicted from it); each worker still holding the
-// job is idle again.
-type Released struct {
-	At      time.Time
-	Job     string
-	Workers []string
-}
-
 // Shutdown: the server is stopping; nothing is placed any more.
 type Shutdown struct{ At time.Time }
 
@@ -124,9 +101,6 @@ func (i Heard) when() time.Time        { return i.At }
 func (i Disconnected) when() time.Time { return i.At }
 func (i Tick) when() time.Time         { return i.At }
 func (i Submit) when() time.Time       { return i.At }
-func (i Withdraw) when() time.Time     { return i.At }
-func (i Assigned) when() time.Time     { return i.At }
-func (i Released) when() time.Time     { return i.At }
 func (i Shutdown) when() time.Time     { return i.At }
 
 // An Action is what the shell must do, in the order given.
@@ -221,16 +195,6 @@ func (c *Core) Step(in Input) ([]Action, error) {
 		if !slices.ContainsFunc(c.queue, func(p Pending) bool { return p.Job == in.Job }) {
 			c.queue = append(c.queue, Pending{Job: in.Job, Workers: in.Workers, Entrypoint: in.Entrypoint})
 		}
-	case Withdraw:
-		c.queue = slices.DeleteFunc(c.queue, func(p Pending) bool { return p.Job == in.Job })
-	case Assigned:
-		for _, id := range in.Workers {
-			if w := c.workers[id]; w != nil && w.State != pb.WorkerState_WORKER_STATE_LOST {
-				w.State, w.Job = pb.WorkerState_WORKER_STATE_BUSY, in.Job
-			}
-		}
-	case Released:
-		c.release(in.Job, in.Workers)
 	case Shutdown:
 		c.closed = true
 		for _, j := range c.sortedJobs() { // no task reports any more

@@ -54,31 +54,36 @@ func TestCoreQueuesWhileGangIncomplete(t *testing.T) {
 	if q := c.Queued(); len(q) != 0 {
 		t.Fatalf("queue %v; want empty", q)
 	}
-	// big's tasks end: its workers are idle again; w0 reports first.
-	step(t, c, coordinator.Released{At: at(9), Job: "big", Workers: []string{"w0"}})
+	// big runs; its rank 0 finishes first: w0 is idle again, w1 still
+	// busy with big.
+	step(t, c, coordinator.Prepared{At: at(4), Job: "big"},
+		coordinator.SetState{Job: "big", State: pb.JobState_JOB_STATE_RUNNING, Message: "running on 2 worker(s)", Workers: []string{"w0", "w1"}},
+		coordinator.StartGeneration{Job: "big", Generation: 1, Workers: []string{"w0", "w1"}},
+		coordinator.Assign{Job: "big", Generation: 1, Worker: "w0", Rank: 0, Peers: []string{"w0:1", "w1:1"}},
+		coordinator.Assign{Job: "big", Generation: 1, Worker: "w1", Rank: 1, Peers: []string{"w0:1", "w1:1"}})
+	step(t, c, coordinator.TaskDone{At: at(9), Worker: "w0", Job: "big", Generation: 1, Rank: 0})
 	wantWorker(t, c, "w0", pb.WorkerState_WORKER_STATE_IDLE, "")
-	wantWorker(t, c, "w1", pb.WorkerState_WORKER_STATE_BUSY, "big")
-	// A release naming another job leaves the worker's task alone.
-	step(t, c, coordinator.Released{At: at(9), Job: "small", Workers: []string{"w1"}})
 	wantWorker(t, c, "w1", pb.WorkerState_WORKER_STATE_BUSY, "big")
 	if diff := cmp.Diff([]string{"w0"}, c.Idle()); diff != "" {
 		t.Fatalf("idle (-want +got)\n%s", diff)
 	}
 }
 
-// TestCoreWithdraw: a queued job cancelled before it was placed leaves
-// the queue, and the job behind it starts when it fits.
-func TestCoreWithdraw(t *testing.T) {
+// TestCoreCancelQueued: a queued job cancelled before it was placed
+// leaves the queue, and the job behind it starts when it fits.
+func TestCoreCancelQueued(t *testing.T) {
 	c := coordinator.NewCore(5 * time.Second)
 	step(t, c, hello(0, "w0"), coordinator.Welcome{Worker: "w0"})
 	step(t, c, coordinator.Submit{At: at(1), Job: "a", Workers: 3})
 	step(t, c, coordinator.Submit{At: at(1), Job: "b", Workers: 1})
-	step(t, c, coordinator.Withdraw{At: at(2), Job: "a"}, coordinator.Place{Job: "b", Workers: []string{"w0"}})
+	step(t, c, coordinator.Cancel{At: at(2), Job: "a"}, coordinator.EndJob{Job: "a", State: pb.JobState_JOB_STATE_CANCELLED, Message: "cancelled by user"},
+		coordinator.Place{Job: "b", Workers: []string{"w0"}})
 }
 
 // TestCoreLiveness: w2 goes silent after t=1 s; the tick at t=3 s with a
 // 1.5 s timeout declares it lost (its stream closed, its job told, the
-// silence measured), and only it; a late disconnect changes nothing.
+// silence measured), and only it; the job it was placed on fails (it is
+// not elastic); a late disconnect changes nothing.
 func TestCoreLiveness(t *testing.T) {
 	c := coordinator.NewCore(1500 * time.Millisecond)
 	for _, id := range []string{"w0", "w1", "w2"} {
@@ -90,7 +95,9 @@ func TestCoreLiveness(t *testing.T) {
 	step(t, c, coordinator.Heard{At: at(2.5), Worker: "w1"})
 	step(t, c, coordinator.Tick{At: at(2.4)})
 	step(t, c, coordinator.Tick{At: at(3)}, coordinator.Disconnect{Worker: "w2"},
-		coordinator.WorkerLost{Worker: "w2", Address: "w2:1", Job: "j", Reason: "no heartbeat for 2.0s (timeout 1.5s)", Silent: 2 * time.Second, Timeout: true})
+		coordinator.WorkerLost{Worker: "w2", Address: "w2:1", Job: "j", Reason: "no heartbeat for 2.0s (timeout 1.5s)", Silent: 2 * time.Second, Timeout: true},
+		coordinator.EndJob{Job: "j", State: pb.JobState_JOB_STATE_FAILED, Message: "worker w2 (rank 2, w2:1) lost: no heartbeat for 2.0s (timeout 1.5s)"})
+	wantWorker(t, c, "w0", pb.WorkerState_WORKER_STATE_IDLE, "")
 	wantWorker(t, c, "w2", pb.WorkerState_WORKER_STATE_LOST, "")
 	step(t, c, coordinator.Disconnected{At: at(3.1), Worker: "w2", Reason: "connection closed"})
 	step(t, c, coordinator.Heard{At: at(3.2), Worker: "w2"})
@@ -117,24 +124,6 @@ func TestCoreReconnect(t *testing.T) {
 	if diff := cmp.Diff([]string{"w1", "w0"}, c.Idle()); diff != "" {
 		t.Fatalf("idle order (-want +got)\n%s", diff)
 	}
-}
-
-// TestCoreRecoveryAssignment: w2 of job j on {w0, w1, w2} is lost at
-// t=3 s; the shell (recovery) gives generation 2 to w0, w1 and the idle
-// w3: they are busy with j, and a job queued behind waits for them.
-func TestCoreRecoveryAssignment(t *testing.T) {
-	c := coordinator.NewCore(5 * time.Second)
-	for _, id := range []string{"w0", "w1", "w2"} {
-		step(t, c, hello(0, id), coordinator.Welcome{Worker: id})
-	}
-	step(t, c, coordinator.Submit{At: at(0.5), Job: "j", Workers: 3}, coordinator.Place{Job: "j", Workers: []string{"w0", "w1", "w2"}})
-	step(t, c, hello(1, "w3"), coordinator.Welcome{Worker: "w3"})
-	step(t, c, coordinator.Disconnected{At: at(3), Worker: "w2", Reason: "its connection broke"}, coordinator.Disconnect{Worker: "w2"},
-		coordinator.WorkerLost{Worker: "w2", Address: "w2:1", Job: "j", Reason: "its connection broke", Silent: 3 * time.Second})
-	step(t, c, coordinator.Assigned{At: at(3), Job: "j", Workers: []string{"w0", "w1", "w3"}})
-	step(t, c, coordinator.Submit{At: at(4), Job: "next", Workers: 1})
-	wantWorker(t, c, "w3", pb.WorkerState_WORKER_STATE_BUSY, "j")
-	step(t, c, coordinator.Released{At: at(9), Job: "j", Workers: []string{"w0", "w1", "w3"}}, coordinator.Place{Job: "next", Workers: []string{"w0"}})
 }
 
 // TestCoreShutdown: once stopping, nothing is placed.

@@ -23,9 +23,9 @@
 //
 // It is written the way federated.Server and etcd's raft are: every
 // input carries the time it happened (Core.Step takes Hello, Heard,
-// Disconnected, Tick, Submit, Withdraw, Assigned, Released, Shutdown,
-// and for jobs Loaded, Prepared, Progress, Started, TaskDone, Cancel,
-// End, Pinned), and the core answers with what the caller must do
+// Disconnected, Tick, Submit, Shutdown, and for jobs Loaded, Prepared,
+// Progress, Started, TaskDone, Cancel, End, Pinned), and the core
+// answers with what the caller must do
 // (Welcome, Disconnect, WorkerLost, Place, SetState, EndJob,
 // DropPrepared, StartGeneration, Assign, CancelTask, TasksStopped,
 // Straggler, PinCheckpoint, Recovering, GenerationStarted, Recovered,

@@ -95,14 +95,20 @@ type lostWorker struct {
 // elastic reports whether j recovers from lost workers.
 func (j *Job) elastic() bool { return j.Mode == "ring" && j.min < j.size }
 
-// workerLost fails or recovers the job a lost worker held (a real
-// federated client is only missing from its rounds: the shell's round
-// driver sees to it).
+// workerLost fails or recovers the job a lost worker held, running or
+// placed and being prepared (a real federated client of a running job
+// is only missing from its rounds: the shell's round driver sees to
+// it).
 func (c *Core) workerLost(out []Action, j *Job, w *Worker, reason string, silent time.Duration) []Action {
-	if c.closed || j.State != pb.JobState_JOB_STATE_RUNNING || j.realClients {
+	running := j.State == pb.JobState_JOB_STATE_RUNNING
+	if c.closed || Final(j.State) || (running && j.realClients) {
 		return out
 	}
-	msg := fmt.Sprintf("worker %s (rank %d, %s) lost: %s", w.ID, slices.Index(j.Members, w.ID), w.Address, reason)
+	rank := slices.Index(j.Members, w.ID)
+	if !running {
+		rank = slices.Index(j.Placed, w.ID)
+	}
+	msg := fmt.Sprintf("worker %s (rank %d, %s) lost: %s", w.ID, rank, w.Address, reason)
 	out, ok := c.recover(out, j, &lostWorker{id: w.ID, address: w.Address, silent: silent}, reason, msg)
 	if ok {
 		return out
