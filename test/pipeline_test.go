@@ -1,0 +1,56 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// pipeResult is what TestPipelineMatchesGradAccum reads of a local run's
+// summary.
+type pipeResult struct {
+	State        string  `json:"state"`
+	Message      string  `json:"message"`
+	Steps        int64   `json:"steps"`
+	TestAccuracy float64 `json:"test_accuracy"`
+	Checksum     string  `json:"parameter_checksum"`
+}
+
+func runLocal(t *testing.T, args ...string) pipeResult {
+	t.Helper()
+	ctx := testCtx(t, 3*time.Minute)
+	base := []string{"local", "--json", "--model", "lenet5", "--dataset", "synthetic", "--max-steps", "20", "--seed", "5"}
+	out, code := gradsync(ctx, t, append(base, args...)...)
+	if code != 0 || len(out) == 0 {
+		t.Fatalf("gradsync local %v: exit %d, output %v", args, code, out)
+	}
+	var r pipeResult
+	if err := json.Unmarshal([]byte(out[len(out)-1]), &r); err != nil || r.State != "SUCCEEDED" || r.Checksum == "" {
+		t.Fatalf("gradsync local %v: last line %q (%v)", args, out[len(out)-1], err)
+	}
+	return r
+}
+
+// TestPipelineMatchesGradAccum runs lenet5 cut into 2 pipeline stages on
+// 4 micro-batches of a 32-example step, under both schedules, and as 2
+// data replicas of those 2 stages: each ends with the parameters, bit for
+// bit (the summary's checksum of the whole model, gathered from the
+// stages), and the test accuracy of the same job on 1 (or 2) whole-model
+// ring workers accumulating 4 micro-batches of 8.
+func TestPipelineMatchesGradAccum(t *testing.T) {
+	for _, d := range []int{1, 2} {
+		want := runLocal(t, "--mode", "ring", "--workers", fmt.Sprint(d), "--batch-size", "8", "--grad-accum", "4")
+		for _, sched := range []string{"gpipe", "1f1b"} {
+			if d == 2 && sched == "gpipe" {
+				continue // one 2×2 run is enough on a loaded machine
+			}
+			got := runLocal(t, "--workers", fmt.Sprint(2*d), "--pipeline-stages", "2", "--micro-batches", "4",
+				"--schedule", sched, "--batch-size", "32")
+			if got.Checksum != want.Checksum || got.TestAccuracy != want.TestAccuracy || got.Steps != want.Steps {
+				t.Errorf("D=%d S=2 M=4 %s: checksum %s, accuracy %v after %d steps; %d whole-model worker(s) with grad_accum 4: %s, %v after %d",
+					d, sched, got.Checksum, got.TestAccuracy, got.Steps, d, want.Checksum, want.TestAccuracy, want.Steps)
+			}
+		}
+	}
+}
