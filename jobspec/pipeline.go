@@ -128,8 +128,8 @@ func normalizePipeline(s *pb.JobSpec) error {
 		return errf("activation_checkpointing", "%s with pipeline stages %s; use none", s.ActivationCheckpointing, notImplementedSuffix)
 	case Streamed(s.GetDataset()):
 		return errf("dataset.name", "streamed data set %s with pipeline stages %s; use an IDX or synthetic data set", s.GetDataset().GetName(), notImplementedSuffix)
-	case CheckpointsOn(s):
-		return errf("checkpoint", "checkpoints of pipeline jobs %s", notImplementedSuffix)
+	case s.GetCheckpoint().GetEverySeconds() > 0:
+		return errf("checkpoint.every_seconds", "timed checkpoints of pipeline jobs %s (every stage must agree when one is due); use every_steps or every_epochs", notImplementedSuffix)
 	}
 	// The cuts: stages ≤ the model's blocks, boundaries at block starts.
 	c, h, w, classes := InputShape(s)

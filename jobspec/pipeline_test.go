@@ -68,7 +68,7 @@ func TestNormalizePipelineRejects(t *testing.T) {
 		{"grad accum", "grad_accum_steps", "micro_batches", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.GradAccumSteps = 2 })},
 		{"clip", "grad_clip_norm", "not implemented", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.GradClipNorm = 1 })},
 		{"schedule on one stage", "parallelism.pipeline.stages", "2 or more stages", with(pipeSpec(2, 1, 0), func(s *pb.JobSpec) { s.Parallelism.Pipeline.Schedule = "gpipe" })},
-		{"checkpoints", "checkpoint", "not implemented", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Checkpoint = &pb.CheckpointSpec{EverySteps: 10} })},
+		{"timed checkpoints", "checkpoint.every_seconds", "every_steps", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Checkpoint = &pb.CheckpointSpec{EverySeconds: 10} })},
 	} {
 		_, err := Normalize(tc.spec, nil)
 		var fe *FieldError

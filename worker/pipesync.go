@@ -78,6 +78,7 @@ type pipeTask struct {
 	exec  *stage.Executor
 	optim optim.Stepper
 	opt   aggregator.Options
+	ckpt  *checkpointer // nil: the job writes none
 
 	x, lx  []float32 // the first stage's batch; the last stage's micro-batch (for the targets)
 	padded []int
@@ -195,14 +196,24 @@ func newPipeTask(ctx context.Context, a *pb.Assignment, env *taskEnv, net *model
 func (p *pipeTask) linkJob() string { return fmt.Sprintf("%s/replica-%d", p.a.JobId, p.coord.Replica) }
 
 func (p *pipeTask) start(ctx context.Context, from resumeFrom) (origin, error) {
-	if from.ckpt != nil {
-		return origin{}, errors.New("pipeline: resuming a pipeline job from a checkpoint is not implemented yet")
+	if p.a.CheckpointDir != "" {
+		p.ckpt = &checkpointer{dir: p.a.CheckpointDir, spec: p.spec, jobID: p.a.JobId, world: int(p.a.WorldSize), lastSave: time.Now()}
 	}
-	// Every rank built the model from the seed: check they agree.
+	source := fromScratch
+	if from.ckpt != nil {
+		// Every rank reads the whole model and keeps its stage's part of
+		// the optimiser state: a checkpoint does not depend on the cut.
+		if err := p.restoreStage(from.ckpt); err != nil {
+			return origin{}, err
+		}
+		p.steps = from.at.step
+		source = fromCheckpoint
+	}
+	// Every rank built (or loaded) the same model: check they agree.
 	if err := p.gather(ctx); err != nil {
 		return origin{}, err
 	}
-	return origin{at: from.at, source: fromScratch}, nil
+	return origin{at: from.at, source: source}, nil
 }
 
 func (p *pipeTask) beginStep(context.Context, []float32) (func(int), error) { return nil, nil }
@@ -298,6 +309,10 @@ func (p *pipeTask) step(ctx context.Context, grads, params []float32) error {
 // evaluates it) and after the last step (every rank's result holds its
 // checksum).
 func (p *pipeTask) completed(ctx context.Context, epoch int, at position) error {
+	gathered, err := p.checkpoint(ctx, epoch, at)
+	if err != nil || gathered {
+		return err
+	}
 	if at.epoch > epoch || at.step >= p.total {
 		return p.gather(ctx)
 	}
