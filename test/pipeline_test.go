@@ -1,8 +1,11 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -50,6 +53,52 @@ func TestPipelineMatchesGradAccum(t *testing.T) {
 			if got.Checksum != want.Checksum || got.TestAccuracy != want.TestAccuracy || got.Steps != want.Steps {
 				t.Errorf("D=%d S=2 M=4 %s: checksum %s, accuracy %v after %d steps; %d whole-model worker(s) with grad_accum 4: %s, %v after %d",
 					d, sched, got.Checksum, got.TestAccuracy, got.Steps, d, want.Checksum, want.TestAccuracy, want.Steps)
+			}
+		}
+	}
+}
+
+// TestPipelineCheckpointIsWholeModel checks that a 2-stage job's
+// checkpoints are one whole model: model.safetensors (PyTorch names) and
+// optim.safetensors of steps 10 and 20 are byte for byte those of the
+// same job on one whole-model worker accumulating 4 micro-batches.
+func TestPipelineCheckpointIsWholeModel(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	common := "model: lenet5\ndataset: {name: synthetic}\nmax_steps: 20\nseed: 5\nmode: ring\ncheckpoint: {every_steps: 10}\n"
+	pipe := write("pipe.yaml", common+"batch_size: 32\nparallelism: {pipeline: {stages: 2, micro_batches: 4, schedule: gpipe}}\n")
+	whole := write("whole.yaml", common+"batch_size: 8\ngrad_accum_steps: 4\n")
+	runDir := func(workers, file string) string {
+		ctx := testCtx(t, 3*time.Minute)
+		out, code := gradsync(ctx, t, "local", "--json", "--workers", workers, "--file", file, "--runs-dir", filepath.Join(dir, "runs"))
+		if code != 0 || len(out) == 0 {
+			t.Fatalf("gradsync local %s: exit %d, output %v", file, code, out)
+		}
+		s := parseSummary(t, out)
+		if s.State != "SUCCEEDED" {
+			t.Fatalf("%s: %s %s", file, s.State, s.Message)
+		}
+		return s.RunDir
+	}
+	a, b := runDir("2", pipe), runDir("1", whole)
+	for _, ck := range []string{"ckpt-10", "ckpt-20"} {
+		for _, f := range []string{"model.safetensors", "optim.safetensors"} {
+			x, err := os.ReadFile(filepath.Join(a, "checkpoints", ck, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			y, err := os.ReadFile(filepath.Join(b, "checkpoints", ck, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(x, y) {
+				t.Errorf("%s/%s of the 2-stage job differs from the whole-model job's (%d and %d bytes)", ck, f, len(x), len(y))
 			}
 		}
 	}
