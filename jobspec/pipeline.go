@@ -2,8 +2,10 @@ package jobspec
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gradsync/gradsync/models"
 	"github.com/gradsync/gradsync/pipeline"
@@ -76,8 +78,8 @@ func normalizePipeline(s *pb.JobSpec) error {
 	}
 	S := p.Stages
 	if S == 1 {
-		if p.MicroBatches != 0 || p.Schedule != "" || len(p.Boundaries) > 0 {
-			return errf(pipelineField+"stages", "micro_batches, schedule and boundaries apply to 2 or more stages; stages is 1")
+		if p.MicroBatches != 0 || p.Schedule != "" || len(p.Boundaries) > 0 || p.DebugStageCost != "" {
+			return errf(pipelineField+"stages", "micro_batches, schedule, boundaries and debug_stage_cost apply to 2 or more stages; stages is 1")
 		}
 		if par.Data != 0 && par.Data != workers {
 			return errf("parallelism.data", "%d data replicas of 1 stage on %d workers; want data = workers", par.Data, workers)
@@ -108,6 +110,9 @@ func normalizePipeline(s *pb.JobSpec) error {
 	}
 	if p.Schedule == "" {
 		p.Schedule = string(pipeline.ScheduleOneFOneB)
+	}
+	if _, _, err := StageCost(p.DebugStageCost); err != nil {
+		return errf(pipelineField+"debug_stage_cost", "%v", err)
 	}
 	if !slices.Contains(pipeline.Schedules(), pipeline.Schedule(p.Schedule)) {
 		return errf(pipelineField+"schedule", "unknown schedule %q; allowed: 1f1b, gpipe", p.Schedule)
@@ -146,4 +151,33 @@ func normalizePipeline(s *pb.JobSpec) error {
 		return errf(pipelineField+"boundaries", "%v", err)
 	}
 	return nil
+}
+
+// maxStageCost bounds each duration of debug_stage_cost.
+const maxStageCost = time.Minute
+
+// StageCost parses parallelism.pipeline.debug_stage_cost,
+// "fwd=20ms,bwd=40ms" (either part may be left out; empty: none).
+func StageCost(s string) (fwd, bwd time.Duration, err error) {
+	if s == "" {
+		return 0, 0, nil
+	}
+	seen := map[string]bool{}
+	for part := range strings.SplitSeq(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok || (k != "fwd" && k != "bwd") || seen[k] {
+			return 0, 0, fmt.Errorf("%q is not fwd=DURATION or bwd=DURATION (each once), as in fwd=20ms,bwd=40ms", part)
+		}
+		seen[k] = true
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > maxStageCost {
+			return 0, 0, fmt.Errorf("%s=%q is not a duration in [0, %v] (as in fwd=20ms,bwd=40ms)", k, v, maxStageCost)
+		}
+		if k == "fwd" {
+			fwd = d
+		} else {
+			bwd = d
+		}
+	}
+	return fwd, bwd, nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -68,12 +69,29 @@ func TestNormalizePipelineRejects(t *testing.T) {
 		{"grad accum", "grad_accum_steps", "micro_batches", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.GradAccumSteps = 2 })},
 		{"clip", "grad_clip_norm", "not implemented", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.GradClipNorm = 1 })},
 		{"schedule on one stage", "parallelism.pipeline.stages", "2 or more stages", with(pipeSpec(2, 1, 0), func(s *pb.JobSpec) { s.Parallelism.Pipeline.Schedule = "gpipe" })},
+		{"stage cost", "parallelism.pipeline.debug_stage_cost", "fwd=20ms,bwd=40ms", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Parallelism.Pipeline.DebugStageCost = "fwd=1" })},
+		{"stage cost twice", "parallelism.pipeline.debug_stage_cost", "each once", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Parallelism.Pipeline.DebugStageCost = "fwd=1ms,fwd=2ms" })},
 		{"timed checkpoints", "checkpoint.every_seconds", "every_steps", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Checkpoint = &pb.CheckpointSpec{EverySeconds: 10} })},
 	} {
 		_, err := Normalize(tc.spec, nil)
 		var fe *FieldError
 		if !errors.As(err, &fe) || fe.Field != tc.field || !strings.Contains(fe.Msg, tc.msg) {
 			t.Errorf("%s: got %v; want a FieldError on %s saying %q", tc.name, err, tc.field, tc.msg)
+		}
+	}
+}
+
+func TestStageCost(t *testing.T) {
+	f, b, err := StageCost("fwd=20ms,bwd=40ms")
+	if err != nil || f != 20*time.Millisecond || b != 40*time.Millisecond {
+		t.Errorf("fwd=20ms,bwd=40ms: %v %v %v", f, b, err)
+	}
+	if f, b, err := StageCost("bwd=1s"); err != nil || f != 0 || b != time.Second {
+		t.Errorf("bwd=1s: %v %v %v", f, b, err)
+	}
+	for _, bad := range []string{"fwd", "x=1ms", "fwd=-1ms", "fwd=2h", "fwd=1ms,"} {
+		if _, _, err := StageCost(bad); err == nil {
+			t.Errorf("%q accepted", bad)
 		}
 	}
 }

@@ -90,11 +90,11 @@ type pipeTask struct {
 
 // pipeStats are a stage's cumulative figures.
 type pipeStats struct {
-	steps                  int64
-	busy, wall             time.Duration
-	peakInFlight           int
-	bytesToPrev, toNext    int64
-	bytesFromPrev, frmNext int64
+	steps                     int64
+	busy, wall                time.Duration
+	peakInFlight              int
+	bytesToPrev, bytesToNext  int64
+	bytesFromPrev, bytesFromN int64
 }
 
 // bubble is the stage's idle share of its steps' time.
@@ -169,7 +169,11 @@ func newPipeTask(ctx context.Context, a *pb.Assignment, env *taskEnv, net *model
 			return nil, err
 		}
 	}
-	cfg := stage.Config{Net: net, Stages: stages, Stage: c.Stage, Plan: plan, Batch: p.batch}
+	fwd, bwd, err := jobspec.StageCost(spec.GetParallelism().GetPipeline().GetDebugStageCost())
+	if err != nil {
+		return nil, err
+	}
+	cfg := stage.Config{Net: net, Stages: stages, Stage: c.Stage, Plan: plan, Batch: p.batch, Cost: stage.Cost{Forward: fwd, Backward: bwd}}
 	if p.prev != nil {
 		cfg.Prev = p.prev
 	}
@@ -250,6 +254,7 @@ func (p *pipeTask) forwardBackward(ctx context.Context, step int64, epoch int, b
 	}
 	sctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
+	start := time.Now()
 	st, err := p.exec.Step(sctx, step, in)
 	if err != nil {
 		return 0, err
@@ -259,12 +264,11 @@ func (p *pipeTask) forwardBackward(ctx context.Context, step int64, epoch int, b
 	}
 	p.ps.steps++
 	p.ps.busy += st.Busy
-	p.ps.wall += st.Wall
 	p.ps.peakInFlight = max(p.ps.peakInFlight, st.PeakInFlight)
 	p.ps.bytesToPrev += st.BytesToPrev
-	p.ps.toNext += st.BytesToNext
+	p.ps.bytesToNext += st.BytesToNext
 	p.ps.bytesFromPrev += st.BytesFromPrev
-	p.ps.frmNext += st.BytesFromNext
+	p.ps.bytesFromN += st.BytesFromNext
 	// The loss is the last stage's: every rank hears the replicas' mean.
 	p.lossv[0] = 0
 	if p.lx != nil {
@@ -275,6 +279,10 @@ func (p *pipeTask) forwardBackward(ctx context.Context, step int64, epoch int, b
 	}); err != nil {
 		return 0, fmt.Errorf("sharing the step's loss: %w", err)
 	}
+	// The step's time on this stage's timeline runs to the step's end on
+	// every stage (the loss all-reduce): a stage that finished its plan
+	// early waits out the flush, which is bubble too.
+	p.ps.wall += time.Since(start)
 	return p.lossv[0], nil
 }
 
@@ -330,12 +338,7 @@ func (p *pipeTask) stats() syncStats {
 }
 
 func (p *pipeTask) close() {
-	if s := p.ps; s.steps > 0 {
-		p.env.log.Info("pipeline stage", "job", p.a.JobId, "rank", p.coord.Rank, "replica", p.coord.Replica, "stage", p.coord.Stage,
-			"steps", s.steps, "bubble", p.ps.bubble(), "busy_s", s.busy.Seconds(), "wall_s", s.wall.Seconds(),
-			"peak_in_flight", s.peakInFlight, "activation_bytes_per_step_out", (s.toNext+s.bytesToPrev)/s.steps,
-			"activation_bytes_per_step_in", (s.bytesFromPrev+s.frmNext)/s.steps)
-	}
+	p.report()
 	for _, l := range []*peerrpc.Link{p.prev, p.next} {
 		if l != nil {
 			l.Close()

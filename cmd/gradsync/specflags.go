@@ -47,6 +47,7 @@ type specFlags struct {
 	schedule     string
 	dataPar      int32
 	boundaries   []string
+	stageCost    string
 	// fedavg
 	rounds      int32
 	clients     int32
@@ -102,6 +103,7 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.schedule, "pipeline-schedule", "", "the same as --schedule")
 	fl.Int32Var(&f.dataPar, "data-parallel", 0, "pipeline: data-parallel replicas D of the pipeline (default: workers / stages)")
 	fl.StringSliceVar(&f.boundaries, "pipeline-boundaries", nil, "pipeline: the blocks where stages 1..S-1 start, comma-separated (default: cut by parameter count)")
+	fl.StringVar(&f.stageCost, "debug-stage-cost", "", "pipeline, for measuring schedules: every micro-batch's forward and backward on every stage take at least this long, e.g. fwd=20ms,bwd=40ms")
 	fl.Float64Var(&f.gradClip, "grad-clip", 0, "clip the averaged gradient to this global L2 norm (default: off)")
 	fl.Int32Var(&f.rounds, "rounds", 0, "fedavg: rounds (default 10)")
 	fl.Int32Var(&f.clients, "clients", 0, "fedavg: number of clients (default 10)")

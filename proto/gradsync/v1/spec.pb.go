@@ -404,9 +404,15 @@ type PipelineSpec struct {
 	// The S-1 blocks where stages 1..S-1 start: block names (layer2.0), a
 	// module name that starts a block, or block indices. Empty: cut by
 	// parameter count.
-	Boundaries    []string `protobuf:"bytes,4,rep,name=boundaries,proto3" json:"boundaries,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Boundaries []string `protobuf:"bytes,4,rep,name=boundaries,proto3" json:"boundaries,omitempty"`
+	// Synthetic cost for measuring schedules, "fwd=20ms,bwd=40ms": every
+	// micro-batch's forward and backward on every stage take at least that
+	// long (the stage waits out the rest after computing), so the bubble
+	// can be measured without the machine's cores distorting it. Empty:
+	// none.
+	DebugStageCost string `protobuf:"bytes,5,opt,name=debug_stage_cost,json=debugStageCost,proto3" json:"debug_stage_cost,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *PipelineSpec) Reset() {
@@ -465,6 +471,13 @@ func (x *PipelineSpec) GetBoundaries() []string {
 		return x.Boundaries
 	}
 	return nil
+}
+
+func (x *PipelineSpec) GetDebugStageCost() string {
+	if x != nil {
+		return x.DebugStageCost
+	}
+	return ""
 }
 
 // EntrypointSpec is the command a worker starts for its rank, as torchrun
@@ -1527,14 +1540,15 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\x11_eval_every_epoch\"\\\n" +
 	"\x0fParallelismSpec\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\x05R\x04data\x125\n" +
-	"\bpipeline\x18\x02 \x01(\v2\x19.gradsync.v1.PipelineSpecR\bpipeline\"\x87\x01\n" +
+	"\bpipeline\x18\x02 \x01(\v2\x19.gradsync.v1.PipelineSpecR\bpipeline\"\xb1\x01\n" +
 	"\fPipelineSpec\x12\x16\n" +
 	"\x06stages\x18\x01 \x01(\x05R\x06stages\x12#\n" +
 	"\rmicro_batches\x18\x02 \x01(\x05R\fmicroBatches\x12\x1a\n" +
 	"\bschedule\x18\x03 \x01(\tR\bschedule\x12\x1e\n" +
 	"\n" +
 	"boundaries\x18\x04 \x03(\tR\n" +
-	"boundaries\"\xbb\x01\n" +
+	"boundaries\x12(\n" +
+	"\x10debug_stage_cost\x18\x05 \x01(\tR\x0edebugStageCost\"\xbb\x01\n" +
 	"\x0eEntrypointSpec\x12\x18\n" +
 	"\acommand\x18\x01 \x03(\tR\acommand\x12\x1f\n" +
 	"\vworking_dir\x18\x02 \x01(\tR\n" +
