@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -102,4 +104,34 @@ func TestPipelineCheckpointIsWholeModel(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestKillPipelineStage kills -9 one stage's worker of a 2-stage job
+// (D = 1): the job fails within 10 s naming that worker, and the
+// survivor is free for the next job.
+func TestKillPipelineStage(t *testing.T) {
+	skipIfShort(t)
+	ctx := testCtx(t, 90*time.Second)
+	dir := t.TempDir()
+	s := startServer(ctx, t, "127.0.0.1:0", filepath.Join(dir, "data"), filepath.Join(dir, "runs"))
+	s.startWorker(ctx, t, "stage-a")
+	victim := s.startWorker(ctx, t, "stage-b")
+	long := s.submit(ctx, t, "--model", "lenet5", "--dataset", "synthetic", "--workers", "2", "--pipeline-stages", "2",
+		"--micro-batches", "4", "--epochs", "1000", "--log-every", "5")
+	watch := start(t, "watch", "watch", long.ID, "--json", "--server", s.addr)
+	if _, err := watch.stdout.wait(ctx, watch.exited, func(l string) bool { return strings.Contains(l, `"event":"progress"`) }); err != nil {
+		t.Fatalf("no progress from the pipeline job: %v", err)
+	}
+	victim.signal(t, syscall.SIGKILL)
+	killed := time.Now()
+	if code := watch.wait(testCtx(t, 10*time.Second), t); code != 1 {
+		t.Errorf("watch of the failed job: exit %d, want 1", code)
+	}
+	t.Logf("pipeline job ended %.1fs after the kill", time.Since(killed).Seconds())
+	sum := parseSummary(t, watch.stdout.all())
+	t.Logf("%s: %s", sum.State, sum.Message)
+	if sum.State != "FAILED" || !strings.Contains(sum.Message, "stage-b") {
+		t.Errorf("after kill -9 of stage-b: state %s, message %q; want FAILED naming stage-b", sum.State, sum.Message)
+	}
+	s.waitWorker(ctx, t, "stage-a", "IDLE")
 }
