@@ -25,7 +25,8 @@ type pipeResult struct {
 func runLocal(t *testing.T, args ...string) pipeResult {
 	t.Helper()
 	ctx := testCtx(t, 3*time.Minute)
-	base := []string{"local", "--json", "--model", "lenet5", "--dataset", "synthetic", "--max-steps", "20", "--seed", "5"}
+	base := []string{"local", "--json", "--model", "lenet5", "--dataset", "synthetic", "--max-steps", "20", "--seed", "5",
+		"--runs-dir", t.TempDir()}
 	out, code := gradsync(ctx, t, append(base, args...)...)
 	if code != 0 || len(out) == 0 {
 		t.Fatalf("gradsync local %v: exit %d, output %v", args, code, out)
@@ -114,8 +115,14 @@ func TestKillPipelineStage(t *testing.T) {
 	ctx := testCtx(t, 90*time.Second)
 	dir := t.TempDir()
 	s := startServer(ctx, t, "127.0.0.1:0", filepath.Join(dir, "data"), filepath.Join(dir, "runs"))
-	s.startWorker(ctx, t, "stage-a")
-	victim := s.startWorker(ctx, t, "stage-b")
+	// The workers write their stages' summaries into their runs directory.
+	worker := func(id string) *proc {
+		p := start(t, "worker "+id, append([]string{"worker", "--server", s.addr, "--id", id, "--runs-dir", filepath.Join(dir, "wruns")}, s.sec...)...)
+		s.waitWorker(ctx, t, id, "IDLE")
+		return p
+	}
+	worker("stage-a")
+	victim := worker("stage-b")
 	long := s.submit(ctx, t, "--model", "lenet5", "--dataset", "synthetic", "--workers", "2", "--pipeline-stages", "2",
 		"--micro-batches", "4", "--epochs", "1000", "--log-every", "5")
 	watch := start(t, "watch", "watch", long.ID, "--json", "--server", s.addr)
