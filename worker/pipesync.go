@@ -44,6 +44,11 @@ func dataShard(a *pb.Assignment) (rank, world int, err error) {
 	return c.Replica, c.Replicas, nil
 }
 
+// imageShare is how many ranks train on each of a rank's images: the
+// stages of a pipeline job's replica (1 otherwise), so that the ranks'
+// throughputs, which the coordinator sums, count each image once.
+func imageShare(spec *pb.JobSpec) float64 { return float64(jobspec.PipelineStages(spec)) }
+
 // pipeTask is one rank's pipeline stage (pipeline.Place gives it its
 // replica and stage from the ring job's assignment). Every step its
 // stage.Executor runs the stage's plan over peerrpc links to the

@@ -291,7 +291,7 @@ func (t *Trainer) report(epoch int) {
 	elapsed := now.Sub(t.start).Seconds()
 	p := &pb.Progress{
 		Epoch: int32(epoch + 1), Step: step, TotalSteps: total, Loss: t.lossSum / float64(t.lossN),
-		ImagesPerSecond: float64(t.images) / now.Sub(t.lastReport).Seconds(),
+		ImagesPerSecond: float64(t.images) / now.Sub(t.lastReport).Seconds() / imageShare(t.spec),
 		LearningRate:    optim.LearningRate(t.spec, step-1, total), ElapsedSeconds: elapsed,
 		EtaSeconds: elapsed / float64(step-t.from.step) * float64(total-step),
 	}
@@ -332,7 +332,7 @@ func (t *Trainer) finish(ctx context.Context) (*pb.JobResult, error) {
 	res.SkippedSteps, res.LossScale = st.skipped, float64(st.lossScale)
 	res.ParameterChecksum = models.Checksum(t.net.Params())
 	wall := time.Since(t.start).Seconds()
-	res.ImagesPerSecond = float64(step-t.from.step) * float64(t.plan.batch) / wall
+	res.ImagesPerSecond = float64(step-t.from.step) * float64(t.plan.batch) / wall / imageShare(t.spec)
 	if sd, ok := t.obj.(*streamed); ok {
 		res.LoaderImagesPerSecond = sd.loaderStats().Capacity()
 	}
