@@ -167,7 +167,7 @@ func TestPipelineResumesOnAnotherCut(t *testing.T) {
 	spec := func(stages int32) *pb.JobSpec {
 		return normalized(t, &pb.JobSpec{Model: "lenet5", Workers: proto.Int32(stages), BatchSize: proto.Int32(16), MaxSteps: 12,
 			Seed: proto.Int64(2), Dataset: &pb.DatasetSpec{Name: "synthetic", SyntheticTrain: 800, SyntheticTest: 200},
-			Checkpoint: &pb.CheckpointSpec{EverySteps: 6},
+			Checkpoint:  &pb.CheckpointSpec{EverySteps: 6},
 			Parallelism: &pb.ParallelismSpec{Pipeline: &pb.PipelineSpec{Stages: stages, MicroBatches: 4}}})
 	}
 	dir := t.TempDir()
