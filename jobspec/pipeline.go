@@ -133,6 +133,8 @@ func normalizePipeline(s *pb.JobSpec) error {
 		return errf("activation_checkpointing", "%s with pipeline stages %s; use none", s.ActivationCheckpointing, notImplementedSuffix)
 	case Streamed(s.GetDataset()):
 		return errf("dataset.name", "streamed data set %s with pipeline stages %s; use an IDX or synthetic data set", s.GetDataset().GetName(), notImplementedSuffix)
+	case s.NonfinitePolicy == "skip":
+		return errf("nonfinite_policy", "skip with pipeline stages %s (the stages would have to agree to skip a step); use fail", notImplementedSuffix)
 	case s.GetCheckpoint().GetEverySeconds() > 0:
 		return errf("checkpoint.every_seconds", "timed checkpoints of pipeline jobs %s (every stage must agree when one is due); use every_steps or every_epochs", notImplementedSuffix)
 	}

@@ -71,6 +71,7 @@ func TestNormalizePipelineRejects(t *testing.T) {
 		{"schedule on one stage", "parallelism.pipeline.stages", "2 or more stages", with(pipeSpec(2, 1, 0), func(s *pb.JobSpec) { s.Parallelism.Pipeline.Schedule = "gpipe" })},
 		{"stage cost", "parallelism.pipeline.debug_stage_cost", "fwd=20ms,bwd=40ms", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Parallelism.Pipeline.DebugStageCost = "fwd=1" })},
 		{"stage cost twice", "parallelism.pipeline.debug_stage_cost", "each once", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Parallelism.Pipeline.DebugStageCost = "fwd=1ms,fwd=2ms" })},
+		{"skip non-finite steps", "nonfinite_policy", "use fail", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.NonfinitePolicy = "skip" })},
 		{"timed checkpoints", "checkpoint.every_seconds", "every_steps", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Checkpoint = &pb.CheckpointSpec{EverySeconds: 10} })},
 	} {
 		_, err := Normalize(tc.spec, nil)
