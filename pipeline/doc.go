@@ -114,7 +114,7 @@
 // whatever the cut). Not composed with stages yet, and refused: ps and
 // fedavg modes, grad_accum_steps (micro_batches is the accumulation),
 // compression, grad_clip_norm (a norm over all stages), fp16/bf16,
-// activation checkpointing, streamed data sets, elastic bounds and timed
-// checkpoints; the balance option of the issue is not there (cuts are by
+// activation checkpointing, streamed data sets, elastic bounds, timed
+// checkpoints and nonfinite_policy skip; the balance option of the issue is not there (cuts are by
 // parameter count or explicit).
 package pipeline
