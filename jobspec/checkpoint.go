@@ -32,10 +32,12 @@ func CheckpointDue(s *pb.JobSpec, step int64, epochEnd bool, epoch int, sinceLas
 
 // CheckpointHash identifies a spec in checkpoints (checkpoint.Meta's
 // SpecHash): a resume refuses a checkpoint written for another spec. The
-// number of workers is left out, as a resume may change it.
+// number of workers and the parallelism are left out, as a resume may
+// change them.
 func CheckpointHash(spec *pb.JobSpec) string {
 	s := proto.Clone(spec).(*pb.JobSpec)
 	s.Workers, s.MinWorkers, s.MaxWorkers = nil, 0, 0
+	s.Parallelism = nil // checkpoints hold the whole model, whatever the cut
 	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(s)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])

@@ -162,7 +162,7 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 		return nil, err
 	}
 	if s.Mode == "" {
-		s.Mode = DefaultMode
+		s.Mode = pipelineMode(s)
 	}
 	if !slices.Contains(Modes, s.Mode) {
 		return nil, errf("mode", "unknown mode %q; allowed: %s", s.Mode, strings.Join(Modes, allowedListSeparator))
@@ -185,7 +185,7 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	}
 	// Workers.
 	if s.Workers == nil {
-		s.Workers = proto.Int32(1)
+		s.Workers = proto.Int32(pipelineWorkers(s))
 	}
 	if w := s.GetWorkers(); w < 1 || w > MaxWorkers {
 		return nil, errf("workers", "%d out of range; allowed 1..%d", w, MaxWorkers)
@@ -369,6 +369,9 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 		}
 	default:
 		return nil, errf("precision", "unknown precision %q; allowed: fp32, bf16, fp16", s.Precision)
+	}
+	if err := normalizePipeline(s); err != nil {
+		return nil, err
 	}
 	if s.Name == "" {
 		s.Name = s.Model + "-" + d.Name

@@ -14,8 +14,8 @@
 // shell that walks one stage's list every step over a Link to each
 // neighbour (in process: stage.Pipe; between workers: pipeline/peerrpc,
 // one gRPC stream per link), and pipeline/stage/stagetest checks any
-// link against one worker, bit for bit. The job spec, placement and
-// worker wiring are not there yet (see below).
+// link against one worker, bit for bit. Pipeline jobs (the spec, the
+// placement, the worker's stage) are described below.
 //
 // # Plans
 //
@@ -87,31 +87,34 @@
 // stage is idle for (S−1)(f+b) of it: the bubble (S−1)/(M+S−1) of
 // Bubble, exactly, for both schedules and any link capacity.
 //
-// # The job spec (proposed, not wired yet)
+// # Pipeline jobs
 //
-// Pipeline jobs will be described by a parallelism block, to be added to
-// proto/ and jobspec/:
+// A job asks for stages with a parallelism block (JobSpec field 40,
+// validated by jobspec, each refusal a FieldError naming the field):
 //
 //	parallelism:
-//	  data: D                       # data-parallel replicas of the whole pipeline; default 1
+//	  data: D                       # replicas of the whole pipeline; 0: workers / stages
 //	  pipeline:
-//	    stages: S                   # default 1 (no pipeline)
-//	    micro_batches: M            # default S; the batch is split into M equal parts
+//	    stages: S                   # default 1 (no pipeline); at most the model's blocks
+//	    micro_batches: M            # default S; batch_size (a replica's step batch) splits into M equal parts
 //	    schedule: gpipe | 1f1b      # default 1f1b
-//	    boundaries: ["layer2.0"]    # or: the S−1 blocks where stages 1..S−1 start (repeated string)
-//	    balance: params | time      # or: split by parameter count (default) or measured time per block
+//	    boundaries: ["layer2.0"]    # the S−1 blocks where stages 1..S−1 start; default: cut by parameter count
+//	    debug_stage_cost: fwd=20ms,bwd=40ms   # synthetic cost per micro-batch, for measuring schedules
 //
-// Validation (each a FieldError naming the field): data ≥ 1; stages ≥ 1
-// and ≤ the model's blocks (models.Blocks); micro_batches ≥ 1 and the
-// batch size divisible by it (parallelism.pipeline.micro_batches: batch
-// 64 is not a multiple of 3); schedule one of Schedules; boundaries and
-// balance not both; boundaries exactly S−1 entries, strictly increasing,
-// each a block name, a module name that starts a block, or a block index
-// in [1, blocks) (in models named by nn.Sequential indices a number is a
-// module name) — a name inside a block is refused naming the block and
-// the allowed names, as models.Partition does, with the same field paths;
-// workers = D × S. Until they are implemented, pipeline jobs refuse the
-// modes and options that do not compose with them (ps and fedavg modes,
-// compression across stages, grad_clip_norm, which needs a norm over all
-// stages).
+// workers = D × S, mode ring (the default for such jobs). Place gives
+// every rank its coordinates from the ring job's assignment alone (rank
+// r is stage r mod S of replica r / S), so the coordinator needs no
+// pipeline-specific path. On the worker (worker/pipesync.go) a stage's
+// Executor runs over peerrpc links to its replica's neighbours; the D
+// replicas of a stage all-reduce its gradients over a ring of their own
+// and every stage steps its own optimiser on its part of the flat
+// buffers; after each epoch, after the last step and for checkpoints the
+// ranks all-gather the stages' parts, so rank 0 evaluates, checksums and
+// checkpoints the whole model (one model.safetensors with PyTorch names,
+// whatever the cut). Not composed with stages yet, and refused: ps and
+// fedavg modes, grad_accum_steps (micro_batches is the accumulation),
+// compression, grad_clip_norm (a norm over all stages), fp16/bf16,
+// activation checkpointing, streamed data sets, elastic bounds, timed
+// checkpoints and nonfinite_policy skip; the balance option of the issue is not there (cuts are by
+// parameter count or explicit).
 package pipeline

@@ -12,6 +12,7 @@ import (
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/jobspec"
+	"github.com/gradsync/gradsync/pipeline/peerrpc"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -27,6 +28,8 @@ type taskEnv struct {
 	// ring is this worker's peer endpoint; peerDial secures its links.
 	ring     *ringrpc.Endpoint
 	peerDial []grpc.DialOption
+	// pipe is this worker's Pipeline endpoint (pipeline stages' links).
+	pipe *peerrpc.Endpoint
 	// stepDelay is injected before every step's forward pass
 	// (Config.DebugStepDelay: a slow worker, for fault-injection tests).
 	stepDelay time.Duration

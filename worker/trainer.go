@@ -67,7 +67,10 @@ func newTrainer(a *pb.Assignment, env *taskEnv, obj objective) (*Trainer, error)
 	if int64(net.NumParams()) != a.NumParams {
 		return nil, fmt.Errorf("model %s has %d parameters here but %d on the coordinator", spec.Model, net.NumParams(), a.NumParams)
 	}
-	rank, world := int(a.Rank), int(a.WorldSize)
+	rank, world, err := dataShard(a)
+	if err != nil {
+		return nil, err
+	}
 	sampler, err := data.NewSampler(obj.trainLen(), rank, world, spec.GetSeed(), true, false)
 	if err != nil {
 		return nil, err
@@ -113,7 +116,13 @@ func newTrainer(a *pb.Assignment, env *taskEnv, obj objective) (*Trainer, error)
 // join connects the Trainer to its job's synchronizer; the caller closes
 // t.sync.
 func (t *Trainer) join(ctx context.Context) error {
-	s, err := startSync(ctx, t.a, t.env, t.net, t.total, psStart{step: t.at.step, trainExamples: t.plan.trainLen})
+	var s synchronizer
+	var err error
+	if jobspec.Pipelined(t.spec) {
+		s, err = newPipeTask(ctx, t.a, t.env, t.net, t.obj, t.total)
+	} else {
+		s, err = startSync(ctx, t.a, t.env, t.net, t.total, psStart{step: t.at.step, trainExamples: t.plan.trainLen})
+	}
 	if err != nil {
 		return err
 	}
@@ -163,7 +172,10 @@ func (t *Trainer) resume(ctx context.Context) error {
 // epoch trains this rank's share of epoch (the rest of it, in the epoch
 // training starts in).
 func (t *Trainer) epoch(ctx context.Context, epoch int) error {
-	rank, world := int(t.a.Rank), int(t.a.WorldSize)
+	rank, world, err := dataShard(t.a) // the data shard: a pipeline job's replica
+	if err != nil {
+		return err
+	}
 	start := t.plan.epochStart(epoch, t.from)
 	var idx []int
 	if start > 0 {
@@ -209,7 +221,7 @@ func (t *Trainer) epoch(ctx context.Context, epoch int) error {
 	}
 	t.res.Epochs = int32(epoch + 1)
 	t.res.TrainLoss = epochLoss / float64(max(epochN, 1))
-	if rank == 0 && t.spec.GetEvalEveryEpoch() && epochN == nb {
+	if t.a.Rank == 0 && t.spec.GetEvalEveryEpoch() && epochN == nb {
 		if err := t.evaluate(ctx); err != nil {
 			return err
 		}
@@ -234,7 +246,12 @@ func (t *Trainer) step(ctx context.Context, epoch int, batch []int) (float32, er
 	if s, ok := t.sync.(lossScaler); ok {
 		scale = s.lossScale()
 	}
-	loss, err := forwardBackward(net, t.obj, batch, t.micro, t.x, t.dl, epoch, scale, ready)
+	var loss float32
+	if r, ok := t.sync.(stageRunner); ok {
+		loss, err = r.forwardBackward(ctx, t.at.step, epoch, batch)
+	} else {
+		loss, err = forwardBackward(net, t.obj, batch, t.micro, t.x, t.dl, epoch, scale, ready)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("step %d: %w", t.at.step, err)
 	}
@@ -274,7 +291,7 @@ func (t *Trainer) report(epoch int) {
 	elapsed := now.Sub(t.start).Seconds()
 	p := &pb.Progress{
 		Epoch: int32(epoch + 1), Step: step, TotalSteps: total, Loss: t.lossSum / float64(t.lossN),
-		ImagesPerSecond: float64(t.images) / now.Sub(t.lastReport).Seconds(),
+		ImagesPerSecond: float64(t.images) / now.Sub(t.lastReport).Seconds() / imageShare(t.spec),
 		LearningRate:    optim.LearningRate(t.spec, step-1, total), ElapsedSeconds: elapsed,
 		EtaSeconds: elapsed / float64(step-t.from.step) * float64(total-step),
 	}
@@ -315,7 +332,7 @@ func (t *Trainer) finish(ctx context.Context) (*pb.JobResult, error) {
 	res.SkippedSteps, res.LossScale = st.skipped, float64(st.lossScale)
 	res.ParameterChecksum = models.Checksum(t.net.Params())
 	wall := time.Since(t.start).Seconds()
-	res.ImagesPerSecond = float64(step-t.from.step) * float64(t.plan.batch) / wall
+	res.ImagesPerSecond = float64(step-t.from.step) * float64(t.plan.batch) / wall / imageShare(t.spec)
 	if sd, ok := t.obj.(*streamed); ok {
 		res.LoaderImagesPerSecond = sd.loaderStats().Capacity()
 	}

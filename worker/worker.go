@@ -27,6 +27,7 @@ import (
 	"github.com/gradsync/gradsync/internal/netem"
 	"github.com/gradsync/gradsync/internal/rpc"
 	"github.com/gradsync/gradsync/internal/security"
+	"github.com/gradsync/gradsync/pipeline/peerrpc"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -132,6 +133,7 @@ type Worker struct {
 	addr string
 	res  *pb.Resources
 	ring *ringrpc.Endpoint // the peer endpoint's rings (ring mode)
+	pipe *peerrpc.Endpoint // the peer endpoint's pipeline links
 	// snaps are the in-memory snapshots of the ring job this worker ran
 	// last; they outlive its task for the job's next generation.
 	snaps snapshotStore
@@ -212,6 +214,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.ring = ringrpc.NewEndpoint(w.log)
 	defer w.ring.Close()
 	pb.RegisterCollectiveServer(gs, w.ring)
+	w.pipe = peerrpc.NewEndpoint()
+	defer w.pipe.Close()
+	pb.RegisterPipelineServer(gs, w.pipe)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
@@ -352,7 +357,7 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 				defer close(t.done)
 				w.log.Info("task assigned", "job", a.JobId, "rank", a.Rank, "world", a.WorldSize, "model", a.Spec.GetModel())
 				res, err := safeRun(tctx, a, &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics,
-					ring: w.ring, peerDial: w.peerDialOptions(), psDial: w.aggregatorDialOptions(), stepDelay: w.cfg.DebugStepDelay, snaps: &w.snaps,
+					ring: w.ring, pipe: w.pipe, peerDial: w.peerDialOptions(), psDial: w.aggregatorDialOptions(), stepDelay: w.cfg.DebugStepDelay, snaps: &w.snaps,
 					dataDir: w.cfg.DataDir, threads: w.cfg.Threads,
 					allowEntrypoints: w.cfg.AllowEntrypoints, runsDir: w.cfg.RunsDir, worker: w.cfg.ID + " (" + w.cfg.Name + ")"})
 				done := &pb.TaskDone{JobId: a.JobId, Rank: a.Rank, Result: res, Generation: a.Generation}

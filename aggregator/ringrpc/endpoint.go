@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strconv"
+	"math"
 	"sync"
 	"time"
 
@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/internal/rpc"
 	"github.com/gradsync/gradsync/internal/wire/framecodec"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -21,12 +22,12 @@ import (
 // Request metadata of a SendFrames stream: which ring it feeds and who
 // sends. The ASCII keys are lower case as gRPC requires.
 const (
-	mdJob        = "gradsync-job"
-	mdGeneration = "gradsync-generation"
+	mdJob        = rpc.MDJob
+	mdGeneration = rpc.MDGeneration
 	mdRank       = "gradsync-rank"
 	// mdAccepted is the response header by which an Endpoint accepts a
 	// stream.
-	mdAccepted = "gradsync-accepted"
+	mdAccepted = rpc.MDAccepted
 )
 
 // Endpoint is a worker's Collective service: the receiving end of every
@@ -117,32 +118,7 @@ func (e *Endpoint) SendFrames(stream pb.Collective_SendFramesServer) error {
 
 // streamTags reads the stream's metadata.
 func streamTags(md metadata.MD) (job string, gen uint64, rank int, err error) {
-	get := func(k string) (string, error) {
-		v := md.Get(k)
-		if len(v) != 1 {
-			return "", status.Errorf(codes.InvalidArgument,
-				"ringrpc: SendFrames needs exactly one %q metadata value (got %d); the stream must name its job, generation and sender rank", k, len(v))
-		}
-		return v[0], nil
-	}
-	if job, err = get(mdJob); err != nil {
-		return
-	}
-	g, err := get(mdGeneration)
-	if err != nil {
-		return
-	}
-	if gen, err = strconv.ParseUint(g, 10, 64); err != nil {
-		return "", 0, 0, status.Errorf(codes.InvalidArgument, "ringrpc: metadata %s=%q is not an unsigned integer", mdGeneration, g)
-	}
-	rk, err := get(mdRank)
-	if err != nil {
-		return
-	}
-	if rank, err = strconv.Atoi(rk); err != nil || rank < 0 {
-		return "", 0, 0, status.Errorf(codes.InvalidArgument, "ringrpc: metadata %s=%q is not a rank (an integer >= 0)", mdRank, rk)
-	}
-	return job, gen, rank, nil
+	return rpc.StreamTags(md, "ringrpc: SendFrames", mdRank, "rank", math.MaxInt32)
 }
 
 // attach binds a new inbound stream to its ring, or says why not.

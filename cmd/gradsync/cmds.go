@@ -48,7 +48,7 @@ func newLocalCmd(g *globals) *cobra.Command {
 			}
 			n := int(spec.GetWorkers())
 			if n == 0 {
-				n = 1
+				n = defaultWorkers(spec)
 			}
 			if stateDir == "" {
 				if stateDir, err = os.MkdirTemp("", "gradsync-local-"); err != nil {

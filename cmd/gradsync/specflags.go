@@ -41,6 +41,13 @@ type specFlags struct {
 	timeout   float64
 	gradAccum int32
 	gradClip  float64
+	// pipeline parallelism
+	stages       int32
+	microBatches int32
+	schedule     string
+	dataPar      int32
+	boundaries   []string
+	stageCost    string
 	// fedavg
 	rounds      int32
 	clients     int32
@@ -90,6 +97,13 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.Int32Var(&f.logEvery, "log-every", 0, "report progress every N steps (default 20)")
 	fl.Float64Var(&f.timeout, "step-timeout", 0, "seconds a step may take before the job fails (default 60)")
 	fl.Int32Var(&f.gradAccum, "grad-accum", 0, "accumulate gradients over this many micro-batches of --batch-size per step (default 1)")
+	fl.Int32Var(&f.stages, "pipeline-stages", 0, "split the model by layers into this many pipeline stages, one per worker of a replica (default 1: no pipeline)")
+	fl.Int32Var(&f.microBatches, "micro-batches", 0, "pipeline: micro-batches per step; --batch-size must be a multiple (default: the stages)")
+	fl.StringVar(&f.schedule, "schedule", "", "pipeline schedule: 1f1b (default) or gpipe")
+	fl.StringVar(&f.schedule, "pipeline-schedule", "", "the same as --schedule")
+	fl.Int32Var(&f.dataPar, "data-parallel", 0, "pipeline: data-parallel replicas D of the pipeline (default: workers / stages)")
+	fl.StringSliceVar(&f.boundaries, "pipeline-boundaries", nil, "pipeline: the blocks where stages 1..S-1 start, comma-separated (default: cut by parameter count)")
+	fl.StringVar(&f.stageCost, "debug-stage-cost", "", "pipeline, for measuring schedules: every micro-batch's forward and backward on every stage take at least this long, e.g. fwd=20ms,bwd=40ms")
 	fl.Float64Var(&f.gradClip, "grad-clip", 0, "clip the averaged gradient to this global L2 norm (default: off)")
 	fl.Int32Var(&f.rounds, "rounds", 0, "fedavg: rounds (default 10)")
 	fl.Int32Var(&f.clients, "clients", 0, "fedavg: number of clients (default 10)")
@@ -210,6 +224,7 @@ func (f *specFlags) build(c *cobra.Command) (*pb.JobSpec, error) {
 	if ch("grad-clip") {
 		spec.GradClipNorm = f.gradClip
 	}
+	applyPipelineFlags(spec, f, ch)
 	fed := func() *pb.FederatedSpec {
 		if spec.Federated == nil {
 			spec.Federated = &pb.FederatedSpec{}

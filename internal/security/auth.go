@@ -25,7 +25,7 @@ var (
 	DefaultPublicServices = []string{"gradsync.v1.JobService", "gradsync.v1.ClusterService"}
 	// DefaultWorkerServices are called by workers with a worker
 	// certificate.
-	DefaultWorkerServices = []string{"gradsync.v1.Coordinator", "gradsync.v1.ParameterServer", "gradsync.v1.Federation", "gradsync.v1.Collective"}
+	DefaultWorkerServices = []string{"gradsync.v1.Coordinator", "gradsync.v1.ParameterServer", "gradsync.v1.Federation", "gradsync.v1.Collective", "gradsync.v1.Pipeline"}
 	// DefaultOpenServices need nothing: health, and reflection (the
 	// schemas are public, in the repository; reflection returns no data
 	// of any job). To put reflection behind the token, list its services

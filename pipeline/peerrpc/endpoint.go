@@ -13,16 +13,17 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/gradsync/gradsync/internal/rpc"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
 // Request metadata of an Exchange stream, and the response header by
 // which an Endpoint accepts it.
 const (
-	mdJob        = "gradsync-job"
-	mdGeneration = "gradsync-generation"
+	mdJob        = rpc.MDJob
+	mdGeneration = rpc.MDGeneration
 	mdStage      = "gradsync-stage"
-	mdAccepted   = "gradsync-accepted"
+	mdAccepted   = rpc.MDAccepted
 )
 
 // Endpoint is a worker's Pipeline service: the receiving end of the
@@ -138,32 +139,7 @@ func (e *Endpoint) Exchange(stream pb.Pipeline_ExchangeServer) error {
 
 // streamTags reads an Exchange stream's metadata.
 func streamTags(md metadata.MD) (job string, gen uint64, stage int, err error) {
-	get := func(k string) (string, error) {
-		v := md.Get(k)
-		if len(v) != 1 {
-			return "", status.Errorf(codes.InvalidArgument,
-				"peerrpc: Exchange needs exactly one %q metadata value (got %d); the stream names its job, generation and sending stage", k, len(v))
-		}
-		return v[0], nil
-	}
-	if job, err = get(mdJob); err != nil {
-		return
-	}
-	g, err := get(mdGeneration)
-	if err != nil {
-		return
-	}
-	if gen, err = strconv.ParseUint(g, 10, 64); err != nil {
-		return "", 0, 0, status.Errorf(codes.InvalidArgument, "peerrpc: metadata %s=%q is not an unsigned integer", mdGeneration, g)
-	}
-	s, err := get(mdStage)
-	if err != nil {
-		return
-	}
-	if stage, err = strconv.Atoi(s); err != nil || stage < 0 || stage > 1<<20 {
-		return "", 0, 0, status.Errorf(codes.InvalidArgument, "peerrpc: metadata %s=%q is not a stage (an integer >= 0)", mdStage, s)
-	}
-	return job, gen, stage, nil
+	return rpc.StreamTags(md, "peerrpc: Exchange", mdStage, "stage", 1<<20)
 }
 
 // Dial opens stage's link to stage+1 of job at generation gen over conn

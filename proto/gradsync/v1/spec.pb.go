@@ -90,7 +90,11 @@ type JobSpec struct {
 	// for its rank and serves it a local agent socket (GRADSYNC_AGENT)
 	// through which it all-reduces gradients over the job's ring. Only
 	// workers started with --allow-entrypoints run one.
-	Entrypoint    *EntrypointSpec `protobuf:"bytes,34,opt,name=entrypoint,proto3" json:"entrypoint,omitempty"`
+	Entrypoint *EntrypointSpec `protobuf:"bytes,34,opt,name=entrypoint,proto3" json:"entrypoint,omitempty"`
+	// How the job's workers split the model: pipeline stages and data
+	// replicas of the whole pipeline (workers = data × pipeline.stages).
+	// Unset, or pipeline.stages 1: every worker holds the whole model.
+	Parallelism   *ParallelismSpec `protobuf:"bytes,40,opt,name=parallelism,proto3" json:"parallelism,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -321,6 +325,161 @@ func (x *JobSpec) GetEntrypoint() *EntrypointSpec {
 	return nil
 }
 
+func (x *JobSpec) GetParallelism() *ParallelismSpec {
+	if x != nil {
+		return x.Parallelism
+	}
+	return nil
+}
+
+// ParallelismSpec places a job's workers on a mesh: D data-parallel
+// replicas of a pipeline of S stages. Rank r is stage r mod S of replica
+// r / S (pipeline.Placement).
+type ParallelismSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Data-parallel replicas D of the whole pipeline; 0: workers / stages.
+	// The replicas of a stage all-reduce that stage's gradients.
+	Data          int32         `protobuf:"varint,1,opt,name=data,proto3" json:"data,omitempty"`
+	Pipeline      *PipelineSpec `protobuf:"bytes,2,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ParallelismSpec) Reset() {
+	*x = ParallelismSpec{}
+	mi := &file_gradsync_v1_spec_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ParallelismSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ParallelismSpec) ProtoMessage() {}
+
+func (x *ParallelismSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_spec_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ParallelismSpec.ProtoReflect.Descriptor instead.
+func (*ParallelismSpec) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ParallelismSpec) GetData() int32 {
+	if x != nil {
+		return x.Data
+	}
+	return 0
+}
+
+func (x *ParallelismSpec) GetPipeline() *PipelineSpec {
+	if x != nil {
+		return x.Pipeline
+	}
+	return nil
+}
+
+// PipelineSpec splits the model by layers into stages, one per worker of
+// a replica, trained on micro-batches (GPipe or 1F1B, both flushing at
+// the step's end: a step's gradient is exactly the whole batch's).
+type PipelineSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Stages S, at most the model's blocks. Default 1 (no pipeline).
+	Stages int32 `protobuf:"varint,1,opt,name=stages,proto3" json:"stages,omitempty"`
+	// Micro-batches M per step; batch_size (the replica's step batch) must
+	// be a multiple of M. Default S.
+	MicroBatches int32 `protobuf:"varint,2,opt,name=micro_batches,json=microBatches,proto3" json:"micro_batches,omitempty"`
+	// "1f1b" (default) or "gpipe".
+	Schedule string `protobuf:"bytes,3,opt,name=schedule,proto3" json:"schedule,omitempty"`
+	// The S-1 blocks where stages 1..S-1 start: block names (layer2.0), a
+	// module name that starts a block, or block indices. Empty: cut by
+	// parameter count.
+	Boundaries []string `protobuf:"bytes,4,rep,name=boundaries,proto3" json:"boundaries,omitempty"`
+	// Synthetic cost for measuring schedules, "fwd=20ms,bwd=40ms": every
+	// micro-batch's forward and backward on every stage take at least that
+	// long (the stage waits out the rest after computing), so the bubble
+	// can be measured without the machine's cores distorting it. Empty:
+	// none.
+	DebugStageCost string `protobuf:"bytes,5,opt,name=debug_stage_cost,json=debugStageCost,proto3" json:"debug_stage_cost,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *PipelineSpec) Reset() {
+	*x = PipelineSpec{}
+	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PipelineSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PipelineSpec) ProtoMessage() {}
+
+func (x *PipelineSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PipelineSpec.ProtoReflect.Descriptor instead.
+func (*PipelineSpec) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PipelineSpec) GetStages() int32 {
+	if x != nil {
+		return x.Stages
+	}
+	return 0
+}
+
+func (x *PipelineSpec) GetMicroBatches() int32 {
+	if x != nil {
+		return x.MicroBatches
+	}
+	return 0
+}
+
+func (x *PipelineSpec) GetSchedule() string {
+	if x != nil {
+		return x.Schedule
+	}
+	return ""
+}
+
+func (x *PipelineSpec) GetBoundaries() []string {
+	if x != nil {
+		return x.Boundaries
+	}
+	return nil
+}
+
+func (x *PipelineSpec) GetDebugStageCost() string {
+	if x != nil {
+		return x.DebugStageCost
+	}
+	return ""
+}
+
 // EntrypointSpec is the command a worker starts for its rank, as torchrun
 // does: with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and
 // GRADSYNC_AGENT in its environment, in its own process group.
@@ -342,7 +501,7 @@ type EntrypointSpec struct {
 
 func (x *EntrypointSpec) Reset() {
 	*x = EntrypointSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[1]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -354,7 +513,7 @@ func (x *EntrypointSpec) String() string {
 func (*EntrypointSpec) ProtoMessage() {}
 
 func (x *EntrypointSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[1]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -367,7 +526,7 @@ func (x *EntrypointSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EntrypointSpec.ProtoReflect.Descriptor instead.
 func (*EntrypointSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{1}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *EntrypointSpec) GetCommand() []string {
@@ -445,7 +604,7 @@ type DatasetSpec struct {
 
 func (x *DatasetSpec) Reset() {
 	*x = DatasetSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -457,7 +616,7 @@ func (x *DatasetSpec) String() string {
 func (*DatasetSpec) ProtoMessage() {}
 
 func (x *DatasetSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -470,7 +629,7 @@ func (x *DatasetSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetSpec.ProtoReflect.Descriptor instead.
 func (*DatasetSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{2}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *DatasetSpec) GetName() string {
@@ -576,7 +735,7 @@ type DataShape struct {
 
 func (x *DataShape) Reset() {
 	*x = DataShape{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -588,7 +747,7 @@ func (x *DataShape) String() string {
 func (*DataShape) ProtoMessage() {}
 
 func (x *DataShape) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -601,7 +760,7 @@ func (x *DataShape) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataShape.ProtoReflect.Descriptor instead.
 func (*DataShape) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{3}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DataShape) GetChannels() int32 {
@@ -667,7 +826,7 @@ type OptimizerSpec struct {
 
 func (x *OptimizerSpec) Reset() {
 	*x = OptimizerSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -679,7 +838,7 @@ func (x *OptimizerSpec) String() string {
 func (*OptimizerSpec) ProtoMessage() {}
 
 func (x *OptimizerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -692,7 +851,7 @@ func (x *OptimizerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OptimizerSpec.ProtoReflect.Descriptor instead.
 func (*OptimizerSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{4}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *OptimizerSpec) GetName() string {
@@ -768,7 +927,7 @@ type ScheduleSpec struct {
 
 func (x *ScheduleSpec) Reset() {
 	*x = ScheduleSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -780,7 +939,7 @@ func (x *ScheduleSpec) String() string {
 func (*ScheduleSpec) ProtoMessage() {}
 
 func (x *ScheduleSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,7 +952,7 @@ func (x *ScheduleSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduleSpec.ProtoReflect.Descriptor instead.
 func (*ScheduleSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{5}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ScheduleSpec) GetName() string {
@@ -841,7 +1000,7 @@ type CompressionSpec struct {
 
 func (x *CompressionSpec) Reset() {
 	*x = CompressionSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -853,7 +1012,7 @@ func (x *CompressionSpec) String() string {
 func (*CompressionSpec) ProtoMessage() {}
 
 func (x *CompressionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -866,7 +1025,7 @@ func (x *CompressionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompressionSpec.ProtoReflect.Descriptor instead.
 func (*CompressionSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{6}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CompressionSpec) GetType() string {
@@ -939,7 +1098,7 @@ type CheckpointSpec struct {
 
 func (x *CheckpointSpec) Reset() {
 	*x = CheckpointSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1110,7 @@ func (x *CheckpointSpec) String() string {
 func (*CheckpointSpec) ProtoMessage() {}
 
 func (x *CheckpointSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1123,7 @@ func (x *CheckpointSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointSpec.ProtoReflect.Descriptor instead.
 func (*CheckpointSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{7}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CheckpointSpec) GetEverySteps() int64 {
@@ -1041,7 +1200,7 @@ type FederatedSpec struct {
 
 func (x *FederatedSpec) Reset() {
 	*x = FederatedSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1053,7 +1212,7 @@ func (x *FederatedSpec) String() string {
 func (*FederatedSpec) ProtoMessage() {}
 
 func (x *FederatedSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1066,7 +1225,7 @@ func (x *FederatedSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederatedSpec.ProtoReflect.Descriptor instead.
 func (*FederatedSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{8}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *FederatedSpec) GetRounds() int32 {
@@ -1201,7 +1360,7 @@ type PartitionSpec struct {
 
 func (x *PartitionSpec) Reset() {
 	*x = PartitionSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1372,7 @@ func (x *PartitionSpec) String() string {
 func (*PartitionSpec) ProtoMessage() {}
 
 func (x *PartitionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1385,7 @@ func (x *PartitionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionSpec.ProtoReflect.Descriptor instead.
 func (*PartitionSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{9}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PartitionSpec) GetType() string {
@@ -1272,7 +1431,7 @@ type ParameterServerSpec struct {
 
 func (x *ParameterServerSpec) Reset() {
 	*x = ParameterServerSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[10]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1443,7 @@ func (x *ParameterServerSpec) String() string {
 func (*ParameterServerSpec) ProtoMessage() {}
 
 func (x *ParameterServerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[10]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1456,7 @@ func (x *ParameterServerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParameterServerSpec.ProtoReflect.Descriptor instead.
 func (*ParameterServerSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{10}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ParameterServerSpec) GetShards() int32 {
@@ -1332,7 +1491,7 @@ var File_gradsync_v1_spec_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\n" +
-	"\x16gradsync/v1/spec.proto\x12\vgradsync.v1\"\x89\n" +
+	"\x16gradsync/v1/spec.proto\x12\vgradsync.v1\"\xc9\n" +
 	"\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
@@ -1371,13 +1530,25 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\tprecision\x18\x1f \x01(\tR\tprecision\x12;\n" +
 	"\n" +
 	"entrypoint\x18\" \x01(\v2\x1b.gradsync.v1.EntrypointSpecR\n" +
-	"entrypointB\n" +
+	"entrypoint\x12>\n" +
+	"\vparallelism\x18( \x01(\v2\x1c.gradsync.v1.ParallelismSpecR\vparallelismB\n" +
 	"\n" +
 	"\b_workersB\r\n" +
 	"\v_batch_sizeB\t\n" +
 	"\a_epochsB\a\n" +
 	"\x05_seedB\x13\n" +
-	"\x11_eval_every_epoch\"\xbb\x01\n" +
+	"\x11_eval_every_epoch\"\\\n" +
+	"\x0fParallelismSpec\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\x05R\x04data\x125\n" +
+	"\bpipeline\x18\x02 \x01(\v2\x19.gradsync.v1.PipelineSpecR\bpipeline\"\xb1\x01\n" +
+	"\fPipelineSpec\x12\x16\n" +
+	"\x06stages\x18\x01 \x01(\x05R\x06stages\x12#\n" +
+	"\rmicro_batches\x18\x02 \x01(\x05R\fmicroBatches\x12\x1a\n" +
+	"\bschedule\x18\x03 \x01(\tR\bschedule\x12\x1e\n" +
+	"\n" +
+	"boundaries\x18\x04 \x03(\tR\n" +
+	"boundaries\x12(\n" +
+	"\x10debug_stage_cost\x18\x05 \x01(\tR\x0edebugStageCost\"\xbb\x01\n" +
 	"\x0eEntrypointSpec\x12\x18\n" +
 	"\acommand\x18\x01 \x03(\tR\acommand\x12\x1f\n" +
 	"\vworking_dir\x18\x02 \x01(\tR\n" +
@@ -1488,38 +1659,42 @@ func file_gradsync_v1_spec_proto_rawDescGZIP() []byte {
 	return file_gradsync_v1_spec_proto_rawDescData
 }
 
-var file_gradsync_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_gradsync_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_gradsync_v1_spec_proto_goTypes = []any{
 	(*JobSpec)(nil),             // 0: gradsync.v1.JobSpec
-	(*EntrypointSpec)(nil),      // 1: gradsync.v1.EntrypointSpec
-	(*DatasetSpec)(nil),         // 2: gradsync.v1.DatasetSpec
-	(*DataShape)(nil),           // 3: gradsync.v1.DataShape
-	(*OptimizerSpec)(nil),       // 4: gradsync.v1.OptimizerSpec
-	(*ScheduleSpec)(nil),        // 5: gradsync.v1.ScheduleSpec
-	(*CompressionSpec)(nil),     // 6: gradsync.v1.CompressionSpec
-	(*CheckpointSpec)(nil),      // 7: gradsync.v1.CheckpointSpec
-	(*FederatedSpec)(nil),       // 8: gradsync.v1.FederatedSpec
-	(*PartitionSpec)(nil),       // 9: gradsync.v1.PartitionSpec
-	(*ParameterServerSpec)(nil), // 10: gradsync.v1.ParameterServerSpec
-	nil,                         // 11: gradsync.v1.EntrypointSpec.EnvEntry
+	(*ParallelismSpec)(nil),     // 1: gradsync.v1.ParallelismSpec
+	(*PipelineSpec)(nil),        // 2: gradsync.v1.PipelineSpec
+	(*EntrypointSpec)(nil),      // 3: gradsync.v1.EntrypointSpec
+	(*DatasetSpec)(nil),         // 4: gradsync.v1.DatasetSpec
+	(*DataShape)(nil),           // 5: gradsync.v1.DataShape
+	(*OptimizerSpec)(nil),       // 6: gradsync.v1.OptimizerSpec
+	(*ScheduleSpec)(nil),        // 7: gradsync.v1.ScheduleSpec
+	(*CompressionSpec)(nil),     // 8: gradsync.v1.CompressionSpec
+	(*CheckpointSpec)(nil),      // 9: gradsync.v1.CheckpointSpec
+	(*FederatedSpec)(nil),       // 10: gradsync.v1.FederatedSpec
+	(*PartitionSpec)(nil),       // 11: gradsync.v1.PartitionSpec
+	(*ParameterServerSpec)(nil), // 12: gradsync.v1.ParameterServerSpec
+	nil,                         // 13: gradsync.v1.EntrypointSpec.EnvEntry
 }
 var file_gradsync_v1_spec_proto_depIdxs = []int32{
-	2,  // 0: gradsync.v1.JobSpec.dataset:type_name -> gradsync.v1.DatasetSpec
-	4,  // 1: gradsync.v1.JobSpec.optimizer:type_name -> gradsync.v1.OptimizerSpec
-	5,  // 2: gradsync.v1.JobSpec.lr_schedule:type_name -> gradsync.v1.ScheduleSpec
-	6,  // 3: gradsync.v1.JobSpec.compression:type_name -> gradsync.v1.CompressionSpec
-	7,  // 4: gradsync.v1.JobSpec.checkpoint:type_name -> gradsync.v1.CheckpointSpec
-	8,  // 5: gradsync.v1.JobSpec.federated:type_name -> gradsync.v1.FederatedSpec
-	9,  // 6: gradsync.v1.JobSpec.partition:type_name -> gradsync.v1.PartitionSpec
-	10, // 7: gradsync.v1.JobSpec.parameter_server:type_name -> gradsync.v1.ParameterServerSpec
-	1,  // 8: gradsync.v1.JobSpec.entrypoint:type_name -> gradsync.v1.EntrypointSpec
-	11, // 9: gradsync.v1.EntrypointSpec.env:type_name -> gradsync.v1.EntrypointSpec.EnvEntry
-	3,  // 10: gradsync.v1.DatasetSpec.shape:type_name -> gradsync.v1.DataShape
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	4,  // 0: gradsync.v1.JobSpec.dataset:type_name -> gradsync.v1.DatasetSpec
+	6,  // 1: gradsync.v1.JobSpec.optimizer:type_name -> gradsync.v1.OptimizerSpec
+	7,  // 2: gradsync.v1.JobSpec.lr_schedule:type_name -> gradsync.v1.ScheduleSpec
+	8,  // 3: gradsync.v1.JobSpec.compression:type_name -> gradsync.v1.CompressionSpec
+	9,  // 4: gradsync.v1.JobSpec.checkpoint:type_name -> gradsync.v1.CheckpointSpec
+	10, // 5: gradsync.v1.JobSpec.federated:type_name -> gradsync.v1.FederatedSpec
+	11, // 6: gradsync.v1.JobSpec.partition:type_name -> gradsync.v1.PartitionSpec
+	12, // 7: gradsync.v1.JobSpec.parameter_server:type_name -> gradsync.v1.ParameterServerSpec
+	3,  // 8: gradsync.v1.JobSpec.entrypoint:type_name -> gradsync.v1.EntrypointSpec
+	1,  // 9: gradsync.v1.JobSpec.parallelism:type_name -> gradsync.v1.ParallelismSpec
+	2,  // 10: gradsync.v1.ParallelismSpec.pipeline:type_name -> gradsync.v1.PipelineSpec
+	13, // 11: gradsync.v1.EntrypointSpec.env:type_name -> gradsync.v1.EntrypointSpec.EnvEntry
+	5,  // 12: gradsync.v1.DatasetSpec.shape:type_name -> gradsync.v1.DataShape
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_spec_proto_init() }
@@ -1528,16 +1703,16 @@ func file_gradsync_v1_spec_proto_init() {
 		return
 	}
 	file_gradsync_v1_spec_proto_msgTypes[0].OneofWrappers = []any{}
-	file_gradsync_v1_spec_proto_msgTypes[2].OneofWrappers = []any{}
 	file_gradsync_v1_spec_proto_msgTypes[4].OneofWrappers = []any{}
 	file_gradsync_v1_spec_proto_msgTypes[6].OneofWrappers = []any{}
+	file_gradsync_v1_spec_proto_msgTypes[8].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gradsync_v1_spec_proto_rawDesc), len(file_gradsync_v1_spec_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

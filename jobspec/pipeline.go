@@ -1,0 +1,185 @@
+package jobspec
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gradsync/gradsync/models"
+	"github.com/gradsync/gradsync/pipeline"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// maxMicroBatches bounds parallelism.pipeline.micro_batches.
+const maxMicroBatches = 1024
+
+const pipelineField = "parallelism.pipeline."
+
+// PipelineStages is a normalized spec's pipeline stages S (1: no
+// pipeline, every worker holds the whole model).
+func PipelineStages(s *pb.JobSpec) int {
+	return max(int(s.GetParallelism().GetPipeline().GetStages()), 1)
+}
+
+// Pipelined reports whether a normalized spec splits its model into two
+// or more pipeline stages.
+func Pipelined(s *pb.JobSpec) bool { return PipelineStages(s) > 1 }
+
+// PipelinePlan is a normalized pipelined spec's schedule, laid out.
+func PipelinePlan(s *pb.JobSpec) (pipeline.Plan, error) {
+	p := s.GetParallelism().GetPipeline()
+	return pipeline.New(pipeline.Schedule(p.GetSchedule()), PipelineStages(s), int(p.GetMicroBatches()))
+}
+
+// PipelinePartition cuts net into a normalized spec's stages.
+func PipelinePartition(s *pb.JobSpec, net *models.Network) ([]models.Stage, error) {
+	return models.Partition(net, PipelineStages(s), models.Balance{Boundaries: s.GetParallelism().GetPipeline().GetBoundaries()})
+}
+
+// pipelineMode is the mode a spec that leaves it empty gets: pipeline
+// jobs all-reduce each stage's gradients over a ring.
+func pipelineMode(s *pb.JobSpec) string {
+	if s.GetParallelism().GetPipeline().GetStages() > 1 {
+		return "ring"
+	}
+	return DefaultMode
+}
+
+// pipelineWorkers is the worker count a spec that leaves it unset gets:
+// data × stages.
+func pipelineWorkers(s *pb.JobSpec) int32 {
+	p := s.GetParallelism()
+	return max(p.GetData(), 1) * max(p.GetPipeline().GetStages(), 1)
+}
+
+// normalizePipeline checks and defaults parallelism. It runs last, on an
+// otherwise normalized spec (the model's blocks decide the cuts).
+func normalizePipeline(s *pb.JobSpec) error {
+	par := s.GetParallelism()
+	if par == nil {
+		return nil
+	}
+	workers := s.GetWorkers()
+	if par.Data < 0 {
+		return errf("parallelism.data", "%d is negative; allowed 1..%d (0: workers / stages)", par.Data, MaxWorkers)
+	}
+	p := par.Pipeline
+	if p == nil {
+		p = &pb.PipelineSpec{}
+		par.Pipeline = p
+	}
+	if p.Stages < 0 {
+		return errf(pipelineField+"stages", "%d is negative; allowed 1 up to the model's blocks (0: 1, no pipeline)", p.Stages)
+	}
+	if p.Stages == 0 {
+		p.Stages = 1
+	}
+	S := p.Stages
+	if S == 1 {
+		if p.MicroBatches != 0 || p.Schedule != "" || len(p.Boundaries) > 0 || p.DebugStageCost != "" {
+			return errf(pipelineField+"stages", "micro_batches, schedule, boundaries and debug_stage_cost apply to 2 or more stages; stages is 1")
+		}
+		if par.Data != 0 && par.Data != workers {
+			return errf("parallelism.data", "%d data replicas of 1 stage on %d workers; want data = workers", par.Data, workers)
+		}
+		par.Data = workers
+		return nil
+	}
+	if workers%S != 0 {
+		return errf(pipelineField+"stages", "%d stages do not divide %d workers; workers = data × stages", S, workers)
+	}
+	if par.Data == 0 {
+		par.Data = workers / S
+	}
+	if par.Data*S != workers {
+		return errf("parallelism.data", "%d replicas × %d stages is %d workers, but workers is %d; workers = data × stages", par.Data, S, par.Data*S, workers)
+	}
+	if s.Mode != "ring" {
+		return errf("mode", "pipeline jobs run in mode ring (the replicas of a stage all-reduce its gradients over a ring); mode %s with stages %d %s", s.Mode, S, notImplementedSuffix)
+	}
+	if p.MicroBatches < 0 || p.MicroBatches > maxMicroBatches {
+		return errf(pipelineField+"micro_batches", "%d out of range; allowed 1..%d (0: stages, %d)", p.MicroBatches, maxMicroBatches, S)
+	}
+	if p.MicroBatches == 0 {
+		p.MicroBatches = S
+	}
+	if b := s.GetBatchSize(); b%p.MicroBatches != 0 {
+		return errf(pipelineField+"micro_batches", "batch %d is not a multiple of %d; batch_size (a replica's step batch) must split into micro_batches equal parts", b, p.MicroBatches)
+	}
+	if p.Schedule == "" {
+		p.Schedule = string(pipeline.ScheduleOneFOneB)
+	}
+	if _, _, err := StageCost(p.DebugStageCost); err != nil {
+		return errf(pipelineField+"debug_stage_cost", "%v", err)
+	}
+	if !slices.Contains(pipeline.Schedules(), pipeline.Schedule(p.Schedule)) {
+		return errf(pipelineField+"schedule", "unknown schedule %q; allowed: 1f1b, gpipe", p.Schedule)
+	}
+	// What does not compose with stages yet.
+	switch {
+	case s.GradAccumSteps != 1:
+		return errf("grad_accum_steps", "%d with pipeline stages: the micro-batches are the accumulation; set parallelism.pipeline.micro_batches instead", s.GradAccumSteps)
+	case s.MinWorkers != workers:
+		return errf("min_workers", "elastic pipeline jobs (min_workers %d < workers %d) %s", s.MinWorkers, workers, notImplementedSuffix)
+	case s.GetCompression().GetType() != defaultCompression:
+		return errf("compression.type", "%s compression with pipeline stages %s", s.GetCompression().GetType(), notImplementedSuffix)
+	case s.GradClipNorm != 0:
+		return errf("grad_clip_norm", "clipping needs the norm over all stages; with pipeline stages it %s", notImplementedSuffix)
+	case s.Precision != "" && s.Precision != "fp32":
+		return errf("precision", "%s with pipeline stages %s; use fp32", s.Precision, notImplementedSuffix)
+	case s.ActivationCheckpointing != "" && s.ActivationCheckpointing != "none":
+		return errf("activation_checkpointing", "%s with pipeline stages %s; use none", s.ActivationCheckpointing, notImplementedSuffix)
+	case Streamed(s.GetDataset()):
+		return errf("dataset.name", "streamed data set %s with pipeline stages %s; use an IDX or synthetic data set", s.GetDataset().GetName(), notImplementedSuffix)
+	case s.NonfinitePolicy == "skip":
+		return errf("nonfinite_policy", "skip with pipeline stages %s (the stages would have to agree to skip a step); use fail", notImplementedSuffix)
+	case s.GetCheckpoint().GetEverySeconds() > 0:
+		return errf("checkpoint.every_seconds", "timed checkpoints of pipeline jobs %s (every stage must agree when one is due); use every_steps or every_epochs", notImplementedSuffix)
+	}
+	// The cuts: stages ≤ the model's blocks, boundaries at block starts.
+	c, h, w, classes := InputShape(s)
+	net, err := models.New(s.Model, models.Options{Channels: c, Height: h, Width: w, Classes: classes, Seed: s.GetSeed()})
+	if err != nil {
+		return errf("model", "%v", err)
+	}
+	defer net.Close()
+	if _, err := models.Partition(net, int(S), models.Balance{Boundaries: p.Boundaries}); err != nil {
+		var pe *models.PartitionError
+		if errors.As(err, &pe) {
+			return errf(pe.Field, "%s", strings.TrimPrefix(pe.Msg, "models: "))
+		}
+		return errf(pipelineField+"boundaries", "%v", err)
+	}
+	return nil
+}
+
+// maxStageCost bounds each duration of debug_stage_cost.
+const maxStageCost = time.Minute
+
+// StageCost parses parallelism.pipeline.debug_stage_cost,
+// "fwd=20ms,bwd=40ms" (either part may be left out; empty: none).
+func StageCost(s string) (fwd, bwd time.Duration, err error) {
+	if s == "" {
+		return 0, 0, nil
+	}
+	seen := map[string]bool{}
+	for part := range strings.SplitSeq(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok || (k != "fwd" && k != "bwd") || seen[k] {
+			return 0, 0, fmt.Errorf("%q is not fwd=DURATION or bwd=DURATION (each once), as in fwd=20ms,bwd=40ms", part)
+		}
+		seen[k] = true
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > maxStageCost {
+			return 0, 0, fmt.Errorf("%s=%q is not a duration in [0, %v] (as in fwd=20ms,bwd=40ms)", k, v, maxStageCost)
+		}
+		if k == "fwd" {
+			fwd = d
+		} else {
+			bwd = d
+		}
+	}
+	return fwd, bwd, nil
+}

@@ -1,0 +1,98 @@
+package jobspec
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+func pipeSpec(workers, stages, micro int32) *pb.JobSpec {
+	return &pb.JobSpec{Model: "lenet5", Workers: proto.Int32(workers),
+		Parallelism: &pb.ParallelismSpec{Pipeline: &pb.PipelineSpec{Stages: stages, MicroBatches: micro}}}
+}
+
+func TestNormalizePipeline(t *testing.T) {
+	s, err := Normalize(pipeSpec(4, 2, 4), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := s.GetParallelism()
+	if s.Mode != "ring" || p.Data != 2 || p.Pipeline.Schedule != "1f1b" || p.Pipeline.MicroBatches != 4 || !Pipelined(s) || PipelineStages(s) != 2 {
+		t.Errorf("normalized to mode %s, %v", s.Mode, p)
+	}
+	if _, err := PipelinePlan(s); err != nil {
+		t.Errorf("PipelinePlan: %v", err)
+	}
+	// Workers default to data × stages; micro-batches to stages.
+	s, err = Normalize(&pb.JobSpec{Model: "mlp", Parallelism: &pb.ParallelismSpec{Data: 3, Pipeline: &pb.PipelineSpec{Stages: 2, Schedule: "gpipe"}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.GetWorkers() != 6 || s.GetParallelism().GetPipeline().GetMicroBatches() != 2 {
+		t.Errorf("workers %d, micro-batches %d; want 6, 2", s.GetWorkers(), s.GetParallelism().GetPipeline().GetMicroBatches())
+	}
+	// Explicit cuts at block boundaries (lenet5's modules are Sequential indices).
+	s = pipeSpec(2, 2, 2)
+	s.Parallelism.Pipeline.Boundaries = []string{"3"}
+	if _, err := Normalize(s, nil); err != nil {
+		t.Errorf("boundary 3 of lenet5: %v", err)
+	}
+	// One stage: no pipeline.
+	s, err = Normalize(&pb.JobSpec{Workers: proto.Int32(2), Parallelism: &pb.ParallelismSpec{}}, nil)
+	if err != nil || Pipelined(s) || s.Mode != "ps" || s.GetParallelism().GetData() != 2 {
+		t.Errorf("no stages: %v, %v", s, err)
+	}
+}
+
+func TestNormalizePipelineRejects(t *testing.T) {
+	with := func(s *pb.JobSpec, f func(*pb.JobSpec)) *pb.JobSpec { f(s); return s }
+	for _, tc := range []struct {
+		name, field, msg string
+		spec             *pb.JobSpec
+	}{
+		{"negative stages", "parallelism.pipeline.stages", "negative", pipeSpec(2, -1, 0)},
+		{"workers not a multiple", "parallelism.pipeline.stages", "do not divide 3 workers", pipeSpec(3, 2, 0)},
+		{"data × stages", "parallelism.data", "workers = data × stages", with(pipeSpec(4, 2, 0), func(s *pb.JobSpec) { s.Parallelism.Data = 3 })},
+		{"negative data", "parallelism.data", "negative", with(pipeSpec(4, 2, 0), func(s *pb.JobSpec) { s.Parallelism.Data = -1 })},
+		{"negative micro-batches", "parallelism.pipeline.micro_batches", "out of range", pipeSpec(2, 2, -1)},
+		{"batch not a multiple", "parallelism.pipeline.micro_batches", "batch 32 is not a multiple of 3", pipeSpec(2, 2, 3)},
+		{"schedule", "parallelism.pipeline.schedule", "allowed: 1f1b, gpipe", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Parallelism.Pipeline.Schedule = "zb" })},
+		{"mode ps", "mode", "mode ring", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Mode = "ps" })},
+		{"more stages than blocks", "parallelism.pipeline.stages", "blocks", pipeSpec(8, 8, 8)},
+		{"boundary inside a block", "parallelism.pipeline.boundaries[0]", "allowed", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Parallelism.Pipeline.Boundaries = []string{"1"} })},
+		{"boundary count", "parallelism.pipeline.boundaries", "want 1", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Parallelism.Pipeline.Boundaries = []string{"3", "6"} })},
+		{"grad accum", "grad_accum_steps", "micro_batches", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.GradAccumSteps = 2 })},
+		{"clip", "grad_clip_norm", "not implemented", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.GradClipNorm = 1 })},
+		{"schedule on one stage", "parallelism.pipeline.stages", "2 or more stages", with(pipeSpec(2, 1, 0), func(s *pb.JobSpec) { s.Parallelism.Pipeline.Schedule = "gpipe" })},
+		{"stage cost", "parallelism.pipeline.debug_stage_cost", "fwd=20ms,bwd=40ms", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Parallelism.Pipeline.DebugStageCost = "fwd=1" })},
+		{"stage cost twice", "parallelism.pipeline.debug_stage_cost", "each once", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Parallelism.Pipeline.DebugStageCost = "fwd=1ms,fwd=2ms" })},
+		{"skip non-finite steps", "nonfinite_policy", "use fail", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.NonfinitePolicy = "skip" })},
+		{"timed checkpoints", "checkpoint.every_seconds", "every_steps", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Checkpoint = &pb.CheckpointSpec{EverySeconds: 10} })},
+	} {
+		_, err := Normalize(tc.spec, nil)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field || !strings.Contains(fe.Msg, tc.msg) {
+			t.Errorf("%s: got %v; want a FieldError on %s saying %q", tc.name, err, tc.field, tc.msg)
+		}
+	}
+}
+
+func TestStageCost(t *testing.T) {
+	f, b, err := StageCost("fwd=20ms,bwd=40ms")
+	if err != nil || f != 20*time.Millisecond || b != 40*time.Millisecond {
+		t.Errorf("fwd=20ms,bwd=40ms: %v %v %v", f, b, err)
+	}
+	if f, b, err := StageCost("bwd=1s"); err != nil || f != 0 || b != time.Second {
+		t.Errorf("bwd=1s: %v %v %v", f, b, err)
+	}
+	for _, bad := range []string{"fwd", "x=1ms", "fwd=-1ms", "fwd=2h", "fwd=1ms,"} {
+		if _, _, err := StageCost(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,90 @@
+package worker
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/gradsync/gradsync/pipeline"
+)
+
+// stageSummary is one pipeline stage's figures over its task, written
+// as <runs-dir>/<job-id>/pipeline-rank-<r>.json on its worker: the
+// stage's own timeline (busy in forwards and backwards, idle the rest of
+// its steps' time, the bubble), the micro-batches it held at once, and
+// the activation and gradient bytes it exchanged with each neighbour.
+type stageSummary struct {
+	Rank         int     `json:"rank"`
+	Replica      int     `json:"replica"`
+	Stage        int     `json:"stage"`
+	Stages       int     `json:"stages"`
+	Replicas     int     `json:"replicas"`
+	Schedule     string  `json:"schedule"`
+	MicroBatches int     `json:"micro_batches"`
+	Steps        int64   `json:"steps"`
+	BusySeconds  float64 `json:"busy_seconds"`
+	WallSeconds  float64 `json:"wall_seconds"`
+	// IdleFraction is 1 − busy/wall over the stage's steps;
+	// ExpectedBubble is (S−1)/(M+S−1), the schedule's bubble with equal
+	// stages and free transfers.
+	IdleFraction   float64 `json:"idle_fraction"`
+	ExpectedBubble float64 `json:"expected_bubble"`
+	PeakInFlight   int     `json:"peak_in_flight"`
+	// Bytes per step of tensor data, by neighbour and direction.
+	BytesToPrevPerStep   int64 `json:"bytes_to_prev_per_step"`
+	BytesFromPrevPerStep int64 `json:"bytes_from_prev_per_step"`
+	BytesToNextPerStep   int64 `json:"bytes_to_next_per_step"`
+	BytesFromNextPerStep int64 `json:"bytes_from_next_per_step"`
+	// PeakActivationBytes is what the stage's in-flight micro-batches'
+	// boundary tensors hold at the peak: PeakInFlight micro-batches of
+	// the stage's output activation (models keep more inside a stage).
+	PeakActivationBytes int64 `json:"peak_activation_bytes"`
+}
+
+func (p *pipeTask) summary() stageSummary {
+	s := p.ps
+	n := max(s.steps, 1)
+	out := p.exec.OutShape()
+	return stageSummary{Rank: p.coord.Rank, Replica: p.coord.Replica, Stage: p.coord.Stage, Stages: p.coord.Stages, Replicas: p.coord.Replicas,
+		Schedule: string(p.plan.Schedule), MicroBatches: p.plan.MicroBatches, Steps: s.steps,
+		BusySeconds: s.busy.Seconds(), WallSeconds: s.wall.Seconds(), IdleFraction: s.bubble(),
+		ExpectedBubble: pipeline.Bubble(p.coord.Stages, p.plan.MicroBatches), PeakInFlight: s.peakInFlight,
+		BytesToPrevPerStep: s.bytesToPrev / n, BytesFromPrevPerStep: s.bytesFromPrev / n,
+		BytesToNextPerStep: s.bytesToNext / n, BytesFromNextPerStep: s.bytesFromN / n,
+		PeakActivationBytes: int64(s.peakInFlight) * int64(out[0]*out[1]) * 4}
+}
+
+// report logs the stage's figures and writes them to its worker's run
+// directory of the job (when the worker has one).
+func (p *pipeTask) report() {
+	if p.exec == nil || p.ps.steps == 0 {
+		return
+	}
+	sum := p.summary()
+	p.env.log.Info("pipeline stage", "job", p.a.JobId, "rank", sum.Rank, "replica", sum.Replica, "stage", sum.Stage,
+		"steps", sum.Steps, "idle_fraction", sum.IdleFraction, "expected_bubble", sum.ExpectedBubble,
+		"peak_in_flight", sum.PeakInFlight, "peak_activation_bytes", sum.PeakActivationBytes)
+	if p.env.runsDir == "" {
+		return
+	}
+	if err := writeStageSummary(filepath.Join(p.env.runsDir, p.a.JobId), sum); err != nil {
+		p.env.log.Warn("writing the pipeline stage's summary", "job", p.a.JobId, "err", err)
+	}
+}
+
+func writeStageSummary(dir string, sum stageSummary) error {
+	b, err := json.MarshalIndent(sum, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	path := filepath.Join(dir, fmt.Sprintf("pipeline-rank-%d.json", sum.Rank))
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
