@@ -18,10 +18,20 @@ const (
 	// MaxClasses bounds a data set's label space.
 	MaxClasses = 1 << 20
 	// MaxSingleLabelClasses is the largest label space single-label
-	// training takes: the models package's softmax cross-entropy and the
-	// confusion matrix take uint8 labels. Multi-label sets (BCE on float
-	// targets) are bounded by MaxClasses only.
-	MaxSingleLabelClasses = 256
+	// training takes: the streamed sets' labels are int32 through the
+	// loss and the evaluation, but the evaluating rank holds a classes ×
+	// classes confusion matrix (2048² int64 = 32 MiB). Multi-label sets
+	// (BCE on float targets, no matrix) are bounded by MaxClasses only.
+	MaxSingleLabelClasses = 2048
+	// MaxInMemoryClasses is the largest label space of an in-memory
+	// [data.Dataset] (byte labels): mode fedavg reads a streamed set into
+	// one, so its single-label sets are bounded by it.
+	MaxInMemoryClasses = 256
+	// MaxConfusionClasses is the largest label space whose confusion
+	// matrix a job result carries (256² entries; a larger one would not
+	// fit a message). Above it the result has the per-class accuracies
+	// only.
+	MaxConfusionClasses = 256
 	// DefaultCacheMB is a worker's decoded-image cache for the streamed
 	// sets when dataset.cache_mb is unset.
 	DefaultCacheMB = 1024
@@ -134,7 +144,7 @@ func checkStreamedShape(d *pb.DatasetSpec) error {
 		return errf("dataset.shape.classes", "%d out of range; allowed 1..%d", sh.Classes, MaxClasses)
 	}
 	if !sh.MultiLabel && sh.Classes > MaxSingleLabelClasses {
-		return errf("dataset.shape.classes", "%d classes: single-label training of more than %d classes %s (the softmax loss takes byte labels); multi-label sets may have up to %d", sh.Classes, MaxSingleLabelClasses, notImplementedSuffix, MaxClasses)
+		return errf("dataset.shape.classes", "%d classes: single-label training of more than %d classes %s (the evaluation's confusion matrix would be too large); multi-label sets may have up to %d", sh.Classes, MaxSingleLabelClasses, notImplementedSuffix, MaxClasses)
 	}
 	if n := len(sh.ClassNames); n != 0 && n != int(sh.Classes) {
 		return errf("dataset.shape.class_names", "has %d names for %d classes", n, sh.Classes)

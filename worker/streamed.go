@@ -50,7 +50,7 @@ type streamed struct {
 	loader      *data.Loader // this epoch's; nil between epochs
 	loaderTotal data.LoaderStats
 
-	yc []uint8   // single-label targets of the last batch
+	yc []int32   // single-label targets of the last batch
 	ym []float32 // multi-label targets of the last batch
 }
 
@@ -235,9 +235,7 @@ func (s *streamed) fillInputs(x []float32, b *data.Batch, src data.Pixels, indic
 	}
 	if !s.multi {
 		s.yc = slices.Grow(s.yc[:0], n)[:n]
-		for j, y := range b.Labels {
-			s.yc[j] = uint8(y) // classes ≤ 256: jobspec checks
-		}
+		copy(s.yc, b.Labels)
 		return
 	}
 	ms := src.(data.MultiSource)
@@ -298,7 +296,7 @@ func (s *streamed) evaluate(ctx context.Context, net *models.Network, res *pb.Jo
 		}
 		lossSum += float64(models.SoftmaxCrossEntropy(logits, s.yc[:k], s.classes, nil)) * float64(k)
 		eval.Argmax(logits, s.classes, pred[:k])
-		conf.AddPredictions(pred[:k], s.yc[:k])
+		conf.AddPredictionsWide(pred[:k], s.yc[:k])
 	}
 	res.TestLoss = lossSum / float64(max(s.test.N, 1))
 	if s.multi {
@@ -320,6 +318,9 @@ func fillConfusion(res *pb.JobResult, conf *eval.Confusion) {
 		}
 	}
 	res.ConfusionMatrix = res.ConfusionMatrix[:0]
+	if conf.Classes() > jobspec.MaxConfusionClasses {
+		return // too large for a message: the class accuracies only
+	}
 	for _, row := range conf.Matrix() {
 		res.ConfusionMatrix = append(res.ConfusionMatrix, row...)
 	}
