@@ -15,6 +15,7 @@ import (
 // Limits of the streamed data sets' fields.
 const (
 	maxImageSide = 4096
+	maxJitter    = 10
 	// MaxClasses bounds a data set's label space.
 	MaxClasses = 1 << 20
 	// MaxSingleLabelClasses is the largest label space single-label
@@ -115,6 +116,20 @@ func normalizeDatasetFields(d *pb.DatasetSpec) error {
 			if math.IsNaN(m) || math.IsInf(m, 0) || !(s > 0) || math.IsInf(s, 0) {
 				return errf("dataset.std", "channel %d: mean %v, std %v: want finite values and std > 0", c, m, s)
 			}
+		}
+	}
+	for _, j := range []struct {
+		field string
+		v     float64
+	}{{"dataset.jitter_brightness", d.JitterBrightness}, {"dataset.jitter_contrast", d.JitterContrast}, {"dataset.jitter_saturation", d.JitterSaturation}} {
+		if j.v == 0 {
+			continue
+		}
+		if !streamed {
+			return errf(j.field, "applies to imagefolder, cifar10 and cifar100 (colour jitter of decoded pixels), not to %s", d.Name)
+		}
+		if !(j.v > 0 && j.v <= maxJitter) {
+			return errf(j.field, "%v out of range; allowed 0 (off) to %v: factors are drawn from [max(0, 1 − v), 1 + v]", j.v, maxJitter)
 		}
 	}
 	if d.CacheMb != nil {

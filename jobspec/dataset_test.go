@@ -2,6 +2,7 @@ package jobspec
 
 import (
 	"context"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -75,6 +76,9 @@ func TestNormalizeDatasetFields(t *testing.T) {
 		{"multi-label cifar", &pb.DatasetSpec{Name: "cifar10", Shape: &pb.DataShape{Channels: 3, Height: 32, Width: 32, Classes: 10, MultiLabel: true}}, "", "", "dataset.shape.multi_label"},
 		{"input too small for the model", &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 4, 4, 2)}, "lenet5", "", "model"},
 		{"fedavg on a multi-label set", &pb.DatasetSpec{Name: "imagefolder", Shape: &pb.DataShape{Channels: 3, Height: 8, Width: 8, Classes: 4, MultiLabel: true}}, "", "fedavg", "mode"},
+		{"jitter on an IDX set", &pb.DatasetSpec{Name: "mnist", JitterBrightness: 0.4}, "", "", "dataset.jitter_brightness"},
+		{"negative jitter", &pb.DatasetSpec{Name: "imagefolder", JitterContrast: -0.1, Shape: shape(3, 8, 8, 2)}, "", "", "dataset.jitter_contrast"},
+		{"NaN jitter", &pb.DatasetSpec{Name: "imagefolder", JitterSaturation: math.NaN(), Shape: shape(3, 8, 8, 2)}, "", "", "dataset.jitter_saturation"},
 		{"fedavg on mnist-pairs (multi-label)", &pb.DatasetSpec{Name: "mnist-pairs"}, "", "fedavg", "dataset.name"},
 		{"fedavg over 256 classes", &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 8, 8, 300)}, "", "fedavg", "mode"},
 	} {
