@@ -59,6 +59,12 @@ type State struct {
 	// Tensors is the model's state_dict: parameters and buffers keyed by
 	// PyTorch name (models.Network.State), written to model.safetensors.
 	Tensors map[string]Tensor
+	// ModelMeta is written to model.safetensors's __metadata__ beside
+	// "format": "pt" (which it may not replace): what a user elsewhere
+	// needs to use the weights — architecture, input shape, the
+	// normalisation's mean and std, class names (jobspec.ModelMetadata's
+	// keys). Load returns it (without "format").
+	ModelMeta map[string]string
 	// Optim is the optimiser state, written to optim.safetensors, keyed
 	// as torch.optim's state is per parameter: "momentum_buffer.<param>"
 	// for SGD, "adam.m.<param>" and "adam.v.<param>" for Adam (see
@@ -190,12 +196,19 @@ func Save(dir string, s *State, keep int) (path string, err error) {
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return "", fmt.Errorf("checkpoint: Save: %w", err)
 	}
+	modelMeta := map[string]string{"format": "pt"}
+	for k, v := range s.ModelMeta {
+		if k == "format" {
+			return "", fmt.Errorf("checkpoint: Save: ModelMeta may not set %q (it is \"pt\")", k)
+		}
+		modelMeta[k] = v
+	}
 	contents := map[string]struct {
 		tensors map[string]Tensor
 		meta    map[string]string
 	}{
 		// "format": "pt" is what safetensors.torch.save_file writes.
-		ModelFile: {s.Tensors, map[string]string{"format": "pt"}},
+		ModelFile: {s.Tensors, modelMeta},
 		OptimFile: {s.Optim, nil},
 		ExtraFile: {s.Extra, nil},
 	}
@@ -335,11 +348,17 @@ func Load(path string) (*State, error) {
 		if got := hex.EncodeToString(sum[:]); got != want.SHA256 {
 			return nil, fmt.Errorf("%w: %s: sha256 %s, meta.json says %s", ErrCorrupt, name, got, want.SHA256)
 		}
-		t, _, err := models.ReadSafetensors(b)
+		t, meta, err := models.ReadSafetensors(b)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, name, err)
 		}
 		*dst[name] = t
+		if name == ModelFile {
+			delete(meta, "format")
+			if len(meta) > 0 {
+				s.ModelMeta = meta
+			}
+		}
 	}
 	return s, nil
 }

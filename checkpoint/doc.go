@@ -12,7 +12,10 @@
 //	  model.safetensors  the model's state_dict: parameters and buffers
 //	                     under their PyTorch names (conv1.weight,
 //	                     bn1.running_mean, fc.weight, …), F32, with
-//	                     __metadata__ {"format": "pt"}; loads with
+//	                     __metadata__ {"format": "pt"} plus State.ModelMeta
+//	                     (gradsync.architecture, .input_shape, .classes,
+//	                     .class_names, .mean, .std: jobspec.ModelMetadata);
+//	                     loads with
 //	                     safetensors.torch.load_file and
 //	                     Module.load_state_dict, or models.ReadSafetensors
 //	                     and Network.LoadState

@@ -12,8 +12,9 @@ import (
 // [Dataset] standardised with the same mean and std. It is immutable and
 // safe for concurrent use.
 type Normalizer struct {
-	c, plane int
-	lut      [][256]float32
+	c, plane  int
+	lut       [][256]float32
+	mean, std []float64 // per channel
 }
 
 // NewNormalizer returns the normalizer for images of in's shape with the
@@ -23,12 +24,13 @@ func NewNormalizer(in Info, mean, std []float64) (*Normalizer, error) {
 	if len(mean) != len(std) || (len(mean) != 1 && len(mean) != in.C) {
 		return nil, fmt.Errorf("data: normalizer for %s: %d means and %d standard deviations for %d channels: want 1 or %d of each", in.Name, len(mean), len(std), in.C, in.C)
 	}
-	n := &Normalizer{c: in.C, plane: in.H * in.W, lut: make([][256]float32, in.C)}
+	n := &Normalizer{c: in.C, plane: in.H * in.W, lut: make([][256]float32, in.C), mean: make([]float64, in.C), std: make([]float64, in.C)}
 	for c := range in.C {
 		m, s := mean[min(c, len(mean)-1)], std[min(c, len(std)-1)]
 		if !(s > 0) || math.IsInf(s, 0) || math.IsNaN(m) || math.IsInf(m, 0) {
 			return nil, fmt.Errorf("data: normalizer for %s: channel %d has mean %v, std %v: want finite values and std > 0", in.Name, c, m, s)
 		}
+		n.mean[c], n.std[c] = m, s
 		for v := range 256 {
 			n.lut[c][v] = float32((float64(v)/255 - m) / s)
 		}

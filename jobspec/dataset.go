@@ -15,13 +15,24 @@ import (
 // Limits of the streamed data sets' fields.
 const (
 	maxImageSide = 4096
+	maxJitter    = 10
 	// MaxClasses bounds a data set's label space.
 	MaxClasses = 1 << 20
 	// MaxSingleLabelClasses is the largest label space single-label
-	// training takes: the models package's softmax cross-entropy and the
-	// confusion matrix take uint8 labels. Multi-label sets (BCE on float
-	// targets) are bounded by MaxClasses only.
-	MaxSingleLabelClasses = 256
+	// training takes: the streamed sets' labels are int32 through the
+	// loss and the evaluation, but the evaluating rank holds a classes ×
+	// classes confusion matrix (2048² int64 = 32 MiB). Multi-label sets
+	// (BCE on float targets, no matrix) are bounded by MaxClasses only.
+	MaxSingleLabelClasses = 2048
+	// MaxInMemoryClasses is the largest label space of an in-memory
+	// [data.Dataset] (byte labels): mode fedavg reads a streamed set into
+	// one, so its single-label sets are bounded by it.
+	MaxInMemoryClasses = 256
+	// MaxConfusionClasses is the largest label space whose confusion
+	// matrix a job result carries (256² entries; a larger one would not
+	// fit a message). Above it the result has the per-class accuracies
+	// only.
+	MaxConfusionClasses = 256
 	// DefaultCacheMB is a worker's decoded-image cache for the streamed
 	// sets when dataset.cache_mb is unset.
 	DefaultCacheMB = 1024
@@ -107,6 +118,20 @@ func normalizeDatasetFields(d *pb.DatasetSpec) error {
 			}
 		}
 	}
+	for _, j := range []struct {
+		field string
+		v     float64
+	}{{"dataset.jitter_brightness", d.JitterBrightness}, {"dataset.jitter_contrast", d.JitterContrast}, {"dataset.jitter_saturation", d.JitterSaturation}} {
+		if j.v == 0 {
+			continue
+		}
+		if !streamed {
+			return errf(j.field, "applies to imagefolder, cifar10 and cifar100 (colour jitter of decoded pixels), not to %s", d.Name)
+		}
+		if !(j.v > 0 && j.v <= maxJitter) {
+			return errf(j.field, "%v out of range; allowed 0 (off) to %v: factors are drawn from [max(0, 1 − v), 1 + v]", j.v, maxJitter)
+		}
+	}
 	if d.CacheMb != nil {
 		if !streamed {
 			return errf("dataset.cache_mb", "applies to imagefolder, cifar10 and cifar100 (dataset %s is held in memory)", d.Name)
@@ -134,7 +159,7 @@ func checkStreamedShape(d *pb.DatasetSpec) error {
 		return errf("dataset.shape.classes", "%d out of range; allowed 1..%d", sh.Classes, MaxClasses)
 	}
 	if !sh.MultiLabel && sh.Classes > MaxSingleLabelClasses {
-		return errf("dataset.shape.classes", "%d classes: single-label training of more than %d classes %s (the softmax loss takes byte labels); multi-label sets may have up to %d", sh.Classes, MaxSingleLabelClasses, notImplementedSuffix, MaxClasses)
+		return errf("dataset.shape.classes", "%d classes: single-label training of more than %d classes %s (the evaluation's confusion matrix would be too large); multi-label sets may have up to %d", sh.Classes, MaxSingleLabelClasses, notImplementedSuffix, MaxClasses)
 	}
 	if n := len(sh.ClassNames); n != 0 && n != int(sh.Classes) {
 		return errf("dataset.shape.class_names", "has %d names for %d classes", n, sh.Classes)

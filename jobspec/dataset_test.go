@@ -2,6 +2,7 @@ package jobspec
 
 import (
 	"context"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -28,9 +29,12 @@ func TestNormalizeDatasetFields(t *testing.T) {
 	if c, h, w, k := InputShape(got); c != 3 || h != 32 || w != 32 || k != 100 {
 		t.Errorf("InputShape = %d×%d×%d, %d classes; want 3×32×32, 100", c, h, w, k)
 	}
-	_, err = Normalize(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 20, 30, 1000), ImageSize: []int32{20, 30}}}, nil)
+	if _, err = Normalize(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 20, 30, 1000), ImageSize: []int32{20, 30}}}, nil); err != nil {
+		t.Errorf("1000 single-label classes: %v", err)
+	}
+	_, err = Normalize(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 20, 30, MaxSingleLabelClasses+1), ImageSize: []int32{20, 30}}}, nil)
 	if fe, ok := err.(*FieldError); !ok || fe.Field != "dataset.shape.classes" || !strings.Contains(fe.Msg, notImplementedSuffix) {
-		t.Errorf("1000 single-label classes: %v; want not implemented yet (byte labels)", err)
+		t.Errorf("%d single-label classes: %v; want not implemented yet", MaxSingleLabelClasses+1, err)
 	}
 	got, err = Normalize(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagefolder",
 		Shape: &pb.DataShape{Channels: 3, Height: 20, Width: 30, Classes: 1000, MultiLabel: true}, ImageSize: []int32{20, 30}}}, nil)
@@ -72,6 +76,11 @@ func TestNormalizeDatasetFields(t *testing.T) {
 		{"multi-label cifar", &pb.DatasetSpec{Name: "cifar10", Shape: &pb.DataShape{Channels: 3, Height: 32, Width: 32, Classes: 10, MultiLabel: true}}, "", "", "dataset.shape.multi_label"},
 		{"input too small for the model", &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 4, 4, 2)}, "lenet5", "", "model"},
 		{"fedavg on a multi-label set", &pb.DatasetSpec{Name: "imagefolder", Shape: &pb.DataShape{Channels: 3, Height: 8, Width: 8, Classes: 4, MultiLabel: true}}, "", "fedavg", "mode"},
+		{"jitter on an IDX set", &pb.DatasetSpec{Name: "mnist", JitterBrightness: 0.4}, "", "", "dataset.jitter_brightness"},
+		{"negative jitter", &pb.DatasetSpec{Name: "imagefolder", JitterContrast: -0.1, Shape: shape(3, 8, 8, 2)}, "", "", "dataset.jitter_contrast"},
+		{"NaN jitter", &pb.DatasetSpec{Name: "imagefolder", JitterSaturation: math.NaN(), Shape: shape(3, 8, 8, 2)}, "", "", "dataset.jitter_saturation"},
+		{"fedavg on mnist-pairs (multi-label)", &pb.DatasetSpec{Name: "mnist-pairs"}, "", "fedavg", "dataset.name"},
+		{"fedavg over 256 classes", &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 8, 8, 300)}, "", "fedavg", "mode"},
 	} {
 		_, err := Normalize(&pb.JobSpec{Dataset: c.d, Model: c.model, Mode: c.mode}, nil)
 		fe, ok := err.(*FieldError)

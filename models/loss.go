@@ -5,6 +5,13 @@ import (
 	"math"
 )
 
+// Label is the type of a single-label class index: a byte for label
+// spaces of at most 256 classes (the IDX sets), int32 or uint16 for wider
+// ones (ImageNet's 1000 classes, or more).
+type Label interface {
+	~uint8 | ~uint16 | ~int32
+}
+
 // SoftmaxCrossEntropy returns the mean over the batch of the cross-entropy
 // between softmax(logits) and the labels, as torch.nn.CrossEntropyLoss with
 // reduction "mean". logits is (batch, classes) row-major with batch =
@@ -13,7 +20,10 @@ import (
 // Each row is shifted by its maximum and summed in float64, so large logits
 // neither overflow nor lose the small probabilities. An empty batch
 // returns 0.
-func SoftmaxCrossEntropy(logits []float32, labels []uint8, classes int, dlogits []float32) (loss float32) {
+//
+// Labels may be bytes (the in-memory IDX sets, at most 256 classes) or
+// wider (the streamed sets' int32 labels); the arithmetic is the same.
+func SoftmaxCrossEntropy[L Label](logits []float32, labels []L, classes int, dlogits []float32) (loss float32) {
 	batch := len(labels)
 	if classes < 1 || len(logits) != batch*classes {
 		panic(fmt.Sprintf("models: SoftmaxCrossEntropy: len(logits)=%d, want %d labels × %d classes", len(logits), batch, classes))
@@ -27,7 +37,7 @@ func SoftmaxCrossEntropy(logits []float32, labels []uint8, classes int, dlogits 
 	var total float64
 	inv := 1 / float64(batch)
 	for i, y := range labels {
-		if int(y) >= classes {
+		if int(y) < 0 || int(y) >= classes {
 			panic(fmt.Sprintf("models: SoftmaxCrossEntropy: label %d of sample %d out of range [0,%d)", y, i, classes))
 		}
 		row := logits[i*classes : (i+1)*classes]

@@ -34,7 +34,7 @@ type CEOptions struct {
 // 0 with a zero gradient, so that one degenerate batch cannot poison the
 // parameters. With the zero CEOptions the result is bit-identical to
 // SoftmaxCrossEntropy's.
-func SoftmaxCrossEntropyWith(logits []float32, labels []uint8, classes int, opt CEOptions, dlogits []float32) float32 {
+func SoftmaxCrossEntropyWith[L Label](logits []float32, labels []L, classes int, opt CEOptions, dlogits []float32) float32 {
 	batch := len(labels)
 	if classes < 1 || len(logits) != batch*classes {
 		panic(fmt.Sprintf("models: SoftmaxCrossEntropyWith: len(logits)=%d, want %d labels × %d classes", len(logits), batch, classes))
@@ -62,7 +62,7 @@ func SoftmaxCrossEntropyWith(logits []float32, labels []uint8, classes int, opt 
 		}
 	}
 	for i, y := range labels {
-		if int(y) >= classes {
+		if int(y) < 0 || int(y) >= classes {
 			panic(fmt.Sprintf("models: SoftmaxCrossEntropyWith: label %d of sample %d out of range [0,%d)", y, i, classes))
 		}
 		if w != nil {

@@ -100,7 +100,7 @@ func TestSoftmaxCrossEntropyWithDegenerate(t *testing.T) {
 			t.Fatalf("zero total weight: dlogits %v", d)
 		}
 	}
-	if l := SoftmaxCrossEntropyWith(nil, nil, 3, CEOptions{LabelSmoothing: 0.1}, nil); l != 0 {
+	if l := SoftmaxCrossEntropyWith(nil, []uint8(nil), 3, CEOptions{LabelSmoothing: 0.1}, nil); l != 0 {
 		t.Errorf("empty batch: %v", l)
 	}
 	// Huge logits stay finite.

@@ -26,7 +26,8 @@ type psCheckpointer struct {
 	hash  string
 	jobID string
 	seed  int64
-	net   *models.Network // the parameter layout and buffers; read only
+	net   *models.Network   // the parameter layout and buffers; read only
+	meta  map[string]string // model.safetensors's metadata (jobspec.ModelMetadata)
 
 	// sched decides when a checkpoint is due and where the samplers are
 	// (its TrainN is set from the first join); guarded by jobShard.mu.
@@ -47,7 +48,8 @@ func (p *jobShard) captureLocked() *checkpoint.State {
 	st := &checkpoint.State{
 		Meta: checkpoint.Meta{JobID: c.jobID, SpecHash: c.hash, Step: step, Epoch: epoch, EpochConsumed: consumed,
 			WorldSize: p.world, Seed: c.seed},
-		Tensors: map[string]checkpoint.Tensor{},
+		Tensors:   map[string]checkpoint.Tensor{},
+		ModelMeta: c.meta,
 	}
 	checkpoint.PutFlat(st.Tensors, "", c.net.Segments(), p.shard.Params())
 	checkpoint.PutFlat(st.Tensors, "", c.net.BufferSegments(), c.net.Buffers())

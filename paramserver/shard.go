@@ -179,6 +179,8 @@ func newJobShard(env Env, jobID string, gen uint64, world int, net *models.Netwo
 		}
 		p.ckpt = &psCheckpointer{dir: ckptDir, keep: int(spec.GetCheckpoint().GetKeep()), hash: jobspec.CheckpointHash(spec),
 			jobID: jobID, seed: spec.GetSeed(), net: net, lastSave: env.Now(), savedStep: start.Step,
+			meta: jobspec.ModelMetadata(spec, nil, nil), // mean/std only when the spec gives them: the data is the workers'
+
 			sched: psstep.Checkpoints{Policy: due, World: world, Batch: jobspec.StepBatch(spec),
 				StartStep: start.Step, StartEpoch: start.Epoch, StartConsumed: start.EpochConsumed}}
 	}

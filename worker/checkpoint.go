@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/gradsync/gradsync/checkpoint"
+	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
@@ -19,6 +20,7 @@ type checkpointer struct {
 	jobID    string
 	world    int
 	lastSave time.Time
+	meta     map[string]string // model.safetensors's metadata (jobspec.ModelMetadata)
 }
 
 // specHash identifies a spec in checkpoints (a resume checks it, less the
@@ -39,8 +41,9 @@ func (c *checkpointer) save(net *models.Network, opt optim.Stepper, step int64, 
 	st := &checkpoint.State{
 		Meta: checkpoint.Meta{JobID: c.jobID, SpecHash: specHash(c.spec), Step: step, Epoch: epoch,
 			EpochConsumed: consumed, WorldSize: c.world, Seed: c.spec.GetSeed()},
-		Tensors: net.State(),
-		Extra:   extra,
+		Tensors:   net.State(),
+		ModelMeta: c.meta,
+		Extra:     extra,
 	}
 	st.CaptureOptimizer(opt, net.Segments())
 	path, err := checkpoint.Save(c.dir, st, int(c.spec.GetCheckpoint().GetKeep()))
@@ -64,4 +67,23 @@ func restoreCheckpoint(st *checkpoint.State, path string, spec *pb.JobSpec, net 
 		return fmt.Errorf("checkpoint %s: optimiser state: %w", path, err)
 	}
 	return nil
+}
+
+// normalization returns what obj's inputs are normalised with, one value
+// or one per channel: x = (p/255 − mean)/std; nil when it does not say.
+func normalization(obj objective) (mean, std []float64) {
+	switch o := obj.(type) {
+	case *streamed:
+		return o.mean, o.std
+	case *classification:
+		return datasetNormalization(o.train)
+	}
+	return nil, nil
+}
+
+func datasetNormalization(d *data.Dataset) (mean, std []float64) {
+	if d.ChannelMean != nil {
+		return d.ChannelMean, d.ChannelStd
+	}
+	return []float64{float64(d.Mean)}, []float64{float64(d.Std)}
 }

@@ -25,7 +25,8 @@ type ringTask struct {
 	snaps *jobSnapshots // this rank's, kept by the worker across generations
 	// ckpt writes the checkpoints: set on rank 0, and on every rank when
 	// gather; nil when the job writes none or this rank takes no part.
-	ckpt *checkpointer
+	ckpt      *checkpointer
+	modelMeta map[string]string // for ckpt (taskEnv.modelMeta)
 	// gather: every rank takes part in a checkpoint, as rank 0 gathers
 	// their error-feedback residuals.
 	gather bool
@@ -35,7 +36,7 @@ type ringTask struct {
 // the job (they outlive the task for the job's next generation), or the
 // task's own without a store.
 func newRingTask(rs *ringSync, a *pb.Assignment, env *taskEnv, net *models.Network) *ringTask {
-	r := &ringTask{ringSync: rs, a: a, net: net, rep: env.rep, log: env.log, snaps: &jobSnapshots{}}
+	r := &ringTask{ringSync: rs, a: a, net: net, rep: env.rep, log: env.log, snaps: &jobSnapshots{}, modelMeta: env.modelMeta}
 	if env.snaps != nil {
 		r.snaps = env.snaps.forJob(a.JobId)
 	}
@@ -95,7 +96,7 @@ func (r *ringTask) start(ctx context.Context, from resumeFrom) (origin, error) {
 		// takes part in a checkpoint: rank 0 gathers their residuals.
 		r.gather = r.gathersCompression()
 		if rank == 0 || r.gather {
-			r.ckpt = &checkpointer{dir: a.CheckpointDir, spec: a.Spec, jobID: a.JobId, world: world, lastSave: time.Now()}
+			r.ckpt = &checkpointer{dir: a.CheckpointDir, spec: a.Spec, jobID: a.JobId, world: world, lastSave: time.Now(), meta: r.modelMeta}
 		}
 	}
 	return origin{at: at, source: sp.source}, nil

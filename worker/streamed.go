@@ -40,6 +40,8 @@ type streamed struct {
 	mean, std   []float64 // what norm applies
 	fill        []float32 // per channel: the normalised value of a black pixel
 	aug         *data.Augmenter
+	jitter      *data.ColorJitter // nil: off
+	jitterBuf   []float32         // one image on the [0, 1] scale
 	trainCache  *data.ImageCache
 	testCache   *data.ImageCache
 	multi       bool
@@ -50,7 +52,7 @@ type streamed struct {
 	loader      *data.Loader // this epoch's; nil between epochs
 	loaderTotal data.LoaderStats
 
-	yc []uint8   // single-label targets of the last batch
+	yc []int32   // single-label targets of the last batch
 	ym []float32 // multi-label targets of the last batch
 }
 
@@ -101,6 +103,10 @@ func openStreamed(ctx context.Context, spec *pb.JobSpec, dir string, log *slog.L
 	}
 	if a := ds.GetAugment(); a == "crop" || a == "crop-flip" {
 		s.aug = &data.Augmenter{Pad: streamAugmentPad, Flip: a == "crop-flip", Seed: spec.GetSeed()}
+	}
+	if j := (data.ColorJitter{Brightness: ds.GetJitterBrightness(), Contrast: ds.GetJitterContrast(),
+		Saturation: ds.GetJitterSaturation(), Seed: spec.GetSeed()}); j.Enabled() {
+		s.jitter, s.jitterBuf = &j, make([]float32, s.info.ImageSize())
 	}
 	limit := int64(jobspec.DefaultCacheMB) << 20
 	if ds.CacheMb != nil {
@@ -222,8 +228,16 @@ func (s *streamed) batch(indices []int, x []float32, epoch int) error {
 // keeps their targets.
 func (s *streamed) fillInputs(x []float32, b *data.Batch, src data.Pixels, indices []int, epoch int, train bool) {
 	n := len(indices)
-	s.norm.Apply(x, b.Pix)
 	in := s.info
+	if train && s.jitter != nil {
+		sz := in.ImageSize()
+		for j := range n {
+			s.jitter.Apply(s.jitterBuf, b.Pix[j*sz:(j+1)*sz], in.C, in.H, in.W, epoch, indices[j])
+			s.norm.ApplyScaled(x[j*sz:(j+1)*sz], s.jitterBuf)
+		}
+	} else {
+		s.norm.Apply(x, b.Pix)
+	}
 	if train && s.aug != nil {
 		sz, plane := in.ImageSize(), in.H*in.W
 		for j := range n {
@@ -235,9 +249,7 @@ func (s *streamed) fillInputs(x []float32, b *data.Batch, src data.Pixels, indic
 	}
 	if !s.multi {
 		s.yc = slices.Grow(s.yc[:0], n)[:n]
-		for j, y := range b.Labels {
-			s.yc[j] = uint8(y) // classes ≤ 256: jobspec checks
-		}
+		copy(s.yc, b.Labels)
 		return
 	}
 	ms := src.(data.MultiSource)
@@ -298,7 +310,7 @@ func (s *streamed) evaluate(ctx context.Context, net *models.Network, res *pb.Jo
 		}
 		lossSum += float64(models.SoftmaxCrossEntropy(logits, s.yc[:k], s.classes, nil)) * float64(k)
 		eval.Argmax(logits, s.classes, pred[:k])
-		conf.AddPredictions(pred[:k], s.yc[:k])
+		conf.AddPredictionsWide(pred[:k], s.yc[:k])
 	}
 	res.TestLoss = lossSum / float64(max(s.test.N, 1))
 	if s.multi {
@@ -320,6 +332,9 @@ func fillConfusion(res *pb.JobResult, conf *eval.Confusion) {
 		}
 	}
 	res.ConfusionMatrix = res.ConfusionMatrix[:0]
+	if conf.Classes() > jobspec.MaxConfusionClasses {
+		return // too large for a message: the class accuracies only
+	}
 	for _, row := range conf.Matrix() {
 		res.ConfusionMatrix = append(res.ConfusionMatrix, row...)
 	}

@@ -33,6 +33,9 @@ type taskEnv struct {
 	// stepDelay is injected before every step's forward pass
 	// (Config.DebugStepDelay: a slow worker, for fault-injection tests).
 	stepDelay time.Duration
+	// modelMeta goes into the checkpoints' model.safetensors metadata
+	// (jobspec.ModelMetadata), set once the task's data is open.
+	modelMeta map[string]string
 	// dataDir overrides the spec's dataset.data_dir (Config.DataDir).
 	dataDir string
 	// threads run each step of a Trainer (Config.Threads; 0 or 1: one).
@@ -120,6 +123,8 @@ func runStreamed(ctx context.Context, a *pb.Assignment, env *taskEnv, dir string
 
 // runTrainer runs a ps or ring task's Trainer over obj.
 func runTrainer(ctx context.Context, a *pb.Assignment, env *taskEnv, obj objective) (*pb.JobResult, error) {
+	mean, std := normalization(obj)
+	env.modelMeta = jobspec.ModelMetadata(a.Spec, mean, std)
 	t, err := newTrainer(a, env, obj)
 	if err != nil {
 		return nil, err

@@ -44,11 +44,17 @@ type Options struct {
 	// models.ParsePrecision); empty: fp32. The fp16 steps take no loss
 	// scaling (the batch is fixed and its gradients do not underflow).
 	Precision string
+	// Channels, Height, Width and Classes are the input and output the
+	// network is built for (CIFAR: 3, 32, 32, 10 or 100); zero: the
+	// models package's defaults (1×28×28, 10 classes).
+	Channels, Height, Width, Classes int
 }
 
 // Result is one measurement.
 type Result struct {
-	Model           string  `json:"model"`
+	Model string `json:"model"`
+	// Input is the network's C×H×W and class count, e.g. "3x32x32/10".
+	Input           string  `json:"input"`
 	Backend         string  `json:"gemm_backend"`
 	BatchSize       int     `json:"batch_size"`
 	Threads         int     `json:"threads"`
@@ -99,6 +105,9 @@ func (o Options) Validate() error {
 	if o.BLASThreads < 0 {
 		errs = append(errs, fmt.Errorf("bench: BLAS threads %d < 0", o.BLASThreads))
 	}
+	if o.Channels < 0 || o.Height < 0 || o.Width < 0 || o.Classes < 0 {
+		errs = append(errs, fmt.Errorf("bench: input %d×%d×%d with %d classes: none may be negative", o.Channels, o.Height, o.Width, o.Classes))
+	}
 	if o.Seconds < 0 {
 		errs = append(errs, fmt.Errorf("bench: seconds %v < 0", o.Seconds))
 	}
@@ -126,7 +135,7 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 		return Result{}, err
 	}
 	opt = opt.withDefaults()
-	net, err := models.New(opt.Model, models.Options{Seed: 1})
+	net, err := models.New(opt.Model, models.Options{Seed: 1, Channels: opt.Channels, Height: opt.Height, Width: opt.Width, Classes: opt.Classes})
 	if err != nil {
 		return Result{}, err
 	}
@@ -159,9 +168,9 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 	for i := range x {
 		x[i] = float32(r.NormFloat64())
 	}
-	labels := make([]uint8, opt.BatchSize)
+	labels := make([]int32, opt.BatchSize)
 	for i := range labels {
-		labels[i] = uint8(r.IntN(o.Classes))
+		labels[i] = int32(r.IntN(o.Classes))
 	}
 	dlogits := make([]float32, opt.BatchSize*o.Classes)
 	sgd := &optim.SGD{LR: 0.01, Momentum: 0.9}
@@ -192,6 +201,7 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 	sec := elapsed.Seconds()
 	return Result{
 		Model:           opt.Model,
+		Input:           fmt.Sprintf("%dx%dx%d/%d", o.Channels, o.Height, o.Width, o.Classes),
 		Backend:         kernels.Backend(),
 		BatchSize:       opt.BatchSize,
 		Threads:         opt.Threads,

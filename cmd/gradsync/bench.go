@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -103,7 +104,7 @@ func newBenchAllReduceChildCmd() *cobra.Command {
 
 func newBenchTrainCmd(g *globals) *cobra.Command {
 	var opt train.Options
-	var modelList string
+	var modelList, input string
 	c := &cobra.Command{
 		Use:     "train",
 		Short:   "Images/s of forward + loss + backward + SGD step on one worker",
@@ -111,9 +112,15 @@ func newBenchTrainCmd(g *globals) *cobra.Command {
 		Args:    cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			p := &printer{out: c.OutOrStdout(), json: g.json}
+			if input != "" {
+				var err error
+				if opt.Channels, opt.Height, opt.Width, err = parseInput(input); err != nil {
+					return err
+				}
+			}
 			if !g.json {
-				fmt.Fprintf(c.OutOrStdout(), "%-10s %-9s %6s %7s %5s %-5s %-7s %14s %12s %12s %s\n",
-					"MODEL", "GEMM", "BATCH", "THREADS", "BLAS", "PREC", "CKPT", "IMAGES/S", "MS/STEP", "ACT-MIB", "KERNELS")
+				fmt.Fprintf(c.OutOrStdout(), "%-10s %-11s %-9s %6s %7s %5s %-5s %-7s %14s %12s %12s %s\n",
+					"MODEL", "INPUT", "GEMM", "BATCH", "THREADS", "BLAS", "PREC", "CKPT", "IMAGES/S", "MS/STEP", "ACT-MIB", "KERNELS")
 			}
 			for _, m := range strings.Split(modelList, ",") {
 				o := opt
@@ -126,7 +133,7 @@ func newBenchTrainCmd(g *globals) *cobra.Command {
 					p.jsonLine(r)
 					continue
 				}
-				fmt.Fprintf(c.OutOrStdout(), "%-10s %-9s %6d %7d %5d %-5s %-7s %14s %12.3f %12.2f %s\n", r.Model, r.Backend, r.BatchSize, r.Threads, r.BLASThreads,
+				fmt.Fprintf(c.OutOrStdout(), "%-10s %-11s %-9s %6d %7d %5d %-5s %-7s %14s %12.3f %12.2f %s\n", r.Model, r.Input, r.Backend, r.BatchSize, r.Threads, r.BLASThreads,
 					r.Precision, r.ActivationCheckpointing, thousands(r.ImagesPerSecond), 1000*r.SecondsPerStep, float64(r.PeakActivationBytes)/(1<<20), r.KernelSet)
 			}
 			return nil
@@ -135,6 +142,8 @@ func newBenchTrainCmd(g *globals) *cobra.Command {
 	f := c.Flags()
 	f.StringVar(&modelList, "model", "mlp", "architecture(s), comma-separated: "+strings.Join(models.Names(), ", "))
 	f.IntVar(&opt.BatchSize, "batch-size", 64, "images per step")
+	f.StringVar(&input, "input", "", "input CxHxW, e.g. 3x32x32 for CIFAR (default 1x28x28)")
+	f.IntVar(&opt.Classes, "classes", 0, "output classes, e.g. 10 or 100 for CIFAR (default 10)")
 	f.IntVar(&opt.Threads, "threads", 1, "goroutines per step, each on a slice of the batch")
 	f.IntVar(&opt.BLASThreads, "blas-threads", 1, "OpenBLAS threads per GEMM")
 	f.Float64Var(&opt.Seconds, "seconds", 2, "timed seconds per model (after warm-up)")
@@ -143,4 +152,21 @@ func newBenchTrainCmd(g *globals) *cobra.Command {
 		"keep only segment inputs in forward and recompute in backward: none, blocks or sqrt")
 	f.StringVar(&opt.Precision, "precision", "fp32", "matrix products' operands: fp32, bf16 or fp16 (float32 accumulation and master weights)")
 	return c
+}
+
+// parseInput parses --input CxHxW.
+func parseInput(s string) (c, h, w int, err error) {
+	parts := strings.Split(s, "x")
+	if len(parts) == 3 {
+		var v [3]int
+		for i, p := range parts {
+			if v[i], err = strconv.Atoi(p); err != nil || v[i] < 1 {
+				break
+			}
+		}
+		if err == nil && v[0] > 0 && v[1] > 0 && v[2] > 0 {
+			return v[0], v[1], v[2], nil
+		}
+	}
+	return 0, 0, 0, fmt.Errorf("--input %q: want CxHxW with positive sides, e.g. 3x32x32", s)
 }

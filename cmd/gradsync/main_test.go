@@ -81,7 +81,7 @@ func TestSpecFlagsDataset(t *testing.T) {
 	c := &cobra.Command{Use: "x"}
 	sf.register(c)
 	if err := c.ParseFlags([]string{"--dataset", "cifar100", "--data-dir", dir, "--label-granularity", "coarse",
-		"--augment", "crop-flip", "--cache-mb", "0", "--mean", "0.5,0.4,0.3", "--std", "0.2,0.2,0.2"}); err != nil {
+		"--augment", "crop-flip", "--cache-mb", "0", "--mean", "0.5,0.4,0.3", "--std", "0.2,0.2,0.2", "--color-jitter", "0.4,0.3,0.2"}); err != nil {
 		t.Fatal(err)
 	}
 	spec, err := sf.build(c)
@@ -91,6 +91,18 @@ func TestSpecFlagsDataset(t *testing.T) {
 	d := spec.Dataset
 	if d.LabelGranularity != "coarse" || d.Augment != "crop-flip" || d.CacheMb == nil || *d.CacheMb != 0 || len(d.Mean) != 3 || d.Std[2] != 0.2 {
 		t.Errorf("dataset %v", d)
+	}
+	if d.JitterBrightness != 0.4 || d.JitterContrast != 0.3 || d.JitterSaturation != 0.2 {
+		t.Errorf("--color-jitter 0.4,0.3,0.2: %v, %v, %v", d.JitterBrightness, d.JitterContrast, d.JitterSaturation)
+	}
+	var two specFlags
+	c2 := &cobra.Command{Use: "x"}
+	two.register(c2)
+	if err := c2.ParseFlags([]string{"--dataset", "cifar100", "--data-dir", dir, "--color-jitter", "0.4,0.3"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := two.build(c2); err == nil || !strings.Contains(err.Error(), "three values") {
+		t.Errorf("--color-jitter with two values: %v", err)
 	}
 	if sh := d.Shape; sh.GetClasses() != 20 || sh.GetChannels() != 3 || sh.GetHeight() != 32 {
 		t.Errorf("shape %v, want 3×32×32 with 20 classes", sh)

@@ -34,10 +34,28 @@ func NewConfusion(classes int) *Confusion {
 // Classes returns the number of classes.
 func (c *Confusion) Classes() int { return c.classes }
 
+// Label is the type of a single-label class index: a byte for label
+// spaces of at most 256 classes, int32 or uint16 for wider ones.
+type Label interface {
+	~uint8 | ~uint16 | ~int32
+}
+
 // Add counts a batch: logits is (len(labels), classes) row-major and each
 // prediction is the arg-max logit (the first on ties, as Argmax).
 // It allocates only when the batch is larger than any before.
-func (c *Confusion) Add(logits []float32, labels []uint8) {
+func (c *Confusion) Add(logits []float32, labels []uint8) { addLogits(c, logits, labels) }
+
+// AddWide is Add for int32 labels (label spaces beyond 256 classes).
+func (c *Confusion) AddWide(logits []float32, labels []int32) { addLogits(c, logits, labels) }
+
+// AddPredictions counts a batch of predicted classes against labels.
+func (c *Confusion) AddPredictions(pred []int, labels []uint8) { addPredictions(c, pred, labels) }
+
+// AddPredictionsWide is AddPredictions for int32 labels (label spaces
+// beyond 256 classes).
+func (c *Confusion) AddPredictionsWide(pred []int, labels []int32) { addPredictions(c, pred, labels) }
+
+func addLogits[L Label](c *Confusion, logits []float32, labels []L) {
 	if len(logits) != len(labels)*c.classes {
 		panic(fmt.Sprintf("eval: Confusion.Add: len(logits)=%d, want %d labels × %d classes", len(logits), len(labels), c.classes))
 	}
@@ -46,17 +64,16 @@ func (c *Confusion) Add(logits []float32, labels []uint8) {
 	}
 	pred := c.pred[:len(labels)]
 	Argmax(logits, c.classes, pred)
-	c.AddPredictions(pred, labels)
+	addPredictions(c, pred, labels)
 }
 
-// AddPredictions counts a batch of predicted classes against labels.
-func (c *Confusion) AddPredictions(pred []int, labels []uint8) {
+func addPredictions[L Label](c *Confusion, pred []int, labels []L) {
 	if len(pred) != len(labels) {
 		panic(fmt.Sprintf("eval: Confusion.AddPredictions: %d predictions for %d labels", len(pred), len(labels)))
 	}
 	for i, y := range labels {
 		p := pred[i]
-		if int(y) >= c.classes || p < 0 || p >= c.classes {
+		if int(y) < 0 || int(y) >= c.classes || p < 0 || p >= c.classes {
 			panic(fmt.Sprintf("eval: Confusion.AddPredictions: sample %d: label %d, prediction %d, want both in [0, %d)", i, y, p, c.classes))
 		}
 		c.counts[int(y)*c.classes+p]++

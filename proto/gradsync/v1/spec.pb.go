@@ -597,9 +597,18 @@ type DatasetSpec struct {
 	// Decoded images a worker keeps in memory (imagefolder, cifar), in MiB:
 	// a set that fits is decoded once; a larger one streams from disk
 	// through the loader every epoch. Unset: 1024; 0: no cache.
-	CacheMb       *int32 `protobuf:"varint,12,opt,name=cache_mb,json=cacheMb,proto3,oneof" json:"cache_mb,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CacheMb *int32 `protobuf:"varint,12,opt,name=cache_mb,json=cacheMb,proto3,oneof" json:"cache_mb,omitempty"`
+	// Colour jitter of training images (imagefolder, cifar10, cifar100), as
+	// torchvision's ColorJitter(brightness, contrast, saturation) on the
+	// [0, 1] pixels before normalisation, in that fixed order: each image
+	// draws its factors uniformly from [max(0, 1 - v), 1 + v], seeded by the
+	// job's seed, the epoch and the example. 0 (default): off. Saturation
+	// applies to RGB only.
+	JitterBrightness float64 `protobuf:"fixed64,13,opt,name=jitter_brightness,json=jitterBrightness,proto3" json:"jitter_brightness,omitempty"`
+	JitterContrast   float64 `protobuf:"fixed64,14,opt,name=jitter_contrast,json=jitterContrast,proto3" json:"jitter_contrast,omitempty"`
+	JitterSaturation float64 `protobuf:"fixed64,15,opt,name=jitter_saturation,json=jitterSaturation,proto3" json:"jitter_saturation,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *DatasetSpec) Reset() {
@@ -712,6 +721,27 @@ func (x *DatasetSpec) GetShape() *DataShape {
 func (x *DatasetSpec) GetCacheMb() int32 {
 	if x != nil && x.CacheMb != nil {
 		return *x.CacheMb
+	}
+	return 0
+}
+
+func (x *DatasetSpec) GetJitterBrightness() float64 {
+	if x != nil {
+		return x.JitterBrightness
+	}
+	return 0
+}
+
+func (x *DatasetSpec) GetJitterContrast() float64 {
+	if x != nil {
+		return x.JitterContrast
+	}
+	return 0
+}
+
+func (x *DatasetSpec) GetJitterSaturation() float64 {
+	if x != nil {
+		return x.JitterSaturation
 	}
 	return 0
 }
@@ -1556,7 +1586,7 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\x03env\x18\x03 \x03(\v2$.gradsync.v1.EntrypointSpec.EnvEntryR\x03env\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8f\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x92\x04\n" +
 	"\vDatasetSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bdata_dir\x18\x02 \x01(\tR\adataDir\x12'\n" +
@@ -1571,7 +1601,10 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\x03std\x18\n" +
 	" \x03(\x01R\x03std\x12,\n" +
 	"\x05shape\x18\v \x01(\v2\x16.gradsync.v1.DataShapeR\x05shape\x12\x1e\n" +
-	"\bcache_mb\x18\f \x01(\x05H\x00R\acacheMb\x88\x01\x01B\v\n" +
+	"\bcache_mb\x18\f \x01(\x05H\x00R\acacheMb\x88\x01\x01\x12+\n" +
+	"\x11jitter_brightness\x18\r \x01(\x01R\x10jitterBrightness\x12'\n" +
+	"\x0fjitter_contrast\x18\x0e \x01(\x01R\x0ejitterContrast\x12+\n" +
+	"\x11jitter_saturation\x18\x0f \x01(\x01R\x10jitterSaturationB\v\n" +
 	"\t_cache_mb\"\xb1\x01\n" +
 	"\tDataShape\x12\x1a\n" +
 	"\bchannels\x18\x01 \x01(\x05R\bchannels\x12\x16\n" +

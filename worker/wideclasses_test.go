@@ -1,0 +1,142 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"image"
+	"image/color"
+	"image/png"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gradsync/gradsync/jobspec"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+)
+
+// writeWideFolder writes an ImageFolder of 1×8×8 grayscale PNGs with
+// classes classes, folders c000, c001, … (so sorted order is numeric
+// order), perClass training images and one test image per class. Class
+// k's pixels are a binary code of k (pixel p is bright when bit p mod 9 of
+// k is set) plus noise, so the classes are linearly separable.
+func writeWideFolder(t *testing.T, dir string, classes, perClass int) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, split := range []string{"train", "test"} {
+		n := perClass
+		if split == "test" {
+			n = 1
+		}
+		for k := range classes {
+			cd := filepath.Join(dir, split, fmt.Sprintf("c%03d", k))
+			if err := os.MkdirAll(cd, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for i := range n {
+				img := image.NewGray(image.Rect(0, 0, 8, 8))
+				for p := range 64 {
+					v := 40 + rng.IntN(30)
+					if k>>(p%9)&1 == 1 {
+						v += 150
+					}
+					img.SetGray(p%8, p/8, color.Gray{Y: uint8(v)})
+				}
+				f, err := os.Create(filepath.Join(cd, fmt.Sprintf("%d.png", i)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := png.Encode(f, img); err != nil {
+					t.Fatal(err)
+				}
+				if err := f.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+}
+
+// sgdSync is a synchronizer of one rank that applies plain SGD to the
+// rank's own gradient (fakeSync leaves the parameters alone).
+type sgdSync struct {
+	fakeSync
+	lr float32
+}
+
+func (g *sgdSync) step(ctx context.Context, grads, params []float32) error {
+	for i, d := range grads {
+		params[i] -= g.lr * d
+	}
+	return g.fakeSync.step(ctx, grads, params)
+}
+
+// TestWideLabelSpace: a single-label ImageFolder of 300 classes (more than
+// a byte holds) opens with 300 classes, its labels above 255 reach the loss
+// unchanged, it trains to far above chance, and the evaluation counts every
+// class (per-class accuracies for all 300; no confusion matrix in the
+// result above jobspec.MaxConfusionClasses). A byte label would wrap class
+// 299 to 43 and train the wrong targets.
+func TestWideLabelSpace(t *testing.T) {
+	const classes = 300
+	dir := t.TempDir()
+	writeWideFolder(t, dir, classes, 4)
+	spec := streamedSpec(t, &pb.DatasetSpec{Name: "imagefolder", DataDir: dir, Channels: 1}, func(s *pb.JobSpec) {
+		s.Model = "logreg"
+		s.BatchSize = proto.Int32(16)
+		s.GradAccumSteps = 1
+		s.Epochs = proto.Int32(30)
+		s.LogEverySteps = 1000
+		s.EvalEveryEpoch = proto.Bool(false)
+	})
+	if k := spec.GetDataset().GetShape().GetClasses(); k != classes {
+		t.Fatalf("resolved %d classes, want %d", k, classes)
+	}
+	s, err := openStreamed(context.Background(), spec, "", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	if s.classes != classes {
+		t.Fatalf("opened %d classes, want %d", s.classes, classes)
+	}
+	// The last class's images reach the loss as label 299.
+	last := []int{s.info.N - 2, s.info.N - 1}
+	if err := s.startEpoch(context.Background(), last, 2); err != nil {
+		t.Fatal(err)
+	}
+	x := make([]float32, 2*s.info.ImageSize())
+	if err := s.batch(last, x, 0); err != nil {
+		t.Fatal(err)
+	}
+	if s.yc[0] != classes-1 || s.yc[1] != classes-1 {
+		t.Fatalf("targets of the last class's images %v, want [%d %d]", s.yc[:2], classes-1, classes-1)
+	}
+	s.endEpoch()
+
+	sync := sgdSync{lr: 0.5}
+	res, err := trainerOver(t, spec, s, &sync, quietEnv()).run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("300 classes, logreg, 30 epochs of SGD on rank 0's half: test accuracy %.4f, loss %.4f", res.TestAccuracy, res.TestLoss)
+	if res.TestAccuracy < 0.5 { // chance is 1/300
+		t.Errorf("test accuracy %.4f, want ≥ 0.5 (chance 0.0033)", res.TestAccuracy)
+	}
+	if len(res.ClassAccuracy) != classes {
+		t.Errorf("%d class accuracies, want %d", len(res.ClassAccuracy), classes)
+	}
+	if classes > jobspec.MaxConfusionClasses && len(res.ConfusionMatrix) != 0 {
+		t.Errorf("a %d-entry confusion matrix in the result, want none above %d classes", len(res.ConfusionMatrix), jobspec.MaxConfusionClasses)
+	}
+	var high float64
+	for _, a := range res.ClassAccuracy[256:] {
+		high += a
+	}
+	if high == 0 {
+		t.Errorf("no class above 255 is ever predicted correctly")
+	}
+}
