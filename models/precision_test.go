@@ -254,3 +254,40 @@ func TestParsePrecision(t *testing.T) {
 		t.Error("SetPrecision(7): no error")
 	}
 }
+
+// BenchmarkPrecisionStep measures a batch-64 training step (Forward,
+// loss, Backward) of the named networks in fp32 and bf16:
+// docs/experiments/engine-speed/2026-12-02-bf16-checkpointing.md.
+func BenchmarkPrecisionStep(b *testing.B) {
+	for _, name := range []string{"cnn", "resnet8"} {
+		for _, p := range []Precision{FP32, BF16} {
+			b.Run(name+"/"+p.String(), func(b *testing.B) {
+				n, _ := New(name, Options{})
+				if err := n.SetPrecision(p); err != nil {
+					b.Fatal(err)
+				}
+				benchStep(b, n)
+			})
+		}
+	}
+}
+
+// benchStep runs n's batch-64 training steps on fixed data.
+func benchStep(b *testing.B, n *Network) {
+	const batch = 64
+	r := rand.New(rand.NewPCG(8, 8))
+	x := randn(r, batch*n.InputSize())
+	c := n.Options().Classes
+	labels := make([]uint8, batch)
+	for i := range labels {
+		labels[i] = uint8(i % c)
+	}
+	d := make([]float32, batch*c)
+	b.ReportAllocs()
+	for b.Loop() {
+		n.ZeroGrad()
+		SoftmaxCrossEntropy(n.Forward(x, batch, true), labels, c, d)
+		n.Backward(d)
+	}
+	b.ReportMetric(float64(batch)*float64(b.N)/b.Elapsed().Seconds(), "samples/s")
+}
