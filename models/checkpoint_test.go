@@ -231,3 +231,20 @@ func TestCheckpointingRefusesStages(t *testing.T) {
 		}()
 	}
 }
+
+// BenchmarkCheckpointingStep measures a batch-64 training step of resnet8
+// and vit-tiny without checkpointing and with blocks:
+// docs/experiments/engine-speed/2026-12-02-bf16-checkpointing.md.
+func BenchmarkCheckpointingStep(b *testing.B) {
+	for _, name := range []string{"resnet8", "vit-tiny"} {
+		for _, c := range []Checkpointing{CheckpointNone, CheckpointBlocks} {
+			b.Run(name+"/"+c.String(), func(b *testing.B) {
+				n, _ := New(name, Options{})
+				if err := n.SetCheckpointing(c); err != nil {
+					b.Fatal(err)
+				}
+				benchStep(b, n)
+			})
+		}
+	}
+}

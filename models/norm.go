@@ -31,9 +31,16 @@ type BatchNorm2d struct {
 
 	batch, hw int
 	train     bool
-	xhat      []float32 // owned: normalised input of the last Forward
-	invStd    []float32 // owned (C): 1/√(var+eps) used by the last Forward
-	y, dx     []float32 // owned
+	// replay, set by the checkpointer for a recomputation, makes a
+	// training Forward normalise with stats, the batch statistics of the
+	// Forward it repeats, instead of computing them again (bit for bit
+	// the same values, from the same input) and leaves the running
+	// statistics alone; the threads' copies skip their group's barriers.
+	replay bool
+	stats  []float32 // owned (2C), not lent: mean, then 1/√(var+eps), of the last training Forward
+	xhat   []float32 // owned: normalised input of the last Forward
+	invStd []float32 // owned (C): 1/√(var+eps) used by the last Forward
+	y, dx  []float32 // owned
 }
 
 // NewBatchNorm2d returns a batch norm over c channels with PyTorch's
@@ -72,6 +79,15 @@ func (l *BatchNorm2d) Forward(x []float32, batch int, train bool) []float32 {
 	l.y = grow(l.y, len(x))
 	l.xhat = grow(l.xhat, len(x))
 	l.invStd = grow(l.invStd, l.C)
+	if train && l.replay {
+		for c := range l.C {
+			l.normalize(x, c, l.stats[c], l.stats[l.C+c])
+		}
+		return l.y
+	}
+	if train {
+		l.stats = grow(l.stats, 2*l.C)
+	}
 	if l.group != nil && train {
 		l.forwardGroup(x)
 		return l.y
@@ -105,24 +121,32 @@ func (l *BatchNorm2d) Forward(x []float32, batch int, train bool) []float32 {
 			mo := l.Momentum
 			l.RunningMean[c] = (1-mo)*l.RunningMean[c] + mo*mean
 			l.RunningVar[c] = (1-mo)*l.RunningVar[c] + mo*float32(unbiased)
+			l.stats[c], l.stats[l.C+c] = mean, inv
 		} else {
 			mean = l.RunningMean[c]
 			inv = float32(1 / math.Sqrt(float64(l.RunningVar[c])+float64(l.Eps)))
 		}
-		l.invStd[c] = inv
-		g, b := l.Weight[c], l.Bias[c]
-		for n := range batch {
-			off := (n*l.C + c) * hw
-			xh := l.xhat[off : off+hw]
-			y := l.y[off : off+hw]
-			for i, v := range x[off : off+hw] {
-				h := (v - mean) * inv
-				xh[i] = h
-				y[i] = h*g + b
-			}
-		}
+		l.normalize(x, c, mean, inv)
 	}
 	return l.y
+}
+
+// normalize writes channel c of x̂ = (x − mean)·inv and y = x̂·γ + β,
+// recording inv; x is (batch, C, HW) as in the last Forward.
+func (l *BatchNorm2d) normalize(x []float32, c int, mean, inv float32) {
+	hw := l.hw
+	l.invStd[c] = inv
+	g, b := l.Weight[c], l.Bias[c]
+	for n := range l.batch {
+		off := (n*l.C + c) * hw
+		xh := l.xhat[off : off+hw]
+		y := l.y[off : off+hw]
+		for i, v := range x[off : off+hw] {
+			h := (v - mean) * inv
+			xh[i] = h
+			y[i] = h*g + b
+		}
+	}
 }
 
 // Backward adds dγ += Σ dy·x̂ and dβ += Σ dy per channel and returns dx. In

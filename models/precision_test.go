@@ -90,26 +90,52 @@ func TestLowpGemmMatchesNaive(t *testing.T) {
 // TestPrecisionOutputs runs every architecture in bf16 and fp16 and
 // checks its logits and gradients against fp32's. Rounding the operands
 // of every matrix product to 8 (bf16) or 11 (fp16) significant bits
-// moves each term by up to 2⁻⁸ (2⁻¹¹) relative; measured on these
-// networks (batch 8): logits within 7.5e-3·‖y‖∞ in bf16 and 7.2e-4 in
-// fp16, gradients within 6.2e-2·‖g‖∞ (mlp) and 1.9e-2 (resnet8), cosine
-// similarity of the gradients ≥ 0.9955 and 0.99956. The bounds, with
-// room for other seeds and kernel paths: logits 3e-2 and 5e-3, gradients
-// 0.2 and 6e-2, cosine ≥ 0.98 and 0.998. fp32 through SetPrecision(FP32)
-// is bit for bit the default. Dropout is rewound, so masks are equal.
+// moves each term by up to u = 2⁻⁹ (2⁻¹²) relative; measured on the
+// well-conditioned networks (batch 8): logits within 7.5e-3·‖y‖∞ in bf16
+// and 7.2e-4 in fp16, gradients within 6.2e-2·‖g‖∞ (mlp) and 1.9e-2
+// (resnet8), cosine similarity of the gradients ≥ 0.9955 and 0.99956.
+// The absolute bounds, with room for other seeds and kernel paths:
+// logits 3e-2 and 5e-3, gradients 0.2 and 6e-2, cosine ≥ 0.98 and 0.998.
+//
+// Some networks' fp32 gradients are not determined to u at all: at
+// initialisation, in train-mode batch norm over few values (batch 8 at
+// the 1×1 and 2×2 maps of the deep stages), mobilenet's 27 plain
+// conv–BN–ReLU layers amplify a relative perturbation of their early
+// layers' products exponentially with depth (Yang et al. 2019), and so,
+// less, does resnet18. Measured on 2026-12-02: perturbing fp32's
+// parameters and input by uniform relative noise of size 2⁻⁹ moves
+// mobilenet's gradient to cosine −0.01 (8×8 inputs; 0.61 at 28×28),
+// resnet18's to 0.964, while bf16 gives 0.21 and 0.936: the same loss,
+// spread over every pointwise convolution (rounding one of them at a
+// time shows the earliest costing most; the stem, a ConvSmall in fp32,
+// costs nothing), and what PyTorch's autocast meets too. So the bounds
+// are the larger of the absolute ones and the fp32 network's own
+// response to that noise (its "noise floor", measured here with u of
+// the precision): logits and gradients within 2× its deviation, 1 −
+// cosine within 3× its. For the well-conditioned networks the absolute
+// bounds decide; for mobilenet in bf16 the check says only that the
+// output is no worse than fp32's conditioning allows (its matrix
+// products are checked on their own by TestLowpGemmMatchesNaive). A
+// network is checked here unless LowPrecisionChecked refuses it, and
+// none is refused. fp32 through
+// SetPrecision(FP32) is bit for bit the default. Dropout is rewound, so
+// masks are equal.
 func TestPrecisionOutputs(t *testing.T) {
 	const batch = 8
 	bounds := map[Precision][3]float64{BF16: {3e-2, 0.2, 0.98}, FP16: {5e-3, 6e-2, 0.998}}
+	unit := map[Precision]float64{BF16: 0x1p-9, FP16: 0x1p-12}
 	for _, name := range Names() {
 		if !LowPrecisionChecked(name) {
-			continue // bounds not established: jobspec refuses bf16/fp16 for it
+			t.Errorf("%s: not checked in low precision", name)
+			continue
 		}
-		ref, _ := New(name, Options{Seed: 3})
+		opt := testOptions(name, Options{Seed: 3})
+		ref, _ := New(name, opt)
 		x, labels := threadBatch(ref, batch)
 		wy, wg := threadStep(ref, x, labels, batch)
 		for _, p := range []Precision{FP32, BF16, FP16} {
 			t.Run(fmt.Sprintf("%s/%s", name, p), func(t *testing.T) {
-				n, _ := New(name, Options{Seed: 3})
+				n, _ := New(name, opt)
 				if err := n.SetPrecision(p); err != nil {
 					t.Fatal(err)
 				}
@@ -123,21 +149,42 @@ func TestPrecisionOutputs(t *testing.T) {
 					}
 					return
 				}
+				ny, ng := noiseFloor(name, opt, x, labels, batch, unit[p])
+				nd, ngd, ncos := maxDiff(wy, ny), maxDiff(wg, ng), cosine(wg, ng)
 				b := bounds[p]
+				by, bg, bc := max(b[0], 2*nd), max(b[1], 2*ngd), min(b[2], 1-3*(1-ncos))
 				dy, dg, cos := maxDiff(wy, y), maxDiff(wg, g), cosine(wg, g)
-				t.Logf("logits %.3g·‖y‖∞, gradients %.3g·‖g‖∞, cosine %.6f", dy, dg, cos)
-				if dy > b[0] {
-					t.Errorf("logits differ by %.3g·‖y‖∞, want ≤ %g", dy, b[0])
+				t.Logf("logits %.3g·‖y‖∞, gradients %.3g·‖g‖∞, cosine %.6f (fp32 with noise %g: %.3g, %.3g, %.6f)",
+					dy, dg, cos, unit[p], nd, ngd, ncos)
+				if dy > by {
+					t.Errorf("logits differ by %.3g·‖y‖∞, want ≤ %.3g", dy, by)
 				}
-				if dg > b[1] {
-					t.Errorf("gradients differ by %.3g·‖g‖∞, want ≤ %g", dg, b[1])
+				if dg > bg {
+					t.Errorf("gradients differ by %.3g·‖g‖∞, want ≤ %.3g", dg, bg)
 				}
-				if cos < b[2] {
-					t.Errorf("gradient cosine similarity %.6f, want ≥ %g", cos, b[2])
+				if cos < bc {
+					t.Errorf("gradient cosine similarity %.6f, want ≥ %.3g", cos, bc)
 				}
 			})
 		}
 	}
+}
+
+// noiseFloor is the fp32 step of the named network with its parameters
+// and input x each multiplied by 1 + δ, δ uniform in [−u, u] (a fixed
+// draw): how far fp32's own outputs move under perturbations of the size
+// a precision with unit roundoff u makes.
+func noiseFloor(name string, opt Options, x []float32, labels []uint8, batch int, u float64) (logits, grads []float32) {
+	r := rand.New(rand.NewPCG(9, 9))
+	n, _ := New(name, opt)
+	for i, v := range n.Params() {
+		n.Params()[i] = v * float32(1+(2*r.Float64()-1)*u)
+	}
+	xp := make([]float32, len(x))
+	for i, v := range x {
+		xp[i] = v * float32(1+(2*r.Float64()-1)*u)
+	}
+	return threadStep(n, xp, labels, batch)
 }
 
 func cosine(a, b []float32) float64 {
@@ -206,4 +253,41 @@ func TestParsePrecision(t *testing.T) {
 	if err := n.SetPrecision(Precision(7)); err == nil {
 		t.Error("SetPrecision(7): no error")
 	}
+}
+
+// BenchmarkPrecisionStep measures a batch-64 training step (Forward,
+// loss, Backward) of the named networks in fp32 and bf16:
+// docs/experiments/engine-speed/2026-12-02-bf16-checkpointing.md.
+func BenchmarkPrecisionStep(b *testing.B) {
+	for _, name := range []string{"cnn", "resnet8"} {
+		for _, p := range []Precision{FP32, BF16} {
+			b.Run(name+"/"+p.String(), func(b *testing.B) {
+				n, _ := New(name, Options{})
+				if err := n.SetPrecision(p); err != nil {
+					b.Fatal(err)
+				}
+				benchStep(b, n)
+			})
+		}
+	}
+}
+
+// benchStep runs n's batch-64 training steps on fixed data.
+func benchStep(b *testing.B, n *Network) {
+	const batch = 64
+	r := rand.New(rand.NewPCG(8, 8))
+	x := randn(r, batch*n.InputSize())
+	c := n.Options().Classes
+	labels := make([]uint8, batch)
+	for i := range labels {
+		labels[i] = uint8(i % c)
+	}
+	d := make([]float32, batch*c)
+	b.ReportAllocs()
+	for b.Loop() {
+		n.ZeroGrad()
+		SoftmaxCrossEntropy(n.Forward(x, batch, true), labels, c, d)
+		n.Backward(d)
+	}
+	b.ReportMetric(float64(batch)*float64(b.N)/b.Elapsed().Seconds(), "samples/s")
 }

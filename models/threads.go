@@ -112,7 +112,7 @@ func (n *Network) SetThreads(t int) error {
 			exited:   make(chan struct{}),
 		}
 		b.bind(n.params, r.grads, n.bufs)
-		r.ck = n.newStackCk(layers, false)
+		r.ck = n.newStackCk(layers)
 		setPrecision(layers, n.prec)
 		for i, d := range r.dropouts {
 			d.calls = n.dropouts[i].calls
@@ -370,18 +370,8 @@ func (l *BatchNorm2d) forwardGroup(x []float32) {
 			l.RunningMean[c] = (1-mo)*l.RunningMean[c] + mo*mean
 			l.RunningVar[c] = (1-mo)*l.RunningVar[c] + mo*float32(unbiased)
 		}
-		l.invStd[c] = inv
-		gm, b := l.Weight[c], l.Bias[c]
-		for n := range batch {
-			off := (n*cc + c) * hw
-			xh := l.xhat[off : off+hw]
-			y := l.y[off : off+hw]
-			for i, v := range x[off : off+hw] {
-				h := (v - mean) * inv
-				xh[i] = h
-				y[i] = h*gm + b
-			}
-		}
+		l.stats[c], l.stats[cc+c] = mean, inv
+		l.normalize(x, c, mean, inv)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gradsync/gradsync/data"
+	"github.com/gradsync/gradsync/jobspec"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -65,8 +66,55 @@ func TestSpecFlagsOverrideFile(t *testing.T) {
 	if spec.GetModel() != "lenet5" || spec.GetWorkers() != 4 || spec.GetEpochs() != 2 || spec.GetOptimizer().GetLr() != 0.1 {
 		t.Errorf("spec %v", spec)
 	}
-	if spec.BatchSize != nil || spec.Optimizer.Momentum != nil {
+	if spec.BatchSize != nil || spec.Optimizer.Momentum != nil || spec.Precision != "" || spec.ActivationCheckpointing != "" {
 		t.Errorf("unset flags wrote fields: %v", spec)
+	}
+}
+
+// --precision and --activation-checkpointing set JobSpec 31 and 30 over
+// the job file's, and jobspec judges them.
+func TestSpecFlagsEngine(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "job.yaml")
+	if err := os.WriteFile(file, []byte("model: resnet8\nmode: ring\nprecision: bf16\nactivation_checkpointing: sqrt\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args       []string
+		prec, ckpt string
+	}{
+		{nil, "bf16", "sqrt"},
+		{[]string{"--precision", "fp16", "--activation-checkpointing", "blocks"}, "fp16", "blocks"},
+		{[]string{"--precision", "fp32"}, "fp32", "sqrt"},
+	} {
+		var sf specFlags
+		c := &cobra.Command{Use: "x"}
+		sf.register(c)
+		if err := c.ParseFlags(append([]string{"-f", file}, tc.args...)); err != nil {
+			t.Fatal(err)
+		}
+		spec, err := sf.build(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if spec.Precision != tc.prec || spec.ActivationCheckpointing != tc.ckpt {
+			t.Errorf("%v: precision %q, checkpointing %q; want %q, %q", tc.args, spec.Precision, spec.ActivationCheckpointing, tc.prec, tc.ckpt)
+		}
+		if _, err := jobspec.Normalize(spec, nil); err != nil {
+			t.Errorf("%v: %v", tc.args, err)
+		}
+	}
+	var sf specFlags
+	c := &cobra.Command{Use: "x"}
+	sf.register(c)
+	if err := c.ParseFlags([]string{"--precision", "fp8", "--activation-checkpointing", "all"}); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := sf.build(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := jobspec.Normalize(spec, nil); err == nil {
+		t.Errorf("--precision fp8 --activation-checkpointing all: accepted")
 	}
 }
 

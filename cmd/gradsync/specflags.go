@@ -71,6 +71,9 @@ type specFlags struct {
 	jitter        []float64 // --color-jitter: brightness, contrast, saturation
 	// entrypoint jobs
 	entrypoint string
+	// engine
+	precision string
+	actCkpt   string
 }
 
 func (f *specFlags) register(c *cobra.Command) {
@@ -126,6 +129,8 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.StringSliceVar(&f.psAddrs, "ps-aggregators", nil, "ps mode: host:port of one 'gradsync aggregator' per shard, in shard order (default: shards in the server)")
 	fl.StringVar(&f.entrypoint, "entrypoint", "", "run this command on every worker instead of gradsync's engine (mode ring): words split as a shell would, no shell run, e.g. 'python3 train.py --epochs 2'")
 	fl.StringVar(&f.compress, "compress", "", "gradient compression (modes ring and ps), e.g. powersgd:rank=2,start_iter=10 | topk:ratio=0.01 | int8 | fp16 | bf16")
+	fl.StringVar(&f.precision, "precision", "", "matrix products' operands: fp32 (default), bf16 (modes ps and ring) or fp16 (mode ring, with a dynamic loss scaler); float32 accumulation and master weights")
+	fl.StringVar(&f.actCkpt, "activation-checkpointing", "", "keep only segment inputs and recompute the rest in backward: none (default), blocks (at the model's block boundaries) or sqrt (√n segments); gradients are bit-identical")
 }
 
 // build reads the job file (if any) and applies the flags that were set.
@@ -321,6 +326,12 @@ func (f *specFlags) build(c *cobra.Command) (*pb.JobSpec, error) {
 			return nil, err
 		}
 		spec.Compression = c
+	}
+	if ch("precision") {
+		spec.Precision = f.precision
+	}
+	if ch("activation-checkpointing") {
+		spec.ActivationCheckpointing = f.actCkpt
 	}
 	// A streamed data set's shape is read here, from the data, so the
 	// coordinator holds none (jobspec.ResolveShape).

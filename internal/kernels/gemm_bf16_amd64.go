@@ -36,6 +36,14 @@ func bf16Kernel8x32(a *BF16, b *BF16, kp int, c *float32, ldc int, alpha, beta f
 //go:noescape
 func packPairs32(dst *BF16, src *BF16, ld int, kp int)
 
+// packPairs8 moves K-pairs p < kp (kp ≥ 1) of the 8 rows at src (row
+// stride ld) to dst, pair p of row i at dst[p·dstep/2 + 2i] (dstep in
+// bytes): packBF16A's whole blocks without transposition (dstep 32) and,
+// four calls per panel, packBF16B's whole transposed panels (dstep 128).
+//
+//go:noescape
+func packPairs8(dst *BF16, src *BF16, ld int, kp int, dstep int)
+
 // gemmBF16SIMD runs GemmBF16 on the VDPBF16PS kernel where the CPU has
 // one, reporting whether it did. Arguments are checked, m, n, k > 0.
 func gemmBF16SIMD(transA, transB bool, m, n, k int, alpha float32, a []BF16, lda int, b []BF16, ldb int, beta float32, c []float32, ldc int) bool {
@@ -112,7 +120,21 @@ func packBF16A(dst []BF16, trans bool, a []BF16, lda, m, k0, kc int) {
 	if m%bf16MR != 0 || kc%2 != 0 {
 		clear(blk) // the rows past m and the last pair's second half
 	}
-	for i := range m {
+	i0 := 0
+	if !trans && kc >= 2 {
+		// Whole blocks of 8 rows in assembly, their odd last column and
+		// the rows of a partial block below.
+		for ; i0+bf16MR <= m; i0 += bf16MR {
+			base := blk[i0*2*kp:]
+			packPairs8(&base[0], &a[i0*lda+k0], lda, kc/2, 4*bf16MR)
+			if kc%2 != 0 {
+				for i := range bf16MR {
+					base[(kp-1)*2*bf16MR+2*i] = a[(i0+i)*lda+k0+kc-1]
+				}
+			}
+		}
+	}
+	for i := i0; i < m; i++ {
 		base := blk[(i/bf16MR)*bf16MR*2*kp+2*(i%bf16MR):]
 		if !trans {
 			// Row i's pairs are adjacent in a: copy them two at a time.
@@ -148,6 +170,22 @@ func packBF16B(dst []BF16, trans bool, b []BF16, ldb, k0, kc, j0, nr int) {
 		clear(last)
 		for j := range nr {
 			last[2*j] = b[(k0+kc-1)*ldb+j0+j]
+		}
+		return
+	}
+	if trans && nr == bf16NR && kc >= 2 {
+		// Column j's pairs are adjacent in b: eight columns at a time in
+		// assembly, an odd last row below.
+		for j := 0; j < bf16NR; j += 8 {
+			packPairs8(&pan[2*j], &b[(j0+j)*ldb+k0], ldb, kc/2, 4*bf16NR)
+		}
+		if kc%2 == 0 {
+			return
+		}
+		last := pan[2*bf16NR*(kp-1):]
+		clear(last)
+		for j := range nr {
+			last[2*j] = b[(j0+j)*ldb+k0+kc-1]
 		}
 		return
 	}

@@ -202,3 +202,46 @@ pack_loop:
 	JNZ pack_loop
 	VZEROUPPER
 	RET
+
+// func packPairs8(dst *BF16, src *BF16, ld int, kp int, dstep int)
+//
+// Each K-pair p (two bf16, one 32-bit word) of rows i = 0..7 (row stride
+// ld) moves to the word at byte 4i of dst's step p (dstep bytes each);
+// unaligned words are fine on amd64.
+TEXT ·packPairs8(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ ld+16(FP), BX
+	SHLQ $1, BX // bytes per row
+	MOVQ kp+24(FP), CX
+	LEAQ (SI)(BX*1), R8
+	LEAQ (SI)(BX*2), R9
+	LEAQ (R8)(BX*2), R10
+	LEAQ (SI)(BX*4), R11
+	LEAQ (R8)(BX*4), R12
+	LEAQ (R9)(BX*4), R13
+	LEAQ (R10)(BX*4), R14
+	XORQ AX, AX // byte offset of the pair in each row
+
+packa_loop:
+	MOVL (SI)(AX*1), DX
+	MOVL DX, 0(DI)
+	MOVL (R8)(AX*1), DX
+	MOVL DX, 4(DI)
+	MOVL (R9)(AX*1), DX
+	MOVL DX, 8(DI)
+	MOVL (R10)(AX*1), DX
+	MOVL DX, 12(DI)
+	MOVL (R11)(AX*1), DX
+	MOVL DX, 16(DI)
+	MOVL (R12)(AX*1), DX
+	MOVL DX, 20(DI)
+	MOVL (R13)(AX*1), DX
+	MOVL DX, 24(DI)
+	MOVL (R14)(AX*1), DX
+	MOVL DX, 28(DI)
+	ADDQ $4, AX
+	ADDQ dstep+32(FP), DI
+	DECQ CX
+	JNZ packa_loop
+	RET

@@ -128,6 +128,43 @@ def pack(w):
     w("\tJNZ pack_loop")
     w("\tVZEROUPPER")
     w("\tRET")
+    w("")
+    pack_a(w)
+
+
+def pack_a(w):
+    """packPairs8: the K-pairs of 8 rows, row-interleaved (A blocks, and
+    transposed B panels four calls at a time)."""
+    rows = ["SI", "R8", "R9", "R10", "R11", "R12", "R13", "R14"]
+    w("// func packPairs8(dst *BF16, src *BF16, ld int, kp int, dstep int)")
+    w("//")
+    w("// Each K-pair p (two bf16, one 32-bit word) of rows i = 0..7 (row stride")
+    w("// ld) moves to the word at byte 4i of dst's step p (dstep bytes each);")
+    w("// unaligned words are fine on amd64.")
+    w("TEXT ·packPairs8(SB), NOSPLIT, $0-40")
+    w("\tMOVQ dst+0(FP), DI")
+    w("\tMOVQ src+8(FP), SI")
+    w("\tMOVQ ld+16(FP), BX")
+    w("\tSHLQ $1, BX // bytes per row")
+    w("\tMOVQ kp+24(FP), CX")
+    w("\tLEAQ (SI)(BX*1), R8")
+    w("\tLEAQ (SI)(BX*2), R9")
+    w("\tLEAQ (R8)(BX*2), R10")
+    w("\tLEAQ (SI)(BX*4), R11")
+    w("\tLEAQ (R8)(BX*4), R12")
+    w("\tLEAQ (R9)(BX*4), R13")
+    w("\tLEAQ (R10)(BX*4), R14")
+    w("\tXORQ AX, AX // byte offset of the pair in each row")
+    w("")
+    w("packa_loop:")
+    for i, r in enumerate(rows):
+        w("\tMOVL (%s)(AX*1), DX" % r)
+        w("\tMOVL DX, %d(DI)" % (4 * i))
+    w("\tADDQ $4, AX")
+    w("\tADDQ dstep+32(FP), DI")
+    w("\tDECQ CX")
+    w("\tJNZ packa_loop")
+    w("\tRET")
 
 
 if __name__ == "__main__":
