@@ -1,6 +1,7 @@
 package models
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -211,16 +212,30 @@ func TestNetworkGradient(t *testing.T) {
 				checks, train = 2, false
 			}
 			// The architectures are independent: in parallel (the
-			// backend stays set until they have all ended).
-			t.Run(name, func(t *testing.T) {
-				t.Parallel()
-				networkGradient(t, name, checks, train)
-			})
+			// backend stays set until they have all ended). A heavy one
+			// is the longest by far: its parameter tensors are split
+			// over two subtests, each on its own copy of the network.
+			parts := 1
+			if heavyArchs[name] {
+				parts = 2
+			}
+			for part := range parts {
+				sub := name
+				if parts > 1 {
+					sub = fmt.Sprintf("%s/part%d", name, part)
+				}
+				t.Run(sub, func(t *testing.T) {
+					t.Parallel()
+					networkGradient(t, name, checks, train, part, parts)
+				})
+			}
 		}
 	})
 }
 
-func networkGradient(t *testing.T, name string, checks int, train bool) {
+// networkGradient checks the parameter tensors i of name with
+// i mod parts = part.
+func networkGradient(t *testing.T, name string, checks int, train bool, part, parts int) {
 	opt := smallOptions(name)
 	n, err := New(name, opt)
 	if err != nil {
@@ -241,7 +256,10 @@ func networkGradient(t *testing.T, name string, checks int, train bool) {
 	SoftmaxCrossEntropy(n.Forward(x, batch, train), labels, opt.Classes, d)
 	n.Backward(d)
 	grads := slices.Clone(n.Grads())
-	for _, s := range n.Segments() {
+	for i, s := range n.Segments() {
+		if i%parts != part {
+			continue
+		}
 		end := s.Offset + s.Len
 		modeltest.CheckGrad(t, name+" "+s.Name, loss, n.Params()[s.Offset:end], grads[s.Offset:end],
 			modeltest.Config{Eps: 1e-3, ATol: 2e-4, MaxChecks: checks, Seed: uint64(s.Offset)})
