@@ -29,10 +29,17 @@ local:
 $(BIN)/grpcurl: tools/go.mod tools/go.sum
 	$(GO) -C tools build -o $(BIN)/grpcurl github.com/fullstorydev/grpcurl/cmd/grpcurl
 
+# The longest packages are named first: go test starts the packages'
+# runs in the order they are listed (./... adds the rest, sorted, each
+# once), so the long pole (models) is not left to start last. A listed
+# folder that has gone is left out. docs/experiments/ci-time.md has the
+# figures.
+TEST_FIRST := $(foreach d,models server aggregator/ringrpc federated test,$(if $(wildcard $(d)/*.go),./$(d)/))
+
 # Winograd F(4×4, 3×3) is compiled only with -tags winograd4 (it is off):
 # test and vet it with the tag too, so that it does not rot.
 test: $(BIN)/grpcurl
-	GRPCURL=$(BIN)/grpcurl $(GO) test -race -timeout 30m ./...
+	GRPCURL=$(BIN)/grpcurl $(GO) test -race -timeout 30m $(TEST_FIRST) ./...
 	$(GO) test -race -tags winograd4 -run 'Winograd' ./internal/kernels/ ./models/
 	$(MAKE) test-python
 

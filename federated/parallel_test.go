@@ -12,9 +12,11 @@ import (
 // give the same history bit for bit — with dropout (cnn) and batch-norm
 // buffers (resnet8), and stragglers.
 func TestSimulateParallelIsDeterministic(t *testing.T) {
+	t.Parallel() // as its models: simulations only read the datasets
 	tr, te := synthetic(t, 300, 100)
 	for _, model := range []string{"cnn", "resnet8"} {
 		t.Run(model, func(t *testing.T) {
+			t.Parallel()
 			var ref History
 			for _, par := range []int{1, 2, 5} {
 				cfg := SimConfig{

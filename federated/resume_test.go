@@ -18,9 +18,11 @@ import (
 // bit, as an undisturbed run, for every stateful server optimiser and for
 // a stateless one.
 func TestSimResumeIsBitIdentical(t *testing.T) {
+	t.Parallel() // as its strategies: simulations only read the datasets
 	tr, te := synthetic(t, 600, 200)
 	for _, strategy := range []string{"fedavg", "fedavgm", "fedadam", "fedyogi"} {
 		t.Run(strategy, func(t *testing.T) {
+			t.Parallel()
 			cfg := SimConfig{
 				Train: tr, Test: te, Partition: data.PartitionIID(tr.Labels, 8, 1), Model: "mlp",
 				Rounds: 6, Fraction: 0.5, LocalEpochs: 1, LocalBatch: 20, ClientLR: 0.05, EvalEvery: 2, Seed: 5,

@@ -47,6 +47,7 @@ func sameBits(a, b []float32) (int, bool) {
 // before it is written would show too. Batch 13 makes the threads'
 // slices uneven.
 func TestCheckpointingBitIdentical(t *testing.T) {
+	t.Parallel() // as its cases: each builds its own networks
 	const batch, steps = 13, 3
 	for _, name := range Names() {
 		for _, mode := range []Checkpointing{CheckpointBlocks, CheckpointSqrt} {
@@ -55,6 +56,7 @@ func TestCheckpointingBitIdentical(t *testing.T) {
 					continue // millions of parameters: blocks on 1 thread, sqrt on 2
 				}
 				t.Run(fmt.Sprintf("%s/%s/%d", name, mode, threads), func(t *testing.T) {
+					t.Parallel()
 					ref, _ := New(name, testOptions(name, Options{Seed: 4}))
 					ck, _ := New(name, testOptions(name, Options{Seed: 4}))
 					defer ref.Close()
@@ -114,21 +116,25 @@ func TestCheckpointingBitIdentical(t *testing.T) {
 // such as the cnn's convolutions, the kept segment outputs and the
 // arenas cost about what they save.)
 func TestCheckpointingMemory(t *testing.T) {
+	t.Parallel() // as its architectures: each builds its own networks
 	const batch = 32
 	for _, name := range Names() {
 		batch := batch
 		if heavyArchs[name] {
 			batch = 4 // millions of parameters
 		}
-		none := ckBytes(t, name, CheckpointNone, batch)
-		for _, mode := range []Checkpointing{CheckpointBlocks, CheckpointSqrt} {
-			got := ckBytes(t, name, mode, batch)
-			f := float64(none) / float64(got)
-			t.Logf("%s %s: %d → %d bytes (%.2f×)", name, mode, none, got, f)
-			if mode == CheckpointBlocks && (name == "resnet8" || name == "vit-tiny") && f < 2 {
-				t.Errorf("%s blocks: activation memory %.2f× lower, want ≥ 2×", name, f)
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			none := ckBytes(t, name, CheckpointNone, batch)
+			for _, mode := range []Checkpointing{CheckpointBlocks, CheckpointSqrt} {
+				got := ckBytes(t, name, mode, batch)
+				f := float64(none) / float64(got)
+				t.Logf("%s %s: %d → %d bytes (%.2f×)", name, mode, none, got, f)
+				if mode == CheckpointBlocks && (name == "resnet8" || name == "vit-tiny") && f < 2 {
+					t.Errorf("%s blocks: activation memory %.2f× lower, want ≥ 2×", name, f)
+				}
 			}
-		}
+		})
 	}
 }
 

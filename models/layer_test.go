@@ -21,7 +21,10 @@ func backends() []string {
 	return names
 }
 
-// forEachBackend runs f once per backend as a subtest.
+// forEachBackend runs f once per backend as a subtest. The backend is
+// put back by a cleanup, which runs once the subtests f started have
+// ended too, so f may start parallel subtests; those must not call
+// backends (it switches the backend to probe it).
 func forEachBackend(t *testing.T, f func(t *testing.T)) {
 	for _, be := range backends() {
 		t.Run(be, func(t *testing.T) {
@@ -29,7 +32,7 @@ func forEachBackend(t *testing.T, f func(t *testing.T)) {
 			if err := kernels.SetBackend(be); err != nil {
 				t.Fatal(err)
 			}
-			defer kernels.SetBackend(prev)
+			t.Cleanup(func() { kernels.SetBackend(prev) })
 			f(t)
 		})
 	}

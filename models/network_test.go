@@ -1,6 +1,7 @@
 package models
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -193,14 +194,10 @@ func TestParamsAreLive(t *testing.T) {
 // finite difference can check; ReLU's own gradient is checked by itself,
 // and the real networks are compared with PyTorch in parity_test.go.
 func TestNetworkGradient(t *testing.T) {
+	be := backends()
+	last := be[len(be)-1]
 	forEachBackend(t, func(t *testing.T) {
 		for _, name := range Names() {
-			opt := smallOptions(name)
-			n, err := New(name, opt)
-			if err != nil {
-				t.Fatal(err)
-			}
-			smoothen(n.layers)
 			checks, train := 40, true
 			if heavyArchs[name] {
 				// Their layers are checked one by one; here, the wiring,
@@ -209,32 +206,64 @@ func TestNetworkGradient(t *testing.T) {
 				// training statistics over 12 and 3 values curve the loss
 				// too much for a finite difference (train mode is checked
 				// against PyTorch in parity_test.go).
-				if be := backends(); kernels.Backend() != be[len(be)-1] {
+				if kernels.Backend() != last {
 					continue
 				}
 				checks, train = 2, false
 			}
-			const batch = 3
-			r := rand.New(rand.NewPCG(5, 5))
-			x := randn(r, batch*n.InputSize())
-			labels := []uint8{0, 3, 2}
-			loss := func() float64 {
-				n.rewindDropout()
-				return float64(SoftmaxCrossEntropy(n.Forward(x, batch, train), labels, opt.Classes, nil))
+			// The architectures are independent: in parallel (the
+			// backend stays set until they have all ended). A heavy one
+			// is the longest by far: its parameter tensors are split
+			// over two subtests, each on its own copy of the network.
+			parts := 1
+			if heavyArchs[name] {
+				parts = 2
 			}
-			n.ZeroGrad()
-			d := make([]float32, batch*opt.Classes)
-			n.rewindDropout()
-			SoftmaxCrossEntropy(n.Forward(x, batch, train), labels, opt.Classes, d)
-			n.Backward(d)
-			grads := slices.Clone(n.Grads())
-			for _, s := range n.Segments() {
-				end := s.Offset + s.Len
-				modeltest.CheckGrad(t, name+" "+s.Name, loss, n.Params()[s.Offset:end], grads[s.Offset:end],
-					modeltest.Config{Eps: 1e-3, ATol: 2e-4, MaxChecks: checks, Seed: uint64(s.Offset)})
+			for part := range parts {
+				sub := name
+				if parts > 1 {
+					sub = fmt.Sprintf("%s/part%d", name, part)
+				}
+				t.Run(sub, func(t *testing.T) {
+					t.Parallel()
+					networkGradient(t, name, checks, train, part, parts)
+				})
 			}
 		}
 	})
+}
+
+// networkGradient checks the parameter tensors i of name with
+// i mod parts = part.
+func networkGradient(t *testing.T, name string, checks int, train bool, part, parts int) {
+	opt := smallOptions(name)
+	n, err := New(name, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	smoothen(n.layers)
+	const batch = 3
+	r := rand.New(rand.NewPCG(5, 5))
+	x := randn(r, batch*n.InputSize())
+	labels := []uint8{0, 3, 2}
+	loss := func() float64 {
+		n.rewindDropout()
+		return float64(SoftmaxCrossEntropy(n.Forward(x, batch, train), labels, opt.Classes, nil))
+	}
+	n.ZeroGrad()
+	d := make([]float32, batch*opt.Classes)
+	n.rewindDropout()
+	SoftmaxCrossEntropy(n.Forward(x, batch, train), labels, opt.Classes, d)
+	n.Backward(d)
+	grads := slices.Clone(n.Grads())
+	for i, s := range n.Segments() {
+		if i%parts != part {
+			continue
+		}
+		end := s.Offset + s.Len
+		modeltest.CheckGrad(t, name+" "+s.Name, loss, n.Params()[s.Offset:end], grads[s.Offset:end],
+			modeltest.Config{Eps: 1e-3, ATol: 2e-4, MaxChecks: checks, Seed: uint64(s.Offset)})
+	}
 }
 
 // smoothen replaces every ReLU in ls (and in residual branches) by a GELU.

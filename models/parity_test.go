@@ -24,12 +24,16 @@ import (
 // (formulaValues), and they hold a sample of each gradient with its
 // whole tensor's max |grad|.
 func TestTorchParity(t *testing.T) {
-	for _, fx := range []string{"mlp", "lenet5", "cnn", "fedcnn", "resnet8", "vit-tiny",
-		"resnet8-rgb", "se-resnet8", "convvit", "resnet18", "mobilenet", "mobilenet-0.5"} {
-		t.Run(fx, func(t *testing.T) {
-			forEachBackend(t, func(t *testing.T) { checkParity(t, fx) })
-		})
-	}
+	// Per backend (a global setting), the fixtures in parallel.
+	forEachBackend(t, func(t *testing.T) {
+		for _, fx := range []string{"mlp", "lenet5", "cnn", "fedcnn", "resnet8", "vit-tiny",
+			"resnet8-rgb", "se-resnet8", "convvit", "resnet18", "mobilenet", "mobilenet-0.5"} {
+			t.Run(fx, func(t *testing.T) {
+				t.Parallel()
+				checkParity(t, fx)
+			})
+		}
+	})
 }
 
 // fmix32 is murmur3's 32-bit finaliser.

@@ -11,8 +11,10 @@ import (
 // and end at 0, and — what overlap relies on — that grads[from:] never
 // changes after ready(from).
 func TestBackwardNotify(t *testing.T) {
+	t.Parallel() // as its architectures: each builds its own networks
 	for _, name := range Names() {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			opt := smallOptions(name)
 			a, err := New(name, opt)
 			if err != nil {

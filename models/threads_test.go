@@ -57,37 +57,41 @@ func maxDiff(a, b []float32) float64 {
 // norm (resnet8) shares the whole batch's statistics across the threads,
 // so its running statistics are checked too.
 func TestThreadsMatchOneThread(t *testing.T) {
+	t.Parallel() // as its architectures: each builds its own networks
 	const batch = 13
 	const bound = batch * 0x1p-23 * 32
 	for _, name := range Names() {
-		opt := testOptions(name, Options{Seed: 2})
-		one, _ := New(name, opt)
-		x, labels := threadBatch(one, batch)
-		wantY, wantG := threadStep(one, x, labels, batch)
-		wantB := slices.Clone(one.Buffers())
-		for _, threads := range []int{2, 3} {
-			n, _ := New(name, opt)
-			if err := n.SetThreads(threads); err != nil {
-				t.Fatalf("%s: SetThreads(%d): %v", name, threads, err)
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			opt := testOptions(name, Options{Seed: 2})
+			one, _ := New(name, opt)
+			x, labels := threadBatch(one, batch)
+			wantY, wantG := threadStep(one, x, labels, batch)
+			wantB := slices.Clone(one.Buffers())
+			for _, threads := range []int{2, 3} {
+				n, _ := New(name, opt)
+				if err := n.SetThreads(threads); err != nil {
+					t.Fatalf("%s: SetThreads(%d): %v", name, threads, err)
+				}
+				y, g := threadStep(n, x, labels, batch)
+				if d := maxDiff(wantB, n.Buffers()); len(wantB) > 0 && d > bound {
+					t.Errorf("%s, %d threads: batch norm's running statistics differ by %.3g, want ≤ %.3g", name, threads, d, bound)
+				}
+				if d := maxDiff(wantY, y); d > bound {
+					t.Errorf("%s, %d threads: logits differ by %.3g·‖y‖∞, want ≤ %.3g", name, threads, d, bound)
+				}
+				if d := maxDiff(wantG, g); d > bound {
+					t.Errorf("%s, %d threads: gradients differ by %.3g·‖g‖∞, want ≤ %.3g", name, threads, d, bound)
+				} else {
+					t.Logf("%s, %d threads: gradients within %.3g·‖g‖∞", name, threads, d)
+				}
+				y2, g2 := threadStep(n, x, labels, batch)
+				if !slices.Equal(y, y2) || !slices.Equal(g, g2) {
+					t.Errorf("%s, %d threads: a second run differs, want bit-identical", name, threads)
+				}
+				n.Close()
 			}
-			y, g := threadStep(n, x, labels, batch)
-			if d := maxDiff(wantB, n.Buffers()); len(wantB) > 0 && d > bound {
-				t.Errorf("%s, %d threads: batch norm's running statistics differ by %.3g, want ≤ %.3g", name, threads, d, bound)
-			}
-			if d := maxDiff(wantY, y); d > bound {
-				t.Errorf("%s, %d threads: logits differ by %.3g·‖y‖∞, want ≤ %.3g", name, threads, d, bound)
-			}
-			if d := maxDiff(wantG, g); d > bound {
-				t.Errorf("%s, %d threads: gradients differ by %.3g·‖g‖∞, want ≤ %.3g", name, threads, d, bound)
-			} else {
-				t.Logf("%s, %d threads: gradients within %.3g·‖g‖∞", name, threads, d)
-			}
-			y2, g2 := threadStep(n, x, labels, batch)
-			if !slices.Equal(y, y2) || !slices.Equal(g, g2) {
-				t.Errorf("%s, %d threads: a second run differs, want bit-identical", name, threads)
-			}
-			n.Close()
-		}
+		})
 	}
 }
 

@@ -156,9 +156,18 @@ func suiteRings(t *testing.T, tcp bool) func(t *testing.T, n int) []aggregator.R
 	}
 }
 
-func TestSuiteBufconn(t *testing.T) { ringtest.Run(t, suiteRings(t, false)) }
+// The two suites run side by side (each on its own clusters, after the
+// package's other tests): their time is mostly spent waiting on the
+// wire, so together they take little longer than the TCP one alone.
+func TestSuiteBufconn(t *testing.T) {
+	t.Parallel()
+	ringtest.Run(t, suiteRings(t, false))
+}
 
-func TestSuiteTCP(t *testing.T) { ringtest.Run(t, suiteRings(t, true)) }
+func TestSuiteTCP(t *testing.T) {
+	t.Parallel()
+	ringtest.Run(t, suiteRings(t, true))
+}
 
 // rawStream opens a SendFrames stream to addr the way any gRPC client
 // would (the proto codec), claiming to be rank from job at gen.
