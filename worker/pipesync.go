@@ -206,7 +206,7 @@ func (p *pipeTask) linkJob() string { return fmt.Sprintf("%s/replica-%d", p.a.Jo
 
 func (p *pipeTask) start(ctx context.Context, from resumeFrom) (origin, error) {
 	if p.a.CheckpointDir != "" {
-		p.ckpt = &checkpointer{dir: p.a.CheckpointDir, spec: p.spec, jobID: p.a.JobId, world: int(p.a.WorldSize), lastSave: time.Now()}
+		p.ckpt = &checkpointer{dir: p.a.CheckpointDir, spec: p.spec, jobID: p.a.JobId, world: int(p.a.WorldSize), lastSave: time.Now(), meta: p.env.modelMeta}
 	}
 	source := fromScratch
 	if from.ckpt != nil {
