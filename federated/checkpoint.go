@@ -77,10 +77,12 @@ func (r *Snapshot) Restore(net *models.Network, strat *Strategy) error {
 // SaveCheckpoint writes snap as a checkpoint in dir (checkpoint.Save,
 // keeping the newest keep) and returns its folder. meta names the job
 // (JobID, SpecHash, WorldSize, Seed; Created when set); its Step and
-// Epoch are snap's.
-func SaveCheckpoint(dir string, snap Snapshot, meta checkpoint.Meta, keep int) (string, error) {
+// Epoch are snap's. modelMeta goes into model.safetensors's
+// __metadata__ (jobspec.ModelMetadata: architecture, input shape,
+// classes, normalisation), as in ring and ps checkpoints.
+func SaveCheckpoint(dir string, snap Snapshot, meta checkpoint.Meta, modelMeta map[string]string, keep int) (string, error) {
 	meta.Step, meta.Epoch = int64(snap.Completed), snap.Round
-	st := &checkpoint.State{Meta: meta, Tensors: snap.Model, Optim: map[string]checkpoint.Tensor{}, Extra: map[string]checkpoint.Tensor{}}
+	st := &checkpoint.State{Meta: meta, Tensors: snap.Model, ModelMeta: modelMeta, Optim: map[string]checkpoint.Tensor{}, Extra: map[string]checkpoint.Tensor{}}
 	for name, t := range snap.Server {
 		st.Extra[ServerStatePrefix+name] = t
 	}

@@ -29,7 +29,8 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	}
 	snap := s.Snapshot()
 	dir := t.TempDir()
-	path, err := SaveCheckpoint(dir, snap, checkpoint.Meta{JobID: "job-1", SpecHash: "h", WorldSize: 3}, 0)
+	modelMeta := map[string]string{"gradsync.architecture": "logreg", "gradsync.classes": "10"}
+	path, err := SaveCheckpoint(dir, snap, checkpoint.Meta{JobID: "job-1", SpecHash: "h", WorldSize: 3}, modelMeta, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,6 +40,9 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	}
 	if st.Meta.Step != 3 || st.Meta.Epoch != 3 || st.Meta.JobID != "job-1" || st.Meta.WorldSize != 3 || len(st.Optim) != 0 {
 		t.Errorf("meta %+v, %d optimiser tensors; want step = epoch = 3, the job's id and world size, none", st.Meta, len(st.Optim))
+	}
+	if !maps.Equal(st.ModelMeta, modelMeta) {
+		t.Errorf("model.safetensors metadata %v; want %v", st.ModelMeta, modelMeta)
 	}
 	if len(st.Extra) != 4 { // m and v of fc.weight and fc.bias
 		t.Errorf("extra tensors %v; want server.{m,v}.fc.{weight,bias}", slices.Sorted(maps.Keys(st.Extra)))

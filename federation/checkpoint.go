@@ -12,6 +12,10 @@ type checkpointer struct {
 	dir  string
 	keep int
 	meta checkpoint.Meta // the job's: id, spec hash, world size, seed
+	// model is model.safetensors's metadata (jobspec.ModelMetadata of
+	// the spec: the clients' data stays theirs, so mean and std only
+	// where the spec gives them, as for parameter-server jobs).
+	model map[string]string
 	// Guarded by Driver.mu:
 	lastSave time.Time // for every_seconds
 	saved    int       // rounds closed at the newest checkpoint on disk (or resumed from)
@@ -27,7 +31,7 @@ func (d *Driver) saveLocked(now time.Time) (string, error) {
 	snap := federated.NewSnapshot(d.lastRound, d.closed, d.net, d.srv.Global(), d.net.Buffers(), d.strat)
 	meta := c.meta
 	meta.Created = now
-	path, err := federated.SaveCheckpoint(c.dir, snap, meta, c.keep)
+	path, err := federated.SaveCheckpoint(c.dir, snap, meta, c.model, c.keep)
 	if path != "" { // written, even if removing older ones failed
 		c.saved, c.lastSave = d.closed, now
 	}

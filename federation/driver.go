@@ -212,6 +212,7 @@ func New(cfg Config, coord Coordinator) (*Driver, error) {
 	if cfg.CheckpointDir != "" {
 		d.ckpt = &checkpointer{dir: cfg.CheckpointDir, keep: int(spec.GetCheckpoint().GetKeep()),
 			meta:     checkpoint.Meta{JobID: cfg.JobID, SpecHash: jobspec.CheckpointHash(spec), WorldSize: n, Seed: spec.GetSeed()},
+			model:    jobspec.ModelMetadata(spec, nil, nil),
 			lastSave: now, saved: firstDone}
 	}
 	d.wakeAt = d.startBy

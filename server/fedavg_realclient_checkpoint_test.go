@@ -133,6 +133,10 @@ func TestRealClientCheckpoints(t *testing.T) {
 	}
 	sameTensors(t, "model", got.Tensors, want.Tensors)
 	sameTensors(t, "server state", got.Extra, want.Extra)
+	// Both carry the model's metadata for PyTorch users, the same.
+	if meta := jobspec.ModelMetadata(realJob.Spec, nil, nil); !maps.Equal(got.ModelMeta, meta) || !maps.Equal(want.ModelMeta, meta) {
+		t.Errorf("model.safetensors metadata: real clients %v, simulation %v; want %v", got.ModelMeta, want.ModelMeta, meta)
+	}
 }
 
 // TestRealClientResumeIsBitIdentical: a fedavg job with 3 real clients

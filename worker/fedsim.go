@@ -9,6 +9,7 @@ import (
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/federated"
 	"github.com/gradsync/gradsync/internal/kernels"
+	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -117,7 +118,7 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 	var sim *federated.Sim
 	var ckpt *checkpointer
 	if a.CheckpointDir != "" {
-		ckpt = &checkpointer{dir: a.CheckpointDir, spec: spec, jobID: a.JobId, world: 1, lastSave: time.Now()}
+		ckpt = &checkpointer{dir: a.CheckpointDir, spec: spec, jobID: a.JobId, world: 1, lastSave: time.Now(), meta: jobspec.ModelMetadata(spec, nil, nil)}
 		cfg.AfterRound = func(r federated.Record) error {
 			done := int64(r.Round)
 			if snap := sim.Snapshot(); ckpt.due(int64(snap.Completed), true, snap.Completed-1, time.Now()) {
@@ -159,7 +160,7 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 // jobs write too).
 func (c *checkpointer) saveFederated(snap federated.Snapshot, now time.Time) (string, error) {
 	meta := checkpoint.Meta{JobID: c.jobID, SpecHash: specHash(c.spec), WorldSize: c.world, Seed: c.spec.GetSeed()}
-	path, err := federated.SaveCheckpoint(c.dir, snap, meta, int(c.spec.GetCheckpoint().GetKeep()))
+	path, err := federated.SaveCheckpoint(c.dir, snap, meta, c.meta, int(c.spec.GetCheckpoint().GetKeep()))
 	if err != nil {
 		return "", err
 	}
