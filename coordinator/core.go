@@ -91,6 +91,10 @@ type Submit struct {
 	ResumeFrom         string
 	// Entrypoint: only workers that run commands may take it.
 	Entrypoint bool
+	// Stages is the job's pipeline stages (0 or 1: no pipeline): its
+	// ranks sit on the mesh pipeline.Place gives, and a lost rank is
+	// named by its stage and replica too.
+	Stages int
 }
 
 // Shutdown: the server is stopping; nothing is placed any more.
@@ -190,7 +194,7 @@ func (c *Core) Step(in Input) ([]Action, error) {
 	case Submit:
 		if c.jobs[in.Job] == nil || Final(c.jobs[in.Job].State) {
 			c.jobs[in.Job] = &Job{ID: in.Job, Mode: in.Mode, State: pb.JobState_JOB_STATE_PENDING, size: in.Workers, min: in.MinWorkers,
-				realClients: in.RealClients, minIdle: in.StepTimeoutSeconds / 2, resumeFrom: in.ResumeFrom}
+				realClients: in.RealClients, minIdle: in.StepTimeoutSeconds / 2, resumeFrom: in.ResumeFrom, stages: in.Stages}
 		}
 		if !slices.ContainsFunc(c.queue, func(p Pending) bool { return p.Job == in.Job }) {
 			c.queue = append(c.queue, Pending{Job: in.Job, Workers: in.Workers, Entrypoint: in.Entrypoint})

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/gradsync/gradsync/pipeline"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -104,11 +105,11 @@ func (c *Core) workerLost(out []Action, j *Job, w *Worker, reason string, silent
 	if c.closed || Final(j.State) || (running && j.realClients) {
 		return out
 	}
-	rank := slices.Index(j.Members, w.ID)
+	ranks := j.Members
 	if !running {
-		rank = slices.Index(j.Placed, w.ID)
+		ranks = j.Placed
 	}
-	msg := fmt.Sprintf("worker %s (rank %d, %s) lost: %s", w.ID, rank, w.Address, reason)
+	msg := fmt.Sprintf("worker %s (%s, %s) lost: %s", w.ID, j.rankName(slices.Index(ranks, w.ID), len(ranks)), w.Address, reason)
 	out, ok := c.recover(out, j, &lostWorker{id: w.ID, address: w.Address, silent: silent}, reason, msg)
 	if ok {
 		return out
@@ -305,4 +306,16 @@ func (c *Core) RecoveryPhase(id string) Phase {
 		return j.rec.Phase()
 	}
 	return Steady
+}
+
+// rankName names rank r of j's mesh of world ranks: "rank 2", or for a
+// pipeline job "rank 2, pipeline stage 0 of 2, replica 1"
+// (pipeline.Place's mesh, the one the workers build).
+func (j *Job) rankName(r, world int) string {
+	if j.stages > 1 && r >= 0 {
+		if c, err := pipeline.Place(r, world, j.stages); err == nil {
+			return fmt.Sprintf("rank %d, pipeline stage %d of %d, replica %d", r, c.Stage, c.Stages, c.Replica)
+		}
+	}
+	return fmt.Sprintf("rank %d", r)
 }

@@ -53,6 +53,8 @@ type Job struct {
 	resumeFrom  string
 	minIdle     float64
 	realClients bool
+	// stages: the pipeline stages of its mesh (≤ 1: none).
+	stages int
 }
 
 // Stopping lists the workers whose task of the ended job has not yet

@@ -367,3 +367,38 @@ func TestStragglerReportedOncePerEpisode(t *testing.T) {
 	step(t, c, coordinator.Progress{At: at(4), Job: "p", Worker: "w1", Generation: 1, Rank: 1, Step: 4, Lag: 0.1, HasLag: true},
 		coordinator.Straggler{Job: "p", Worker: "w1", Address: "w1:1", Mode: "ps", Generation: 1, Rank: 1, Step: 4, Delay: 0.1, Median: 0.001})
 }
+
+// TestLostPipelineStageIsNamed: a pipeline job (2 replicas of 2 stages)
+// that loses w3 fails naming its rank's stage and replica, placed or
+// running.
+func TestLostPipelineStageIsNamed(t *testing.T) {
+	ws := []string{"w0", "w1", "w2", "w3"}
+	for _, run := range []bool{false, true} {
+		c := coordinator.NewCore(5 * time.Second)
+		for _, id := range ws {
+			step(t, c, hello(0, id), coordinator.Welcome{Worker: id})
+		}
+		step(t, c, coordinator.Submit{At: at(0.5), Job: "p", Workers: 4, MinWorkers: 4, Mode: "ring", Stages: 2}, coordinator.Place{Job: "p", Workers: ws})
+		if run {
+			step(t, c, coordinator.Prepared{At: at(1), Job: "p"}, append([]coordinator.Action{coordinator.SetState{Job: "p", State: running, Message: "running on 4 worker(s)", Workers: ws}},
+				assigns("p", 1, ws...)...)...)
+		}
+		acts, err := c.Step(coordinator.Disconnected{At: at(3), Worker: "w3", Reason: "gone"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const want = "worker w3 (rank 3, pipeline stage 1 of 2, replica 1, w3:1) lost: gone"
+		found := false
+		for _, a := range acts {
+			if e, ok := a.(coordinator.EndJob); ok {
+				found = e.State == failed && e.Message == want
+				if !found {
+					t.Errorf("running %v: %+v; want FAILED %q", run, e, want)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("running %v: actions %+v; want EndJob FAILED %q", run, acts, want)
+		}
+	}
+}

@@ -108,7 +108,7 @@ func TestPipelineCheckpointIsWholeModel(t *testing.T) {
 }
 
 // TestKillPipelineStage kills -9 one stage's worker of a 2-stage job
-// (D = 1): the job fails within 10 s naming that worker, and the
+// (D = 1): the job fails within 10 s naming that worker and its stage, and the
 // survivor is free for the next job.
 func TestKillPipelineStage(t *testing.T) {
 	skipIfShort(t)
@@ -137,8 +137,8 @@ func TestKillPipelineStage(t *testing.T) {
 	t.Logf("pipeline job ended %.1fs after the kill", time.Since(killed).Seconds())
 	sum := parseSummary(t, watch.stdout.all())
 	t.Logf("%s: %s", sum.State, sum.Message)
-	if sum.State != "FAILED" || !strings.Contains(sum.Message, "stage-b") {
-		t.Errorf("after kill -9 of stage-b: state %s, message %q; want FAILED naming stage-b", sum.State, sum.Message)
+	if sum.State != "FAILED" || !strings.Contains(sum.Message, "stage-b") || !strings.Contains(sum.Message, "pipeline stage 1 of 2") {
+		t.Errorf("after kill -9 of stage-b: state %s, message %q; want FAILED naming stage-b and its pipeline stage 1 of 2", sum.State, sum.Message)
 	}
 	s.waitWorker(ctx, t, "stage-a", "IDLE")
 }
