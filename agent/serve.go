@@ -21,11 +21,14 @@ const SocketName = "agent.sock"
 
 // Socket is a listening agent socket: a Unix socket of mode 0600 in a
 // fresh directory of mode 0700, so that only the worker's user (and root)
-// can connect.
+// can connect; and Serve hands on only connections whose peer process
+// runs as the worker's user (SO_PEERCRED, peerListener), so root's or
+// another user's processes are refused even if the modes were opened.
 type Socket struct {
 	Path string // the socket's path, for GRADSYNC_AGENT
 	dir  string
 	lis  net.Listener
+	uid  int // the peers' required uid: the worker's own
 }
 
 // Listen makes the socket under parent (os.TempDir() when empty).
@@ -49,7 +52,7 @@ func Listen(parent string) (*Socket, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("agent: socket mode: %w", err)
 	}
-	return &Socket{Path: path, dir: dir, lis: lis}, nil
+	return &Socket{Path: path, dir: dir, lis: lis, uid: ownUID()}, nil
 }
 
 // Serve serves s on the socket until ctx is done, then stops the server
@@ -72,7 +75,7 @@ func (k *Socket) Serve(ctx context.Context, s *Server, log *slog.Logger) error {
 		<-ctx.Done()
 		gs.Stop()
 	}()
-	err := gs.Serve(k.lis)
+	err := gs.Serve(&peerListener{Listener: k.lis, uid: k.uid, log: log})
 	cancel()
 	wg.Wait()
 	os.RemoveAll(k.dir)
