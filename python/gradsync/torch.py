@@ -18,6 +18,8 @@ the Go worker over the job's ring. CUDA tensors are copied to host memory
 bucket by bucket; the code path is the same on CPU.
 """
 
+import io
+
 import numpy as np
 import torch
 
@@ -99,6 +101,52 @@ def broadcast_parameters(params, root_rank=0):
             n = t.numel()
             t.copy_(res[off:off + n].view_as(t).to(t.device, t.dtype))
             off += n
+
+
+def _broadcast_bytes(a, payload, root_rank):
+    """Every rank gets root_rank's bytes. Over float32 broadcasts: first the length (in 16-bit
+    pieces), then the bytes two by two as whole numbers below 65536, which float32 holds
+    exactly (no bit pattern is ever taken as a float)."""
+    n = np.zeros(4, dtype=np.float32)
+    if a.rank == root_rank:
+        length = len(payload)
+        n[:] = [(length >> s) & 0xFFFF for s in (0, 16, 32, 48)]
+    n = a.broadcast(n, root=root_rank)
+    length = sum(int(v) << s for v, s in zip(n, (0, 16, 32, 48)))
+    words = (length + 1) // 2
+    if a.rank == root_rank:
+        b = np.frombuffer(payload + b"\0" * (words * 2 - length), dtype="<u2").astype(np.float32)
+    else:
+        b = np.zeros(words, dtype=np.float32)
+    out = np.empty(words, dtype=np.float32)
+    step = a.max_elements
+    for off in range(0, words, step):
+        out[off:off + step] = a.broadcast(b[off:off + step], root=root_rank)
+    return out.astype("<u2").tobytes()[:length]
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0):
+    """Gives every rank root_rank's optimiser state, in place: its per-parameter state (Adam's
+    moments and step, SGD's momentum buffers, ...) and its param_groups' settings (lr, betas,
+    weight decay, ...), exactly, bit for bit (the state_dict travels whole, as torch.save writes
+    it). Every rank's optimiser must be over the same parameters in the same order; a rank that
+    has not stepped yet gets the state too. Call it after broadcast_parameters when starting or
+    resuming, as Horovod's hvd.broadcast_optimizer_state."""
+    a = _a()
+    opt = getattr(optimizer, "_opt", optimizer)  # a DistributedOptimizer's inner optimiser
+    payload = b""
+    if a.rank == root_rank:
+        buf = io.BytesIO()
+        torch.save(opt.state_dict(), buf)
+        payload = buf.getvalue()
+    data = _broadcast_bytes(a, payload, root_rank)
+    if a.rank != root_rank:
+        sd = torch.load(io.BytesIO(data), map_location="cpu")
+        if len(sd["param_groups"]) != len(opt.param_groups) or any(
+                len(g["params"]) != len(h["params"]) for g, h in zip(sd["param_groups"], opt.param_groups)):
+            raise ValueError("gradsync: broadcast_optimizer_state: rank %d's optimiser has other parameter "
+                             "groups than rank %d's" % (a.rank, root_rank))
+        opt.load_state_dict(sd)
 
 
 class _Bucket:

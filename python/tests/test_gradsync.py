@@ -68,6 +68,13 @@ class TestThroughWorkers(unittest.TestCase):
                 for r in (0, 1):
                     self.assertIn("EQUIVALENCE OK", logs.get(f"rank-{r}.log", ""), logs)
 
+    def test_broadcast_optimizer_state(self):
+        p, logs = run_local("optstate_entry.py")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr + str(logs))
+        for r in (0, 1):
+            self.assertIn("OPTSTATE OK", logs.get(f"rank-{r}.log", ""), logs)
+        self.assertIn("other parameter groups", logs.get("rank-1.log", ""), logs)
+
     def test_crash_names_rank_and_stderr(self):
         p, logs = run_local("crash_entry.py")
         self.assertNotEqual(p.returncode, 0)
