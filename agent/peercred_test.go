@@ -1,11 +1,9 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,27 +13,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/internal/logbuf"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
-
-// syncBuffer is a bytes.Buffer for a logger written from the server's
-// goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // TestForeignPeerRefused: the socket hands on only connections whose
 // peer runs as the required user (the kernel's SO_PEERCRED): with the
@@ -56,7 +36,7 @@ func TestForeignPeerRefused(t *testing.T) {
 		if foreign {
 			k.uid = ownUID() + 1
 		}
-		var logs syncBuffer
+		var logs logbuf.Buffer
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- k.Serve(ctx, s, slog.New(slog.NewTextHandler(&logs, nil))) }() // owned: cancel, then <-done

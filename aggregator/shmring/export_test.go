@@ -3,31 +3,16 @@
 package shmring
 
 import (
-	"bytes"
 	"os"
-	"sync"
 	"testing"
+
+	"github.com/gradsync/gradsync/internal/logbuf"
 )
 
 // Test helpers shared by the package's internal and external tests.
 
 // LogBuffer is a log destination shared by goroutines.
-type LogBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *LogBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *LogBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type LogBuffer = logbuf.Buffer
 
 // Entries lists the names in dir.
 func Entries(t testing.TB, dir string) []string {

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/gradsync/gradsync/internal/logbuf"
 	"github.com/gradsync/gradsync/internal/rpc"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -45,7 +45,7 @@ func (panicky) ListJobs(context.Context, *pb.ListJobsRequest) (*pb.ListJobsRespo
 func TestInterceptors(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	logs := &lockedWriter{}
+	logs := &logbuf.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	lis := bufconn.Listen(1 << 20)
 	s := grpc.NewServer(rpc.ServerOptions(log, nil, nil)...)
@@ -89,22 +89,4 @@ func TestInterceptors(t *testing.T) {
 	if !strings.Contains(logs.String(), "panic in RPC handler") {
 		t.Errorf("no panic log line in:\n%s", logs.String())
 	}
-}
-
-// lockedWriter collects log output written from server goroutines.
-type lockedWriter struct {
-	mu sync.Mutex // guards b
-	b  strings.Builder
-}
-
-func (w *lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *lockedWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }
