@@ -29,3 +29,10 @@ func Entries(t testing.TB, dir string) []string {
 }
 
 var entries = Entries
+
+// SetHostID replaces HostID in Negotiate until the test ends.
+func SetHostID(t testing.TB, f func(dir string) (string, error)) {
+	old := hostID
+	hostID = f
+	t.Cleanup(func() { hostID = old })
+}
