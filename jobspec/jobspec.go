@@ -376,6 +376,9 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if err := normalizePipeline(s); err != nil {
 		return nil, err
 	}
+	if err := normalizeCollective(s); err != nil {
+		return nil, err
+	}
 	if s.Name == "" {
 		s.Name = s.Model + "-" + d.Name
 	}

@@ -96,3 +96,35 @@ func TestStageCost(t *testing.T) {
 		}
 	}
 }
+
+// TestCollectiveTransport: collective.transport takes grpc, shm or auto;
+// shared memory only for ring jobs of whole-model workers, otherwise
+// InvalidArgument naming the field.
+func TestCollectiveTransport(t *testing.T) {
+	ring := func(tr string) *pb.JobSpec {
+		return &pb.JobSpec{Model: "mlp", Mode: "ring", Workers: proto.Int32(2), Collective: &pb.CollectiveSpec{Transport: tr}}
+	}
+	for _, tr := range []string{"", "grpc", "shm", "auto"} {
+		if _, err := Normalize(ring(tr), nil); err != nil {
+			t.Errorf("transport %q: %v", tr, err)
+		}
+	}
+	ps := ring("shm")
+	ps.Mode = "ps"
+	piped := ring("shm")
+	piped.Parallelism = &pb.ParallelismSpec{Pipeline: &pb.PipelineSpec{Stages: 2, MicroBatches: 2}}
+	for name, c := range map[string]struct {
+		spec *pb.JobSpec
+		msg  string
+	}{
+		"unknown":  {ring("rdma"), `unknown transport "rdma"`},
+		"ps":       {ps, "shm with mode ps is not implemented yet"},
+		"pipeline": {piped, "shm with pipeline stages is not implemented yet"},
+	} {
+		_, err := Normalize(c.spec, nil)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != "collective.transport" || !strings.Contains(fe.Msg, c.msg) {
+			t.Errorf("%s: %v; want a collective.transport error saying %q", name, err, c.msg)
+		}
+	}
+}

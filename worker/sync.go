@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gradsync/gradsync/aggregator"
 	"github.com/gradsync/gradsync/aggregator/ringrpc"
+	"github.com/gradsync/gradsync/aggregator/shmring"
 	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/compress"
+	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -147,13 +150,46 @@ func startSync(ctx context.Context, a *pb.Assignment, env *taskEnv, net *models.
 				env.log.Debug("leaving the ring", "job", a.JobId, "err", err)
 			}
 		}
-		rs, err := newRingSync(ctx, r, leave, a, net, totalSteps, env.metrics)
+		var data aggregator.Ring = r
+		if jobspec.SharedMemory(a.Spec) {
+			shm, err := moveToSharedMemory(ctx, r, a, env)
+			if err != nil {
+				r.Close()
+				return nil, err
+			}
+			if shm != nil {
+				grpcLeave := leave
+				data, leave = shm, func() { shm.Close(); grpcLeave() }
+			}
+		}
+		rs, err := newRingSync(ctx, data, leave, a, net, totalSteps, env.metrics)
 		if err != nil {
-			r.Close()
+			leave()
 			return nil, err
 		}
 		return newRingTask(rs, a, env, net), nil
 	default:
 		return nil, fmt.Errorf("mode %q is not supported by this worker", mode)
 	}
+}
+
+// moveToSharedMemory negotiates the ring's shared-memory data plane
+// (collective.transport shm or auto) over the gRPC ring ctl that has
+// just formed: the ring to train over, or nil where the ranks stay on
+// gRPC (every rank then logs the same reason). Only a failure of ctl
+// itself is an error.
+func moveToSharedMemory(ctx context.Context, ctl aggregator.Ring, a *pb.Assignment, env *taskEnv) (*shmring.Ring, error) {
+	nctx, cancel := context.WithTimeout(ctx, time.Duration(a.Spec.GetStepTimeoutSeconds()*float64(time.Second)))
+	defer cancel()
+	shm, why, err := shmring.Negotiate(nctx, ctl, shmring.Config{JobID: a.JobId, Generation: a.Generation, Log: env.log},
+		aggregator.Options{Generation: a.Generation})
+	if err != nil {
+		return nil, fmt.Errorf("negotiating the shared-memory transport: %w", err)
+	}
+	if shm == nil {
+		env.log.Warn("collectives stay on gRPC", "job", a.JobId, "rank", a.Rank, "transport", a.Spec.GetCollective().GetTransport(), "why", why)
+		return nil, nil
+	}
+	env.log.Info("collectives over shared memory", "job", a.JobId, "rank", a.Rank, "ranks", shm.Size())
+	return shm, nil
 }

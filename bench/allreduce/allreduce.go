@@ -43,6 +43,7 @@ import (
 
 	"github.com/gradsync/gradsync/aggregator"
 	"github.com/gradsync/gradsync/aggregator/ringrpc"
+	"github.com/gradsync/gradsync/aggregator/shmring"
 	"github.com/gradsync/gradsync/internal/rpc"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -51,6 +52,7 @@ import (
 const (
 	TransportGRPC = "grpc"
 	TransportMem  = "mem"
+	TransportSHM  = "shm"
 )
 
 // Options are the parameters shared by parent and children.
@@ -66,6 +68,10 @@ type Options struct {
 	FrameElems int
 	// InboxFrames and OutboxFrames tune the gRPC ring (0: defaults).
 	InboxFrames, OutboxFrames int
+	// SharedMemory: the rank processes, once their gRPC ring formed,
+	// move it to shared memory (shmring.Negotiate), as ring jobs with
+	// collective.transport shm do; a ring that cannot is an error here.
+	SharedMemory bool
 }
 
 func (o Options) withDefaults() Options {
@@ -302,6 +308,7 @@ func ChildArgs(o Options, rank int, peers []string) []string {
 		"--sizes", strings.Join(sizes, ","), "--reps", strconv.Itoa(o.Reps), "--warmup", strconv.Itoa(o.Warmup),
 		"--frame-elems", strconv.Itoa(o.FrameElems),
 		"--inbox-frames", strconv.Itoa(o.InboxFrames), "--outbox-frames", strconv.Itoa(o.OutboxFrames),
+		"--shm=" + strconv.FormatBool(o.SharedMemory),
 	}
 }
 
@@ -320,6 +327,7 @@ func ParseChildArgs(args []string) (ChildOptions, error) {
 	fs.IntVar(&c.FrameElems, "frame-elems", 0, "")
 	fs.IntVar(&c.InboxFrames, "inbox-frames", 0, "")
 	fs.IntVar(&c.OutboxFrames, "outbox-frames", 0, "")
+	fs.BoolVar(&c.SharedMemory, "shm", false, "")
 	if err := fs.Parse(args); err != nil {
 		return c, fmt.Errorf("allreduce: child flags: %w", err)
 	}
@@ -378,8 +386,21 @@ func RunChild(ctx context.Context, c ChildOptions) error {
 		return err
 	}
 	defer ring.Close()
+	var data aggregator.Ring = ring
+	if c.SharedMemory {
+		shm, why, err := shmring.Negotiate(jctx, ring, shmring.Config{JobID: "bench-allreduce", Generation: 1, MaxFrameElems: c.FrameElems, Log: c.Log},
+			aggregator.Options{Generation: 1, MaxFrameElems: c.FrameElems})
+		if err != nil {
+			return err
+		}
+		if shm == nil {
+			return fmt.Errorf("allreduce: rank %d: the ranks stay on gRPC: %s", c.Rank, why)
+		}
+		defer shm.Close()
+		data = shm
+	}
 	enc := json.NewEncoder(c.Out)
-	if err := runRank(ctx, ring, c.Options, func(t rankTimes) error { return enc.Encode(t) }); err != nil {
+	if err := runRank(ctx, data, c.Options, func(t rankTimes) error { return enc.Encode(t) }); err != nil {
 		return err
 	}
 	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
@@ -411,8 +432,10 @@ func RunParent(ctx context.Context, o ParentOptions, exe string, childArgs func(
 	case TransportMem:
 		return RunMem(ctx, o.Options)
 	case TransportGRPC, "":
+	case TransportSHM:
+		o.SharedMemory = true
 	default:
-		return nil, fmt.Errorf("allreduce: transport %q: want %q or %q", o.Transport, TransportGRPC, TransportMem)
+		return nil, fmt.Errorf("allreduce: transport %q: want %q, %q or %q", o.Transport, TransportGRPC, TransportSHM, TransportMem)
 	}
 	if o.Stderr == nil {
 		o.Stderr = os.Stderr
@@ -463,7 +486,11 @@ func RunParent(ctx context.Context, o ParentOptions, exe string, childArgs func(
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return collect(TransportGRPC, o.Options, all)
+	transport := TransportGRPC
+	if o.SharedMemory {
+		transport = TransportSHM
+	}
+	return collect(transport, o.Options, all)
 }
 
 // freePorts reserves n loopback ports by listening on port 0, and frees

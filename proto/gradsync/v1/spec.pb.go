@@ -94,7 +94,9 @@ type JobSpec struct {
 	// How the job's workers split the model: pipeline stages and data
 	// replicas of the whole pipeline (workers = data × pipeline.stages).
 	// Unset, or pipeline.stages 1: every worker holds the whole model.
-	Parallelism   *ParallelismSpec `protobuf:"bytes,40,opt,name=parallelism,proto3" json:"parallelism,omitempty"`
+	Parallelism *ParallelismSpec `protobuf:"bytes,40,opt,name=parallelism,proto3" json:"parallelism,omitempty"`
+	// How ring-mode ranks move their collectives' bytes (see CollectiveSpec).
+	Collective    *CollectiveSpec `protobuf:"bytes,41,opt,name=collective,proto3" json:"collective,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -332,6 +334,63 @@ func (x *JobSpec) GetParallelism() *ParallelismSpec {
 	return nil
 }
 
+func (x *JobSpec) GetCollective() *CollectiveSpec {
+	if x != nil {
+		return x.Collective
+	}
+	return nil
+}
+
+// CollectiveSpec chooses the data plane of a ring job's collectives.
+type CollectiveSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "grpc" (default): the Collective streams carry the bytes. "shm": ranks
+	// on one host move to shared memory (aggregator/shmring), negotiated over
+	// those streams when the ring forms; a ring whose ranks cannot (another
+	// host, no /dev/shm) stays on gRPC, saying why in the worker's log and
+	// the run log. "auto": the same as "shm".
+	Transport     string `protobuf:"bytes,1,opt,name=transport,proto3" json:"transport,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CollectiveSpec) Reset() {
+	*x = CollectiveSpec{}
+	mi := &file_gradsync_v1_spec_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CollectiveSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CollectiveSpec) ProtoMessage() {}
+
+func (x *CollectiveSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_spec_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CollectiveSpec.ProtoReflect.Descriptor instead.
+func (*CollectiveSpec) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CollectiveSpec) GetTransport() string {
+	if x != nil {
+		return x.Transport
+	}
+	return ""
+}
+
 // ParallelismSpec places a job's workers on a mesh: D data-parallel
 // replicas of a pipeline of S stages. Rank r is stage r mod S of replica
 // r / S (pipeline.Placement).
@@ -347,7 +406,7 @@ type ParallelismSpec struct {
 
 func (x *ParallelismSpec) Reset() {
 	*x = ParallelismSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[1]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -359,7 +418,7 @@ func (x *ParallelismSpec) String() string {
 func (*ParallelismSpec) ProtoMessage() {}
 
 func (x *ParallelismSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[1]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -372,7 +431,7 @@ func (x *ParallelismSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParallelismSpec.ProtoReflect.Descriptor instead.
 func (*ParallelismSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{1}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ParallelismSpec) GetData() int32 {
@@ -417,7 +476,7 @@ type PipelineSpec struct {
 
 func (x *PipelineSpec) Reset() {
 	*x = PipelineSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -429,7 +488,7 @@ func (x *PipelineSpec) String() string {
 func (*PipelineSpec) ProtoMessage() {}
 
 func (x *PipelineSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[2]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -442,7 +501,7 @@ func (x *PipelineSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PipelineSpec.ProtoReflect.Descriptor instead.
 func (*PipelineSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{2}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PipelineSpec) GetStages() int32 {
@@ -501,7 +560,7 @@ type EntrypointSpec struct {
 
 func (x *EntrypointSpec) Reset() {
 	*x = EntrypointSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +572,7 @@ func (x *EntrypointSpec) String() string {
 func (*EntrypointSpec) ProtoMessage() {}
 
 func (x *EntrypointSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +585,7 @@ func (x *EntrypointSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EntrypointSpec.ProtoReflect.Descriptor instead.
 func (*EntrypointSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{3}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *EntrypointSpec) GetCommand() []string {
@@ -613,7 +672,7 @@ type DatasetSpec struct {
 
 func (x *DatasetSpec) Reset() {
 	*x = DatasetSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -625,7 +684,7 @@ func (x *DatasetSpec) String() string {
 func (*DatasetSpec) ProtoMessage() {}
 
 func (x *DatasetSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -638,7 +697,7 @@ func (x *DatasetSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetSpec.ProtoReflect.Descriptor instead.
 func (*DatasetSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{4}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DatasetSpec) GetName() string {
@@ -765,7 +824,7 @@ type DataShape struct {
 
 func (x *DataShape) Reset() {
 	*x = DataShape{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -777,7 +836,7 @@ func (x *DataShape) String() string {
 func (*DataShape) ProtoMessage() {}
 
 func (x *DataShape) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -790,7 +849,7 @@ func (x *DataShape) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataShape.ProtoReflect.Descriptor instead.
 func (*DataShape) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{5}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DataShape) GetChannels() int32 {
@@ -856,7 +915,7 @@ type OptimizerSpec struct {
 
 func (x *OptimizerSpec) Reset() {
 	*x = OptimizerSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +927,7 @@ func (x *OptimizerSpec) String() string {
 func (*OptimizerSpec) ProtoMessage() {}
 
 func (x *OptimizerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +940,7 @@ func (x *OptimizerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OptimizerSpec.ProtoReflect.Descriptor instead.
 func (*OptimizerSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{6}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *OptimizerSpec) GetName() string {
@@ -957,7 +1016,7 @@ type ScheduleSpec struct {
 
 func (x *ScheduleSpec) Reset() {
 	*x = ScheduleSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1028,7 @@ func (x *ScheduleSpec) String() string {
 func (*ScheduleSpec) ProtoMessage() {}
 
 func (x *ScheduleSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1041,7 @@ func (x *ScheduleSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduleSpec.ProtoReflect.Descriptor instead.
 func (*ScheduleSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{7}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ScheduleSpec) GetName() string {
@@ -1030,7 +1089,7 @@ type CompressionSpec struct {
 
 func (x *CompressionSpec) Reset() {
 	*x = CompressionSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1101,7 @@ func (x *CompressionSpec) String() string {
 func (*CompressionSpec) ProtoMessage() {}
 
 func (x *CompressionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1114,7 @@ func (x *CompressionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompressionSpec.ProtoReflect.Descriptor instead.
 func (*CompressionSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{8}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CompressionSpec) GetType() string {
@@ -1128,7 +1187,7 @@ type CheckpointSpec struct {
 
 func (x *CheckpointSpec) Reset() {
 	*x = CheckpointSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1199,7 @@ func (x *CheckpointSpec) String() string {
 func (*CheckpointSpec) ProtoMessage() {}
 
 func (x *CheckpointSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1212,7 @@ func (x *CheckpointSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointSpec.ProtoReflect.Descriptor instead.
 func (*CheckpointSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{9}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CheckpointSpec) GetEverySteps() int64 {
@@ -1230,7 +1289,7 @@ type FederatedSpec struct {
 
 func (x *FederatedSpec) Reset() {
 	*x = FederatedSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[10]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1242,7 +1301,7 @@ func (x *FederatedSpec) String() string {
 func (*FederatedSpec) ProtoMessage() {}
 
 func (x *FederatedSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[10]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1255,7 +1314,7 @@ func (x *FederatedSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederatedSpec.ProtoReflect.Descriptor instead.
 func (*FederatedSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{10}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *FederatedSpec) GetRounds() int32 {
@@ -1390,7 +1449,7 @@ type PartitionSpec struct {
 
 func (x *PartitionSpec) Reset() {
 	*x = PartitionSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[11]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1402,7 +1461,7 @@ func (x *PartitionSpec) String() string {
 func (*PartitionSpec) ProtoMessage() {}
 
 func (x *PartitionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[11]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1415,7 +1474,7 @@ func (x *PartitionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionSpec.ProtoReflect.Descriptor instead.
 func (*PartitionSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{11}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PartitionSpec) GetType() string {
@@ -1461,7 +1520,7 @@ type ParameterServerSpec struct {
 
 func (x *ParameterServerSpec) Reset() {
 	*x = ParameterServerSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[12]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1532,7 @@ func (x *ParameterServerSpec) String() string {
 func (*ParameterServerSpec) ProtoMessage() {}
 
 func (x *ParameterServerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[12]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1545,7 @@ func (x *ParameterServerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParameterServerSpec.ProtoReflect.Descriptor instead.
 func (*ParameterServerSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{12}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ParameterServerSpec) GetShards() int32 {
@@ -1521,8 +1580,7 @@ var File_gradsync_v1_spec_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\n" +
-	"\x16gradsync/v1/spec.proto\x12\vgradsync.v1\"\xc9\n" +
-	"\n" +
+	"\x16gradsync/v1/spec.proto\x12\vgradsync.v1\"\x86\v\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x122\n" +
@@ -1561,13 +1619,18 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\n" +
 	"entrypoint\x18\" \x01(\v2\x1b.gradsync.v1.EntrypointSpecR\n" +
 	"entrypoint\x12>\n" +
-	"\vparallelism\x18( \x01(\v2\x1c.gradsync.v1.ParallelismSpecR\vparallelismB\n" +
+	"\vparallelism\x18( \x01(\v2\x1c.gradsync.v1.ParallelismSpecR\vparallelism\x12;\n" +
+	"\n" +
+	"collective\x18) \x01(\v2\x1b.gradsync.v1.CollectiveSpecR\n" +
+	"collectiveB\n" +
 	"\n" +
 	"\b_workersB\r\n" +
 	"\v_batch_sizeB\t\n" +
 	"\a_epochsB\a\n" +
 	"\x05_seedB\x13\n" +
-	"\x11_eval_every_epoch\"\\\n" +
+	"\x11_eval_every_epoch\".\n" +
+	"\x0eCollectiveSpec\x12\x1c\n" +
+	"\ttransport\x18\x01 \x01(\tR\ttransport\"\\\n" +
 	"\x0fParallelismSpec\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\x05R\x04data\x125\n" +
 	"\bpipeline\x18\x02 \x01(\v2\x19.gradsync.v1.PipelineSpecR\bpipeline\"\xb1\x01\n" +
@@ -1692,42 +1755,44 @@ func file_gradsync_v1_spec_proto_rawDescGZIP() []byte {
 	return file_gradsync_v1_spec_proto_rawDescData
 }
 
-var file_gradsync_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_gradsync_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_gradsync_v1_spec_proto_goTypes = []any{
 	(*JobSpec)(nil),             // 0: gradsync.v1.JobSpec
-	(*ParallelismSpec)(nil),     // 1: gradsync.v1.ParallelismSpec
-	(*PipelineSpec)(nil),        // 2: gradsync.v1.PipelineSpec
-	(*EntrypointSpec)(nil),      // 3: gradsync.v1.EntrypointSpec
-	(*DatasetSpec)(nil),         // 4: gradsync.v1.DatasetSpec
-	(*DataShape)(nil),           // 5: gradsync.v1.DataShape
-	(*OptimizerSpec)(nil),       // 6: gradsync.v1.OptimizerSpec
-	(*ScheduleSpec)(nil),        // 7: gradsync.v1.ScheduleSpec
-	(*CompressionSpec)(nil),     // 8: gradsync.v1.CompressionSpec
-	(*CheckpointSpec)(nil),      // 9: gradsync.v1.CheckpointSpec
-	(*FederatedSpec)(nil),       // 10: gradsync.v1.FederatedSpec
-	(*PartitionSpec)(nil),       // 11: gradsync.v1.PartitionSpec
-	(*ParameterServerSpec)(nil), // 12: gradsync.v1.ParameterServerSpec
-	nil,                         // 13: gradsync.v1.EntrypointSpec.EnvEntry
+	(*CollectiveSpec)(nil),      // 1: gradsync.v1.CollectiveSpec
+	(*ParallelismSpec)(nil),     // 2: gradsync.v1.ParallelismSpec
+	(*PipelineSpec)(nil),        // 3: gradsync.v1.PipelineSpec
+	(*EntrypointSpec)(nil),      // 4: gradsync.v1.EntrypointSpec
+	(*DatasetSpec)(nil),         // 5: gradsync.v1.DatasetSpec
+	(*DataShape)(nil),           // 6: gradsync.v1.DataShape
+	(*OptimizerSpec)(nil),       // 7: gradsync.v1.OptimizerSpec
+	(*ScheduleSpec)(nil),        // 8: gradsync.v1.ScheduleSpec
+	(*CompressionSpec)(nil),     // 9: gradsync.v1.CompressionSpec
+	(*CheckpointSpec)(nil),      // 10: gradsync.v1.CheckpointSpec
+	(*FederatedSpec)(nil),       // 11: gradsync.v1.FederatedSpec
+	(*PartitionSpec)(nil),       // 12: gradsync.v1.PartitionSpec
+	(*ParameterServerSpec)(nil), // 13: gradsync.v1.ParameterServerSpec
+	nil,                         // 14: gradsync.v1.EntrypointSpec.EnvEntry
 }
 var file_gradsync_v1_spec_proto_depIdxs = []int32{
-	4,  // 0: gradsync.v1.JobSpec.dataset:type_name -> gradsync.v1.DatasetSpec
-	6,  // 1: gradsync.v1.JobSpec.optimizer:type_name -> gradsync.v1.OptimizerSpec
-	7,  // 2: gradsync.v1.JobSpec.lr_schedule:type_name -> gradsync.v1.ScheduleSpec
-	8,  // 3: gradsync.v1.JobSpec.compression:type_name -> gradsync.v1.CompressionSpec
-	9,  // 4: gradsync.v1.JobSpec.checkpoint:type_name -> gradsync.v1.CheckpointSpec
-	10, // 5: gradsync.v1.JobSpec.federated:type_name -> gradsync.v1.FederatedSpec
-	11, // 6: gradsync.v1.JobSpec.partition:type_name -> gradsync.v1.PartitionSpec
-	12, // 7: gradsync.v1.JobSpec.parameter_server:type_name -> gradsync.v1.ParameterServerSpec
-	3,  // 8: gradsync.v1.JobSpec.entrypoint:type_name -> gradsync.v1.EntrypointSpec
-	1,  // 9: gradsync.v1.JobSpec.parallelism:type_name -> gradsync.v1.ParallelismSpec
-	2,  // 10: gradsync.v1.ParallelismSpec.pipeline:type_name -> gradsync.v1.PipelineSpec
-	13, // 11: gradsync.v1.EntrypointSpec.env:type_name -> gradsync.v1.EntrypointSpec.EnvEntry
-	5,  // 12: gradsync.v1.DatasetSpec.shape:type_name -> gradsync.v1.DataShape
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	5,  // 0: gradsync.v1.JobSpec.dataset:type_name -> gradsync.v1.DatasetSpec
+	7,  // 1: gradsync.v1.JobSpec.optimizer:type_name -> gradsync.v1.OptimizerSpec
+	8,  // 2: gradsync.v1.JobSpec.lr_schedule:type_name -> gradsync.v1.ScheduleSpec
+	9,  // 3: gradsync.v1.JobSpec.compression:type_name -> gradsync.v1.CompressionSpec
+	10, // 4: gradsync.v1.JobSpec.checkpoint:type_name -> gradsync.v1.CheckpointSpec
+	11, // 5: gradsync.v1.JobSpec.federated:type_name -> gradsync.v1.FederatedSpec
+	12, // 6: gradsync.v1.JobSpec.partition:type_name -> gradsync.v1.PartitionSpec
+	13, // 7: gradsync.v1.JobSpec.parameter_server:type_name -> gradsync.v1.ParameterServerSpec
+	4,  // 8: gradsync.v1.JobSpec.entrypoint:type_name -> gradsync.v1.EntrypointSpec
+	2,  // 9: gradsync.v1.JobSpec.parallelism:type_name -> gradsync.v1.ParallelismSpec
+	1,  // 10: gradsync.v1.JobSpec.collective:type_name -> gradsync.v1.CollectiveSpec
+	3,  // 11: gradsync.v1.ParallelismSpec.pipeline:type_name -> gradsync.v1.PipelineSpec
+	14, // 12: gradsync.v1.EntrypointSpec.env:type_name -> gradsync.v1.EntrypointSpec.EnvEntry
+	6,  // 13: gradsync.v1.DatasetSpec.shape:type_name -> gradsync.v1.DataShape
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_spec_proto_init() }
@@ -1736,16 +1801,16 @@ func file_gradsync_v1_spec_proto_init() {
 		return
 	}
 	file_gradsync_v1_spec_proto_msgTypes[0].OneofWrappers = []any{}
-	file_gradsync_v1_spec_proto_msgTypes[4].OneofWrappers = []any{}
-	file_gradsync_v1_spec_proto_msgTypes[6].OneofWrappers = []any{}
-	file_gradsync_v1_spec_proto_msgTypes[8].OneofWrappers = []any{}
+	file_gradsync_v1_spec_proto_msgTypes[5].OneofWrappers = []any{}
+	file_gradsync_v1_spec_proto_msgTypes[7].OneofWrappers = []any{}
+	file_gradsync_v1_spec_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gradsync_v1_spec_proto_rawDesc), len(file_gradsync_v1_spec_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

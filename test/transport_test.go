@@ -1,0 +1,42 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSharedMemoryRingIsBitIdentical: ring jobs of 2 and 3 workers on
+// one host, with the collectives moved to shared memory
+// (--transport shm: every rank logs that it did), end with the
+// parameters of the gRPC ring, bit for bit, and leave nothing in
+// /dev/shm.
+func TestSharedMemoryRingIsBitIdentical(t *testing.T) {
+	skipIfShort(t)
+	before, _ := os.ReadDir("/dev/shm")
+	for _, n := range []string{"2", "3"} {
+		want := runLocal(t, "--mode", "ring", "--workers", n)
+		ctx := testCtx(t, 3*time.Minute)
+		p := start(t, "gradsync local", "local", "--json", "--log-level", "info", "--model", "lenet5", "--dataset", "synthetic", "--max-steps", "20", "--seed", "5",
+			"--runs-dir", t.TempDir(), "--mode", "ring", "--workers", n, "--transport", "shm")
+		if code := p.wait(ctx, t); code != 0 {
+			t.Fatalf("%s workers over shm: exit %d", n, code)
+		}
+		out := p.stdout.all()
+		var got pipeResult
+		if len(out) == 0 || json.Unmarshal([]byte(out[len(out)-1]), &got) != nil || got.State != "SUCCEEDED" {
+			t.Fatalf("%s workers over shm: output %v", n, out)
+		}
+		if moved := strings.Count(strings.Join(p.stderr.all(), "\n"), "collectives over shared memory"); moved != int(n[0]-'0') {
+			t.Errorf("%s workers: %d rank(s) logged the move to shared memory; want every rank", n, moved)
+		}
+		if got.Checksum != want.Checksum || got.TestAccuracy != want.TestAccuracy {
+			t.Errorf("%s workers: shm %s (accuracy %v), gRPC %s (%v); want the same", n, got.Checksum, got.TestAccuracy, want.Checksum, want.TestAccuracy)
+		}
+	}
+	if after, _ := os.ReadDir("/dev/shm"); len(after) > len(before) {
+		t.Errorf("/dev/shm held %d entries before, %d after", len(before), len(after))
+	}
+}
