@@ -35,4 +35,16 @@
 // gRPC shell validates input, feeds the core under its lock, and carries
 // out the answers — sends, store writes, run-log records, checkpoint
 // pins — after releasing it, in order.
+//
+// A cancel ends the job at once (EndJob CANCELLED: the job's state is
+// stored, and its workers are free for the next job), tells every member
+// to stop (CancelTask), and says TasksStopped only once every member has
+// reported its task stopped or was lost. The shell's CancelJob returns on
+// TasksStopped (bounded by its StopTimeout and the call's deadline): the
+// checkpoint written as the tasks stopped is then on disk, so a resume
+// right after it starts from there. Waiting in the cancel rather than in
+// the resume keeps that true for any client; persisting CANCELLED before
+// the tasks stop keeps a second cancel or a status query answered
+// without a wait (TestCancelStopsEveryMemberThenTasksStopped is the
+// script; server's TestCancelThenResume does it 20 times for ring and ps).
 package coordinator

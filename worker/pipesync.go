@@ -20,15 +20,6 @@ import (
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
-// stageRunner is a synchronizer that computes a step's gradient itself
-// instead of the Trainer's forwardBackward: a pipeline stage, whose
-// forwards and backwards run across the stages' workers. It adds the
-// step's gradient of its part of the model into net's gradient buffer
-// (zeroed by the Trainer) and returns the batch's mean loss.
-type stageRunner interface {
-	forwardBackward(ctx context.Context, step int64, epoch int, batch []int) (float32, error)
-}
-
 // dataShard is the rank and world size a Trainer shards its data by: a
 // pipeline job's replica and replica count (all stages of a replica train
 // on the same batches), else the job's rank and world size.
@@ -227,7 +218,7 @@ func (p *pipeTask) start(ctx context.Context, from resumeFrom) (origin, error) {
 
 func (p *pipeTask) beginStep(context.Context, []float32) (func(int), error) { return nil, nil }
 
-// forwardBackward implements stageRunner: the stage's part of one
+// forwardBackward is the stage's part of one
 // pipeline step over batch (padded cyclically to the step batch when the
 // epoch's last batch is short: the executor's micro-batches are equal).
 func (p *pipeTask) forwardBackward(ctx context.Context, step int64, epoch int, batch []int) (float32, error) {

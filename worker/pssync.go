@@ -12,6 +12,8 @@ import (
 // but its own compression state, restored from a checkpoint.
 type psTask struct {
 	*psClient
+	localGradient
+	unscaled
 	log *slog.Logger
 }
 

@@ -18,6 +18,7 @@ import (
 // state.
 type ringTask struct {
 	*ringSync
+	localGradient
 	a     *pb.Assignment
 	net   *models.Network
 	rep   *reporter

@@ -66,10 +66,41 @@ type synchronizer interface {
 	// 0's checkpoint), so that a resume loses nothing. ctx may be done
 	// already: stopped waits on nobody.
 	stopped(ctx context.Context, at position)
+	// lossScale is the factor the Trainer multiplies the loss gradient
+	// by before backward: the loss scaler's (ring, precision fp16), else 1.
+	lossScale() float32
+	// gradient computes the step's gradient of batch (examples of epoch's
+	// order) into the model's gradient buffer (zeroed by the Trainer) and
+	// returns the batch's mean loss. Most synchronizers call local, the
+	// Trainer's own forward and backward; a pipeline stage runs its part
+	// of the step across the stages' workers instead.
+	gradient(ctx context.Context, step int64, epoch int, batch []int, local func() (float32, error)) (float32, error)
 	// stats returns the synchronizer's cumulative figures.
 	stats() syncStats
 	close()
 }
+
+// localGradient is the gradient of the synchronizers whose step's
+// gradient is the Trainer's own forward and backward (ring and ps).
+type localGradient struct{}
+
+func (localGradient) gradient(_ context.Context, _ int64, _ int, _ []int, local func() (float32, error)) (float32, error) {
+	return local()
+}
+
+// unscaled is the lossScale of the synchronizers without a loss scaler.
+type unscaled struct{}
+
+func (unscaled) lossScale() float32 { return 1 }
+
+// gradient implements synchronizer for a pipeline stage: its part of the
+// step runs across the stages' workers (forwardBackward), not locally.
+func (p *pipeTask) gradient(ctx context.Context, step int64, epoch int, batch []int, _ func() (float32, error)) (float32, error) {
+	return p.forwardBackward(ctx, step, epoch, batch)
+}
+
+// lossScale implements synchronizer: a pipeline stage scales no loss.
+func (*pipeTask) lossScale() float32 { return 1 }
 
 // resumeFrom is what a task is told to start from.
 type resumeFrom struct {
@@ -105,14 +136,6 @@ type syncStats struct {
 	// scale now (0: no scaler)
 	skipped   int64
 	lossScale float32
-}
-
-// lossScaler is a synchronizer that scales the loss (precision fp16):
-// the trainer multiplies the loss gradient by lossScale before backward,
-// and step unscales the reduced gradient and skips the optimiser step
-// when it holds an inf or a NaN.
-type lossScaler interface {
-	lossScale() float32
 }
 
 // psStart is what a ps rank tells the parameter server as it joins: the

@@ -242,16 +242,10 @@ func (t *Trainer) step(ctx context.Context, epoch int, batch []int) (float32, er
 	if err != nil {
 		return 0, fmt.Errorf("step %d: %w", t.at.step, err)
 	}
-	scale := float32(1)
-	if s, ok := t.sync.(lossScaler); ok {
-		scale = s.lossScale()
-	}
-	var loss float32
-	if r, ok := t.sync.(stageRunner); ok {
-		loss, err = r.forwardBackward(ctx, t.at.step, epoch, batch)
-	} else {
-		loss, err = forwardBackward(net, t.obj, batch, t.micro, t.x, t.dl, epoch, scale, ready)
-	}
+	scale := t.sync.lossScale()
+	loss, err := t.sync.gradient(ctx, t.at.step, epoch, batch, func() (float32, error) {
+		return forwardBackward(net, t.obj, batch, t.micro, t.x, t.dl, epoch, scale, ready)
+	})
 	if err != nil {
 		return 0, fmt.Errorf("step %d: %w", t.at.step, err)
 	}

@@ -23,6 +23,8 @@ import (
 // its decisions are tested without a ring or a parameter server. step
 // leaves the parameters alone.
 type fakeSync struct {
+	localGradient
+	unscaled
 	origin   origin     // what start returns
 	from     resumeFrom // what start was given
 	steps    int64      // step calls
