@@ -33,7 +33,7 @@ var layers = []struct {
 	{"cores and domain packages", []string{
 		"coordinator", "aggregator", "aggregator/ringrpc", "aggregator/ringtest", "aggregator/shmring", "paramserver/psstep", "compress",
 		"federated", "models", "models/modeltest", "data", "checkpoint", "jobspec", "pipeline",
-		"pipeline/stage", "pipeline/stage/stagetest", "pipeline/peerrpc"}},
+		"pipeline/stage", "pipeline/stage/stagetest", "pipeline/peerrpc", "tensorpar"}},
 	{"machinery (internal)", []string{"internal/…"}},
 	{"wire contract", []string{"proto/…"}},
 }
