@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"encoding/json"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -11,11 +10,11 @@ import (
 // TestSharedMemoryRingIsBitIdentical: ring jobs of 2 and 3 workers on
 // one host, with the collectives moved to shared memory
 // (--transport shm: every rank logs that it did), end with the
-// parameters of the gRPC ring, bit for bit, and leave nothing in
-// /dev/shm.
+// parameters of the gRPC ring, bit for bit. (That no segment is left
+// behind is aggregator/shmring's tests': /dev/shm is shared with the
+// packages tested beside this one.)
 func TestSharedMemoryRingIsBitIdentical(t *testing.T) {
 	skipIfShort(t)
-	before, _ := os.ReadDir("/dev/shm")
 	for _, n := range []string{"2", "3"} {
 		want := runLocal(t, "--mode", "ring", "--workers", n)
 		ctx := testCtx(t, 3*time.Minute)
@@ -35,8 +34,5 @@ func TestSharedMemoryRingIsBitIdentical(t *testing.T) {
 		if got.Checksum != want.Checksum || got.TestAccuracy != want.TestAccuracy {
 			t.Errorf("%s workers: shm %s (accuracy %v), gRPC %s (%v); want the same", n, got.Checksum, got.TestAccuracy, want.Checksum, want.TestAccuracy)
 		}
-	}
-	if after, _ := os.ReadDir("/dev/shm"); len(after) > len(before) {
-		t.Errorf("/dev/shm held %d entries before, %d after", len(before), len(after))
 	}
 }
