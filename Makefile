@@ -34,12 +34,33 @@ $(BIN)/grpcurl: tools/go.mod tools/go.sum
 # once), so the long pole (models) is not left to start last. A listed
 # folder that has gone is left out. docs/experiments/ci-time.md has the
 # figures.
-TEST_FIRST := $(foreach d,models server aggregator/ringrpc federated test,$(if $(wildcard $(d)/*.go),./$(d)/))
+TEST_FIRST := $(foreach d,server aggregator/ringrpc federated test,$(if $(wildcard $(d)/*.go),./$(d)/))
+MODULE := github.com/gradsync/gradsync
+
+# The race detector runs where there are races to find. Every package's
+# tests run under it, except models: its numeric tests (gradient checks,
+# parity with PyTorch, bit-identity of checkpointing, allocation counts)
+# run on the caller's goroutine alone (a network starts goroutines only
+# for SetThreads(n > 1)), so they run without it, every one of them, at
+# full speed; the tests whose networks run on several threads run again
+# under it (MODELS_RACE, and the two-thread cases of checkpointing on the
+# architectures that cover each layer kind at a size the detector runs
+# in seconds; the heavy three run two-threaded in TestThreadsMatchOneThread).
+# The two runs go side by side with the race suite of the other packages.
+# docs/experiments/ci-time.md has the figures.
+MODELS_RACE := ^(TestThreads.*|TestPrecisionWithThreadsAndCheckpointing|TestDropoutSliceMasks)$$
+MODELS_RACE_CK := ^TestCheckpointingBitIdentical$$/^(cnn|convvit|fedcnn|lenet5|logreg|mlp|resnet8|se-resnet8|vit-tiny)$$/.*/^2$$
 
 # Winograd F(4×4, 3×3) is compiled only with -tags winograd4 (it is off):
 # test and vet it with the tag too, so that it does not rot.
 test: $(BIN)/grpcurl
-	GRPCURL=$(BIN)/grpcurl $(GO) test -race -timeout 30m $(TEST_FIRST) ./...
+	@( $(GO) test -timeout 30m ./models/ && \
+	  $(GO) test -race -timeout 30m -run '$(MODELS_RACE)' ./models/ && \
+	  $(GO) test -race -timeout 30m -run '$(MODELS_RACE_CK)' ./models/ ) & models=$$!; \
+	echo "go test -race (every package but models; models beside it: all tests, then its threaded ones under -race)"; \
+	GRPCURL=$(BIN)/grpcurl $(GO) test -race -timeout 30m $(TEST_FIRST) $$($(GO) list ./... | grep -vx '$(MODULE)/models'); rest=$$?; \
+	wait $$models; m=$$?; \
+	if [ $$m -ne 0 ] || [ $$rest -ne 0 ]; then echo "make test: FAIL (models: exit $$m, the other packages: exit $$rest)"; exit 1; fi
 	$(GO) test -race -tags winograd4 -run 'Winograd' ./internal/kernels/ ./models/
 	$(MAKE) test-python
 
