@@ -16,7 +16,7 @@ import (
 )
 
 // groups returns l counting groups over a fresh in-memory ring, all with id 7.
-func groups(t *testing.T, l int) []*tensorpar.Counting {
+func groups(t testing.TB, l int) []*tensorpar.Counting {
 	rings := aggregator.NewMemRing(l, 4)
 	t.Cleanup(func() {
 		for _, r := range rings {
