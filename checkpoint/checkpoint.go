@@ -238,16 +238,43 @@ func Save(dir string, s *State, keep int) (path string, err error) {
 
 	name := Prefix + strconv.FormatInt(m.Step, 10)
 	path = filepath.Join(dir, name)
+	renamed := false
 	if _, err := os.Lstat(path); err == nil {
-		// rename(2) cannot replace a non-empty folder: move the old one
-		// aside first. A crash in between leaves no ckpt-<step>; the
-		// older checkpoints are still there.
-		if err := discard(dir, name); err != nil {
+		// rename(2) cannot replace a non-empty folder. Where the file
+		// system can, the two are exchanged in one step, so that a reader
+		// (the coordinator pinning the latest checkpoint as a rank writes
+		// its checkpoint at stop for the same step) never finds
+		// ckpt-<step> missing; the old one, now at tmp, is removed after.
+		// Elsewhere the old one is moved aside first: a crash in between
+		// leaves no ckpt-<step>, the older checkpoints are still there.
+		swapped, err := exchange(tmp, path)
+		if err != nil {
 			return "", fmt.Errorf("checkpoint: Save: replacing %s: %w", name, err)
 		}
+		if swapped {
+			renamed = true
+			if testHookReplaced != nil {
+				testHookReplaced()
+			}
+			if err := syncDir(dir); err != nil {
+				return "", fmt.Errorf("checkpoint: Save: %w", err)
+			}
+			if err := os.RemoveAll(tmp); err != nil {
+				return "", fmt.Errorf("checkpoint: Save: removing the replaced %s: %w", name, err)
+			}
+		} else {
+			if err := discard(dir, name); err != nil {
+				return "", fmt.Errorf("checkpoint: Save: replacing %s: %w", name, err)
+			}
+			if testHookReplaced != nil {
+				testHookReplaced()
+			}
+		}
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		return "", fmt.Errorf("checkpoint: Save: %w", err)
+	if !renamed {
+		if err := os.Rename(tmp, path); err != nil {
+			return "", fmt.Errorf("checkpoint: Save: %w", err)
+		}
 	}
 	if err := syncDir(dir); err != nil {
 		return "", fmt.Errorf("checkpoint: Save: %w", err)
@@ -260,6 +287,10 @@ func Save(dir string, s *State, keep int) (path string, err error) {
 	}
 	return path, nil
 }
+
+// testHookReplaced, when set, runs in Save as a checkpoint of the same
+// step is being replaced, once the old one is out of the way (tests).
+var testHookReplaced func()
 
 // testHookRenamed, when set, runs in Save once the new checkpoint is in
 // place, before older ones are pruned: the crash test kills the writer

@@ -27,6 +27,9 @@ func Pin(dir, path, tag string, keep int) (string, error) {
 		os.RemoveAll(tmp)
 		return "", fmt.Errorf("checkpoint: pin: %w", err)
 	}
+	if testHookPinListed != nil {
+		testHookPinListed()
+	}
 	for _, e := range entries {
 		src, to := filepath.Join(path, e.Name()), filepath.Join(tmp, e.Name())
 		if err := os.Link(src, to); err != nil {
@@ -82,3 +85,29 @@ func prunePins(root string, keep int) {
 		ps = append(ps[:oldest], ps[oldest+1:]...)
 	}
 }
+
+// PinLatest pins the latest checkpoint of dir that verifies (Latest)
+// under tag. A writer may replace or prune that checkpoint while its
+// files are being linked — a rank writing its checkpoint at stop for the
+// step the coordinator is pinning for a recovery — and the pinned copy
+// then does not verify: the checkpoint that is latest then is pinned
+// instead, up to three times. Where dir holds no checkpoint the error
+// wraps ErrNoCheckpoint.
+func PinLatest(dir, tag string, keep int) (string, error) {
+	var err error
+	for range 3 {
+		var path string
+		if _, path, _, err = Latest(dir); err != nil {
+			return "", err
+		}
+		var pinned string
+		if pinned, err = Pin(dir, path, tag, keep); err == nil {
+			return pinned, nil
+		}
+	}
+	return "", err
+}
+
+// testHookPinListed, when set, runs in Pin once the checkpoint's files
+// are listed, before they are linked (tests).
+var testHookPinListed func()

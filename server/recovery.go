@@ -6,7 +6,6 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/coordinator"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -26,11 +25,8 @@ func (s *Server) pinCheckpointLocked(e *jobEntry, a coordinator.PinCheckpoint) {
 	job := proto.Clone(e.job).(*pb.Job)
 	tag := fmt.Sprintf("g%d", a.Generation)
 	s.mu.later(func() {
-		path, err := "", error(nil)
-		if latest := latestCheckpoint(job); latest != "" {
-			s.mu.offLock("a checkpoint pin")
-			path, err = checkpoint.Pin(checkpointDir(job.RunDir), latest, tag, 4)
-		}
+		s.mu.offLock("a checkpoint pin")
+		path, err := pinLatest(job, tag)
 		s.mu.within(func() {
 			if err != nil {
 				s.log.Warn("pinning the checkpoint to resume from failed", "job", job.Id, "err", err)

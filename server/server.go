@@ -202,7 +202,8 @@ func New(cfg Config) (*Server, error) {
 		case pb.JobState_JOB_STATE_PENDING:
 			queue = append(queue, j)
 		case pb.JobState_JOB_STATE_RUNNING:
-			if path := pinnedLatest(j, "restart-"+cfg.Now().UTC().Format("20060102T150405.000000000")); path != "" {
+			path, perr := pinLatest(j, "restart-"+cfg.Now().UTC().Format("20060102T150405.000000000"))
+			if path != "" {
 				// Run it again from its latest checkpoint once workers are back.
 				j.State, j.ResumeFrom = pb.JobState_JOB_STATE_PENDING, path
 				j.Message = "the server restarted while the job was running; it resumes from " + path
@@ -211,6 +212,9 @@ func New(cfg Config) (*Server, error) {
 			} else {
 				j.State = pb.JobState_JOB_STATE_FAILED
 				j.Message = "the server stopped while the job was running, and the job has no checkpoint to resume from"
+				if perr != nil {
+					j.Message = fmt.Sprintf("the server stopped while the job was running, and pinning its latest checkpoint to resume from failed: %v", perr)
+				}
 				j.FinishedAt = tsNow(cfg.Now())
 			}
 			if err := st.putJob(j, 0); err != nil {
@@ -419,28 +423,17 @@ func (s *Server) countJobsLocked() {
 	s.cfg.Metrics.SetJobCounts(counts)
 }
 
-// latestCheckpoint is the newest checkpoint of a job that verifies, or "".
-func latestCheckpoint(j *pb.Job) string {
+// pinLatest pins the job's latest checkpoint (checkpoint.PinLatest)
+// for a job that is about to be resumed while its old tasks may still
+// write. It returns "" and no error where the job keeps no checkpoints
+// or has none yet.
+func pinLatest(j *pb.Job, tag string) (string, error) {
 	if !jobspec.CheckpointsOn(j.GetSpec()) {
-		return ""
+		return "", nil
 	}
-	_, path, _, err := checkpoint.Latest(checkpointDir(j.RunDir))
-	if err != nil {
-		return ""
+	path, err := checkpoint.PinLatest(checkpointDir(j.RunDir), tag, 4)
+	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
+		return "", nil
 	}
-	return path
-}
-
-// pinnedLatest is latestCheckpoint pinned (see checkpoint.Pin) for a job
-// that is about to be resumed while its old tasks may still write.
-func pinnedLatest(j *pb.Job, tag string) string {
-	path := latestCheckpoint(j)
-	if path == "" {
-		return ""
-	}
-	pinned, err := checkpoint.Pin(checkpointDir(j.RunDir), path, tag, 4)
-	if err != nil {
-		return ""
-	}
-	return pinned
+	return path, err
 }
