@@ -128,9 +128,11 @@ type startPoint struct {
 }
 
 // stateHeader is the length of the broadcast state's header: step,
-// epoch, consumed, the optimiser-state flag, Adam's step count and the
-// shared-compression-state flag, as 64-bit values in 16-bit pieces.
-const stateHeader = 6 * 4
+// epoch, consumed, the optimiser-state flag, Adam's step count, the
+// shared-compression-state flag, the loss-scaler flag and the scaler's
+// four words (scalerWords; zero without a scaler), as 64-bit values in
+// 16-bit pieces.
+const stateHeader = 11 * 4
 
 // agree brings every rank of a new generation to the same state before
 // training, from the newest state anybody holds:
@@ -139,8 +141,9 @@ const stateHeader = 6 * 4
 //  2. chooseMemory picks a step m every counted rank holds; if that is at
 //     least as new as the checkpoint (ckptStep, -1 without), the lowest
 //     rank holding m broadcasts its snapshot m — parameters, buffers,
-//     optimiser state, step, epoch and sampler position, and the
-//     compression state all ranks share (PowerSGD's Q);
+//     optimiser state, step, epoch and sampler position, the loss
+//     scaler's state (precision fp16), and the compression state all
+//     ranks share (PowerSGD's Q);
 //  3. otherwise the caller loads the checkpoint, or, with neither, rank
 //     0's freshly built parameters are broadcast — unless trainedSteps > 0,
 //     when starting over would silently throw work away: that is an error.
@@ -220,6 +223,10 @@ func (r *ringSync) receiveState(ctx context.Context, snaps *jobSnapshots, c memo
 		putInt64(hdr[12:], boolInt(own.optSet))
 		putInt64(hdr[16:], int64(own.adamT))
 		putInt64(hdr[20:], boolInt(own.red.SharedSet))
+		putInt64(hdr[24:], boolInt(own.scalerSet))
+		for i, w := range scalerWords(own.scaler) {
+			putInt64(hdr[28+4*i:], w)
+		}
 	}
 	if err := aggregator.Broadcast(ctx, r.ring, hdr[:], c.src, r.seq, r.opt); err != nil {
 		return fmt.Errorf("receiving the snapshot of step %d from rank %d: %w", c.step, c.src, r.explain(ctx, err))
@@ -230,6 +237,16 @@ func (r *ringSync) receiveState(ctx context.Context, snaps *jobSnapshots, c memo
 	st.red.SharedSet = getInt64(hdr[20:]) != 0
 	if st.step != c.step {
 		return fmt.Errorf("rank %d sent the snapshot of step %d, want %d", c.src, st.step, c.step)
+	}
+	if st.scalerSet = getInt64(hdr[24:]) != 0; st.scalerSet {
+		var w [4]int64
+		for i := range w {
+			w[i] = getInt64(hdr[28+4*i:])
+		}
+		var err error
+		if st.scaler, err = scalerFromWords(w); err != nil {
+			return fmt.Errorf("the snapshot of step %d from rank %d: loss scaler: %w", c.step, c.src, err)
+		}
 	}
 	// The body: parameters, buffers, optimiser state, shared compression
 	// state; its layout follows from the header and the spec.
@@ -263,7 +280,7 @@ func (r *ringSync) receiveState(ctx context.Context, snaps *jobSnapshots, c memo
 	}
 	r.seq--
 	st.params, st.bufs, st.optA, st.optB = params, bufs, optA, optB
-	if err := st.restore(net, r.optim); err != nil {
+	if err := st.restore(net, r.optim, r.scaler); err != nil {
 		return err
 	}
 	fl := &compress.Flat{Shared: shared, SharedSet: st.red.SharedSet}

@@ -113,6 +113,9 @@ func onAll(t *testing.T, ranks []*ringRank, f func(ctx context.Context, r int, r
 type trainer struct {
 	train *data.Dataset
 	bs    int
+	// grads, if set, sees rank r's gradient of step s before the ring
+	// reduces it (to scale or poison it)
+	grads func(r int, s int64, rk *ringRank, g []float32)
 }
 
 func newTestTrainer(t *testing.T) *trainer {
@@ -137,6 +140,9 @@ func (tr *trainer) step(ctx context.Context, rk *ringRank, rank int, step int64)
 	dl := make([]float32, len(logits))
 	models.SoftmaxCrossEntropy(logits, y, 10, dl)
 	net.Backward(dl)
+	if tr.grads != nil {
+		tr.grads(rank, step, rk, net.Grads())
+	}
 	return rk.rs.step(ctx, net.Grads(), net.Params())
 }
 
@@ -187,7 +193,7 @@ func TestAgreeRanksOneStepApart(t *testing.T) {
 			if s == 4 && r == 2 {
 				return nil // rank 2 never finished step 5 (its snapshot is missing)
 			}
-			rk.snaps.take(1, s+1, 0, (s+1)*24, rk.net, rk.rs.optim, rk.rs.state)
+			rk.snaps.take(1, s+1, 0, (s+1)*24, rk.net, rk.rs.optim, rk.rs.state, rk.rs.scaler)
 			return nil
 		})
 		if s == 3 { // the state after step 4
@@ -280,7 +286,7 @@ func TestAgreeFallbacks(t *testing.T) {
 	})
 	t.Run("checkpoint", func(t *testing.T) {
 		ranks := testRing(t, spec, 2, 3, 10, 3)
-		ranks[1].snaps.take(1, 3, 0, 0, ranks[1].net, ranks[1].rs.optim, ranks[1].rs.state) // older than the checkpoint
+		ranks[1].snaps.take(1, 3, 0, 0, ranks[1].net, ranks[1].rs.optim, ranks[1].rs.state, ranks[1].rs.scaler) // older than the checkpoint
 		before := slices.Clone(ranks[1].net.Params())
 		points, errs := run(ranks, 3, 7, 9)
 		for r := range ranks {
@@ -397,7 +403,7 @@ func TestSnapshotKeepsTwo(t *testing.T) {
 	j := store.forJob("a")
 	for s := int64(1); s <= 3; s++ {
 		rk.net.Params()[0] = float32(s)
-		j.take(1, s, 0, 0, rk.net, rk.rs.optim, rk.rs.state)
+		j.take(1, s, 0, 0, rk.net, rk.rs.optim, rk.rs.state, rk.rs.scaler)
 	}
 	if got := j.latest(); got == nil || got.step != 3 || got.params[0] != 3 {
 		t.Fatalf("latest = %+v, want step 3", got)
@@ -442,7 +448,7 @@ func BenchmarkSnapshotTake(b *testing.B) {
 			b.ReportAllocs()
 			var j jobSnapshots
 			for i := 0; b.Loop(); i++ {
-				j.take(1, int64(i), 0, 0, net, rs.optim, rs.state)
+				j.take(1, int64(i), 0, 0, net, rs.optim, rs.state, rs.scaler)
 			}
 		})
 	}

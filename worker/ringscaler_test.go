@@ -208,3 +208,167 @@ func TestLossScalerCheckpoint(t *testing.T) {
 		t.Error("a growth tracker beyond the interval: no error")
 	}
 }
+
+// TestSnapshotKeepsLossScaler: a snapshot keeps the loss scaler's state
+// bit for bit — after a scripted history, and at the edges (a scale
+// backed off to 0 or to a subnormal, +Inf, counts beyond 32 bits) — and
+// so do the words it travels in (scalerWords in 16-bit pieces, as the
+// broadcast header carries them); a snapshot without a scaler's state
+// leaves a scaler as it is.
+func TestSnapshotKeepsLossScaler(t *testing.T) {
+	spec := recoverySpec(t, "")
+	rk := testRing(t, spec, 1, 1, 10, 3)[0]
+	s, _ := optim.NewLossScaler(optim.ScalerConfig{GrowthInterval: 3})
+	for _, finite := range []bool{true, true, true, false, true, false, true, true} {
+		s.Update(finite)
+	}
+	states := []optim.ScalerState{s.State(),
+		{Scale: 0, GrowthTracker: 2},
+		{Scale: math.Float32frombits(1), GrowthTracker: 1, Stepped: 1 << 40, Skipped: 150},
+		{Scale: float32(math.Inf(1)), Stepped: math.MaxInt64, Skipped: 1<<32 + 5},
+	}
+	var j jobSnapshots
+	for i, want := range states {
+		src, _ := optim.NewLossScaler(optim.ScalerConfig{GrowthInterval: 3})
+		if err := src.Restore(want); err != nil {
+			t.Fatal(err)
+		}
+		j.take(1, int64(i), 0, 0, rk.net, rk.rs.optim, rk.rs.state, src)
+		dst, _ := optim.NewLossScaler(optim.ScalerConfig{GrowthInterval: 3})
+		if err := j.latest().restore(rk.net, rk.rs.optim, dst); err != nil {
+			t.Fatal(err)
+		}
+		if got := dst.State(); got != want || math.Float32bits(got.Scale) != math.Float32bits(want.Scale) {
+			t.Errorf("state %d: restored %+v, want %+v", i, got, want)
+		}
+		var hdr [16]float32
+		for k, w := range scalerWords(want) {
+			putInt64(hdr[4*k:], w)
+		}
+		var w [4]int64
+		for k := range w {
+			w[k] = getInt64(hdr[4*k:])
+		}
+		if got, err := scalerFromWords(w); err != nil || got != want || math.Float32bits(got.Scale) != math.Float32bits(want.Scale) {
+			t.Errorf("state %d: through the header words %+v, %v; want %+v", i, got, err, want)
+		}
+	}
+	// a job without a scaler: its snapshots leave one as it is
+	j.take(1, 9, 0, 0, rk.net, rk.rs.optim, rk.rs.state, nil)
+	if j.latest().scalerSet {
+		t.Error("a snapshot taken without a scaler says it holds one")
+	}
+	if err := j.latest().restore(rk.net, rk.rs.optim, s); err != nil || s.State() != states[0] {
+		t.Errorf("a snapshot without a scaler's state: %v, scaler %+v, want %+v", err, s.State(), states[0])
+	}
+	if _, err := scalerFromWords([4]int64{-1, 0, 0, 0}); err == nil {
+		t.Error("scale bits -1: no error")
+	}
+	if _, err := scalerFromWords([4]int64{0, math.MaxInt32 + 1, 0, 0}); err == nil {
+		t.Error("a growth tracker beyond int32: no error")
+	}
+}
+
+// TestAgreeKeepsLossScaler is TestAgreeRanksOneStepApart with precision
+// fp16: the gradients are scaled by the loss scale, rank 1's holds an inf
+// at steps 0 and 2 (two back-offs), and the growth interval is 3, so that
+// after step 4 the scaler is at 2^14 with one clean step counted — not
+// where a fresh one starts. A rank of three is lost after step 5; the new
+// generation (two survivors renumbered and a joiner) must restore every
+// rank's scaler to its state after step 4 and, after redoing steps 4 and
+// 5, hold the scale, growth tracker and counts of an uninterrupted run
+// after step 6, with bit-identical parameters.
+func TestAgreeKeepsLossScaler(t *testing.T) {
+	in := &pb.JobSpec{Model: "mlp", Mode: "ring", Precision: "fp16", Dataset: &pb.DatasetSpec{Name: "synthetic"}, Workers: proto.Int32(3), BatchSize: proto.Int32(8),
+		Optimizer: &pb.OptimizerSpec{Name: "sgd", Lr: proto.Float64(0.05), Momentum: proto.Float64(0.9)}}
+	spec, err := jobspec.Normalize(in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := optim.ScalerConfig{GrowthInterval: 3}
+	ring := func(gen uint64, seed0 int64) []*ringRank {
+		ranks := testRing(t, spec, 3, gen, 100, seed0)
+		for _, rk := range ranks {
+			if rk.rs.scaler == nil {
+				t.Fatal("test setup: an fp16 ring rank without a loss scaler")
+			}
+			rk.rs.scaler, _ = optim.NewLossScaler(cfg)
+		}
+		return ranks
+	}
+	tr := newTestTrainer(t)
+	tr.grads = func(r int, s int64, rk *ringRank, g []float32) {
+		scale := rk.rs.lossScale() // backward of loss·scale
+		for i := range g {
+			g[i] *= scale
+		}
+		if r == 1 && (s == 0 || s == 2) {
+			g[len(g)/2] = float32(math.Inf(1))
+		}
+	}
+	start := func(ranks []*ringRank) {
+		onAll(t, ranks, func(ctx context.Context, r int, rk *ringRank) error {
+			return rk.rs.broadcastParams(ctx, rk.net.Params())
+		})
+	}
+
+	// the uninterrupted run: six steps
+	ref := ring(1, 3)
+	start(ref)
+	var after4 optim.ScalerState
+	for s := int64(0); s < 6; s++ {
+		onAll(t, ref, func(ctx context.Context, r int, rk *ringRank) error { return tr.step(ctx, rk, r, s) })
+		if s == 3 {
+			after4 = ref[0].rs.scaler.State()
+		}
+	}
+	fresh, _ := optim.NewLossScaler(cfg)
+	if want := (optim.ScalerState{Scale: 0x1p14, GrowthTracker: 1, Stepped: 2, Skipped: 2}); after4 != want {
+		t.Fatalf("test setup: the scaler after step 4 is %+v, want %+v", after4, want)
+	}
+	if after4 == fresh.State() {
+		t.Fatal("test setup: the scaler after step 4 is where a fresh one starts")
+	}
+	final := ref[0].rs.scaler.State()
+
+	// the same run losing old rank 0 after step 5 (rank 2 did not finish it)
+	old := ring(1, 3)
+	start(old)
+	for s := int64(0); s < 5; s++ {
+		onAll(t, old, func(ctx context.Context, r int, rk *ringRank) error {
+			if err := tr.step(ctx, rk, r, s); err != nil {
+				return err
+			}
+			if s == 4 && r == 2 {
+				return nil
+			}
+			rk.snaps.take(1, s+1, 0, (s+1)*24, rk.net, rk.rs.optim, rk.rs.state, rk.rs.scaler)
+			return nil
+		})
+	}
+	gen2 := ring(2, 50)
+	gen2[0].snaps, gen2[1].snaps = old[1].snaps, old[2].snaps
+	onAll(t, gen2, func(ctx context.Context, r int, rk *ringRank) error {
+		sp, err := rk.rs.agree(ctx, rk.snaps, 2, -1, 5, rk.net)
+		if err == nil && (sp.source != fromMemory || sp.step != 4) {
+			err = fmt.Errorf("starts from %+v, want memory at step 4", sp)
+		}
+		return err
+	})
+	for r, rk := range gen2 {
+		if got := rk.rs.scaler.State(); got != after4 {
+			t.Errorf("rank %d: the scaler after recovery is %+v, want the state after step 4, %+v", r, got, after4)
+		}
+	}
+	for s := int64(4); s < 6; s++ {
+		onAll(t, gen2, func(ctx context.Context, r int, rk *ringRank) error { return tr.step(ctx, rk, r, s) })
+	}
+	for r, rk := range gen2 {
+		if got := rk.rs.scaler.State(); got != final {
+			t.Errorf("rank %d: the scaler after step 6 is %+v, an uninterrupted run's %+v", r, got, final)
+		}
+		if !slices.Equal(rk.net.Params(), ref[0].net.Params()) {
+			t.Errorf("rank %d: the parameters after step 6 differ from an uninterrupted run's (max |Δ| %g)", r, maxAbsDiff(rk.net.Params(), ref[0].net.Params()))
+		}
+	}
+}

@@ -29,6 +29,12 @@ type snapshot struct {
 	// red is the reducer's state: shared (PowerSGD's Q) and own (error
 	// feedback).
 	red compress.Flat
+	// scaler is the loss scaler's state (precision fp16; scalerSet false
+	// without a scaler): without it a new generation would start the
+	// scale again at 2^16 and its steps would differ from an
+	// uninterrupted run's.
+	scaler    optim.ScalerState
+	scalerSet bool
 }
 
 // jobSnapshots are the last two snapshots one worker took of one job.
@@ -79,8 +85,9 @@ func (j *jobSnapshots) olderStep() int64 {
 
 // take copies the state after a completed step into the older slot,
 // which becomes the newest. The copies are plain memory copies into
-// buffers allocated at the first snapshot.
-func (j *jobSnapshots) take(gen uint64, step int64, epoch int, consumed int64, net *models.Network, opt optim.Stepper, red compress.Stateful) {
+// buffers allocated at the first snapshot. scaler is the loss scaler (nil
+// without one).
+func (j *jobSnapshots) take(gen uint64, step int64, epoch int, consumed int64, net *models.Network, opt optim.Stepper, red compress.Stateful, scaler *optim.LossScaler) {
 	t0 := time.Now()
 	i := 1 - j.newest
 	if !j.valid[j.newest] {
@@ -105,15 +112,21 @@ func (j *jobSnapshots) take(gen uint64, step int64, epoch int, consumed int64, n
 	s.red.Shared = resize(s.red.Shared, ns)
 	s.red.Own = resize(s.red.Own, no)
 	red.CopyState(&s.red)
+	s.scaler, s.scalerSet = optim.ScalerState{}, scaler != nil
+	if scaler != nil {
+		s.scaler = scaler.State()
+	}
 	j.valid[i] = true
 	j.newest = i
 	j.taken++
 	j.copying += time.Since(t0)
 }
 
-// restore loads s's model and optimiser state into net and opt (the
-// reducer's state is restored separately: its own part is per rank).
-func (s *snapshot) restore(net *models.Network, opt optim.Stepper) error {
+// restore loads s's model, optimiser and loss-scaler state into net, opt
+// and scaler (nil: no scaler; a snapshot without a scaler's state leaves
+// it as it is, as a checkpoint without one does). The reducer's state is
+// restored separately: its own part is per rank.
+func (s *snapshot) restore(net *models.Network, opt optim.Stepper, scaler *optim.LossScaler) error {
 	if len(s.params) != len(net.Params()) || len(s.bufs) != len(net.Buffers()) {
 		return fmt.Errorf("snapshot holds %d parameters and %d buffer values, the model %d and %d",
 			len(s.params), len(s.bufs), len(net.Params()), len(net.Buffers()))
@@ -139,6 +152,11 @@ func (s *snapshot) restore(net *models.Network, opt optim.Stepper) error {
 			return fmt.Errorf("snapshot holds Adam moments of %d and %d values for %d parameters", len(s.optA), len(s.optB), len(s.params))
 		}
 		o.SetState(s.optA, s.optB, s.adamT)
+	}
+	if scaler != nil && s.scalerSet {
+		if err := scaler.Restore(s.scaler); err != nil {
+			return fmt.Errorf("snapshot: %w", err)
+		}
 	}
 	return nil
 }

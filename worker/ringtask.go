@@ -91,7 +91,7 @@ func (r *ringTask) start(ctx context.Context, from resumeFrom) (origin, error) {
 	// The state this generation starts from is its first snapshot;
 	// snapshots of earlier generations are gone.
 	r.snaps.reset()
-	r.snaps.take(a.Generation, at.step, at.epoch, at.consumed, r.net, r.optim, r.state)
+	r.snaps.take(a.Generation, at.step, at.epoch, at.consumed, r.net, r.optim, r.state, r.scaler)
 	if a.CheckpointDir != "" {
 		// With per-rank compression state (error feedback) every rank
 		// takes part in a checkpoint: rank 0 gathers their residuals.
@@ -116,7 +116,7 @@ func (r *ringTask) step(ctx context.Context, grads, params []float32) error {
 // a checkpoint when rank 0 decides one is due (every rank that takes
 // part hears its decision).
 func (r *ringTask) completed(ctx context.Context, epoch int, at position) error {
-	r.snaps.take(r.a.Generation, at.step, at.epoch, at.consumed, r.net, r.optim, r.state)
+	r.snaps.take(r.a.Generation, at.step, at.epoch, at.consumed, r.net, r.optim, r.state, r.scaler)
 	if r.ckpt == nil {
 		return nil
 	}
