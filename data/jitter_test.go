@@ -1,9 +1,13 @@
 package data
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -153,5 +157,59 @@ func TestNormalizerApplyScaled(t *testing.T) {
 		if math.Abs(float64(a[i]-b[i])) > 1e-6 {
 			t.Fatalf("value %d: table %v, scaled %v", i, a[i], b[i])
 		}
+	}
+}
+
+// jitterGoldenCases are the configurations whose output
+// testdata/golden/jitter_bcs.txt pins: brightness, contrast and
+// saturation alone and together, on RGB and grayscale images.
+var jitterGoldenCases = []struct {
+	name  string
+	j     ColorJitter
+	ch    int
+	epoch int
+	index int
+}{
+	{"brightness", ColorJitter{Brightness: 0.4, Seed: 3}, 3, 0, 5},
+	{"contrast", ColorJitter{Contrast: 0.6, Seed: 3}, 3, 1, 2},
+	{"saturation", ColorJitter{Saturation: 0.8, Seed: 3}, 3, 2, 9},
+	{"all", ColorJitter{Brightness: 0.4, Contrast: 0.4, Saturation: 0.4, Seed: 11}, 3, 0, 0},
+	{"all-epoch3", ColorJitter{Brightness: 0.4, Contrast: 0.4, Saturation: 0.4, Seed: 11}, 3, 3, 17},
+	{"strong", ColorJitter{Brightness: 2, Contrast: 1.5, Saturation: 3, Seed: -7}, 3, 1, 1},
+	{"gray-all", ColorJitter{Brightness: 0.5, Contrast: 0.5, Saturation: 0.5, Seed: 4}, 1, 0, 8},
+}
+
+// TestColorJitterGolden pins Apply's exact output (float32 bits) for
+// fixed configurations, so that a change to the jitter that alters what
+// existing jobs compute is seen. Regenerate with:
+// go test ./data -run TestColorJitterGolden -update
+func TestColorJitterGolden(t *testing.T) {
+	const h, w = 4, 5
+	var b strings.Builder
+	b.WriteString("# ColorJitter.Apply output as float32 bits (hex), one image per line: case ch×h×w epoch index factors: bits\n")
+	for i, c := range jitterGoldenCases {
+		pix := randomImage(uint64(100+i), c.ch*h*w)
+		dst := make([]float32, len(pix))
+		c.j.Apply(dst, pix, c.ch, h, w, c.epoch, c.index)
+		fb, fc, fs := c.j.Factors(c.epoch, c.index)
+		fmt.Fprintf(&b, "%s %d×%d×%d %d %d %v %v %v:", c.name, c.ch, h, w, c.epoch, c.index, fb, fc, fs)
+		for _, v := range dst {
+			fmt.Fprintf(&b, " %08x", math.Float32bits(v))
+		}
+		b.WriteString("\n")
+	}
+	path := filepath.Join("testdata", "golden", "jitter_bcs.txt")
+	if *update {
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if got := b.String(); got != string(want) {
+		t.Fatalf("jitter output differs from %s:\ngot:\n%swant:\n%s", path, got, want)
 	}
 }
