@@ -1,7 +1,10 @@
 package data
 
 import (
+	"encoding/json"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 )
@@ -84,6 +87,63 @@ func TestAdjustHueDefinition(t *testing.T) {
 			}
 		}
 	}
+}
+
+// hueFixture is data/testdata/adjust_hue.json, written by
+// scripts/hue_fixture.py.
+type hueFixture struct {
+	Torchvision string               `json:"torchvision"`
+	Shape       [3]int               `json:"shape"`
+	Images      map[string][]float64 `json:"images"`
+	Cases       []struct {
+		Image  string    `json:"image"`
+		Factor float64   `json:"factor"`
+		Output []float64 `json:"output"`
+	} `json:"cases"`
+}
+
+// TestAdjustHueTorchvision compares AdjustHue with torchvision's
+// adjust_hue (float32 tensors, scripts/hue_fixture.py) on random, byte
+// and edge-case images for fixed factors from −0.5 to 0.5. Both compute
+// in float32 by the same operations, so they should agree to the last
+// bit or nearly; the tolerance, 1e-6 (8 float32 ulps at 1), allows for a
+// different rounding of the division or of floor near a sector boundary
+// (where the result is continuous), and is far below what a wrong
+// sector, sign or wrap would give (≥ 1e-3 on these images).
+func TestAdjustHueTorchvision(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "adjust_hue.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fx hueFixture
+	if err := json.Unmarshal(raw, &fx); err != nil {
+		t.Fatal(err)
+	}
+	if fx.Shape[0] != 3 || len(fx.Cases) == 0 {
+		t.Fatalf("fixture shape %v with %d cases", fx.Shape, len(fx.Cases))
+	}
+	plane := fx.Shape[1] * fx.Shape[2]
+	var worst float64
+	for _, c := range fx.Cases {
+		in, ok := fx.Images[c.Image]
+		if !ok || len(in) != 3*plane || len(c.Output) != 3*plane {
+			t.Fatalf("case %s %v: %d inputs, %d outputs for %v", c.Image, c.Factor, len(in), len(c.Output), fx.Shape)
+		}
+		x := make([]float32, len(in))
+		for i, v := range in {
+			x[i] = float32(v)
+		}
+		AdjustHue(x[:plane], x[plane:2*plane], x[2*plane:], float32(c.Factor))
+		for i, v := range x {
+			d := math.Abs(float64(v) - c.Output[i])
+			worst = max(worst, d)
+			if d > 1e-6 {
+				t.Errorf("image %s factor %v value %d (of %v, %v, %v): got %v, torchvision %v", c.Image, c.Factor, i,
+					in[i%plane], in[plane+i%plane], in[2*plane+i%plane], v, c.Output[i])
+			}
+		}
+	}
+	t.Logf("%d cases against torchvision %s: largest difference %g", len(fx.Cases), fx.Torchvision, worst)
 }
 
 // TestColorJitterHueDraws: with Hue on, the hue factor lies in [−Hue,
