@@ -149,8 +149,31 @@ func TestSpecFlagsDataset(t *testing.T) {
 	if err := c2.ParseFlags([]string{"--dataset", "cifar100", "--data-dir", dir, "--color-jitter", "0.4,0.3"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := two.build(c2); err == nil || !strings.Contains(err.Error(), "three values") {
+	if _, err := two.build(c2); err == nil || !strings.Contains(err.Error(), "three or four values") {
 		t.Errorf("--color-jitter with two values: %v", err)
+	}
+	if d.JitterHue != 0 {
+		t.Errorf("--color-jitter with three values: hue %v, want 0", d.JitterHue)
+	}
+	var four specFlags
+	c4 := &cobra.Command{Use: "x"}
+	four.register(c4)
+	if err := c4.ParseFlags([]string{"--dataset", "cifar100", "--data-dir", dir, "--color-jitter", "0.4,0.3,0.2,0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	if s4, err := four.build(c4); err != nil {
+		t.Errorf("--color-jitter with four values: %v", err)
+	} else if d4 := s4.Dataset; d4.JitterBrightness != 0.4 || d4.JitterSaturation != 0.2 || d4.JitterHue != 0.1 {
+		t.Errorf("--color-jitter 0.4,0.3,0.2,0.1: %v, %v, %v, hue %v", d4.JitterBrightness, d4.JitterContrast, d4.JitterSaturation, d4.JitterHue)
+	}
+	var five specFlags
+	c5 := &cobra.Command{Use: "x"}
+	five.register(c5)
+	if err := c5.ParseFlags([]string{"--dataset", "cifar100", "--data-dir", dir, "--color-jitter", "0.4,0.3,0.2,0.1,0"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := five.build(c5); err == nil || !strings.Contains(err.Error(), "three or four values") {
+		t.Errorf("--color-jitter with five values: %v", err)
 	}
 	if sh := d.Shape; sh.GetClasses() != 20 || sh.GetChannels() != 3 || sh.GetHeight() != 32 {
 		t.Errorf("shape %v, want 3×32×32 with 20 classes", sh)
