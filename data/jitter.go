@@ -201,7 +201,15 @@ func hsvToRGB(h, s, v float32) (r, g, b float32) {
 	p := clamp01(v * (1 - s))
 	q := clamp01(v * (1 - s*f))
 	t := clamp01(v * (1 - s*(1-f)))
-	switch int32(fi) % 6 {
+	return hexSector(int(int32(fi)%6), v, p, q, t)
+}
+
+// hexSector gives the RGB of sector k (0..5, of a sixth of a turn each)
+// of the HSV hexcone from v and the ramps p = v(1−s), q = v(1−s·f),
+// t = v(1−s(1−f)), f the position within the sector: which of the four
+// each channel takes.
+func hexSector[T float32 | float64](k int, v, p, q, t T) (r, g, b T) {
+	switch k {
 	case 0:
 		return v, t, p
 	case 1:

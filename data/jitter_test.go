@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -204,18 +203,5 @@ func TestColorJitterGolden(t *testing.T) {
 		}
 		b.WriteString("\n")
 	}
-	path := filepath.Join("testdata", "golden", "jitter_bcs.txt")
-	if *update {
-		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if got := b.String(); got != string(want) {
-		t.Fatalf("jitter output differs from %s:\ngot:\n%swant:\n%s", path, got, want)
-	}
+	checkGolden(t, filepath.Join("testdata", "golden", "jitter_bcs.txt"), "jitter outputs", b.String())
 }
