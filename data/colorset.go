@@ -106,20 +106,7 @@ func hsv(h, s, v float64) (r, g, b float64) {
 	k := int(h6) % 6
 	f := h6 - math.Floor(h6)
 	p, q, t := v*(1-s), v*(1-s*f), v*(1-s*(1-f))
-	switch k {
-	case 0:
-		return v, t, p
-	case 1:
-		return q, v, p
-	case 2:
-		return p, v, t
-	case 3:
-		return p, q, v
-	case 4:
-		return t, p, v
-	default:
-		return v, p, q
-	}
+	return hexSector(k, v, p, q, t)
 }
 
 // ColorSetNames returns the colour set's coarse and fine class names, in

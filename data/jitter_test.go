@@ -1,9 +1,12 @@
 package data
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -16,6 +19,12 @@ func randomImage(seed uint64, n int) []uint8 {
 	return p
 }
 
+// factors is the brightness, contrast and saturation of j's draw.
+func factors(j *ColorJitter, epoch, index int) (b, c, s float64) {
+	p := j.Params(epoch, index)
+	return p.Brightness, p.Contrast, p.Saturation
+}
+
 // TestColorJitterDeterministic: the zero value is off; the factors are a
 // pure function of (seed, epoch, index), within [max(0, 1−v), 1+v], and
 // change with each of the three; Apply gives the same image for the same
@@ -25,15 +34,15 @@ func TestColorJitterDeterministic(t *testing.T) {
 	if off.Enabled() || (*ColorJitter)(nil).Enabled() {
 		t.Error("the zero ColorJitter (or nil) is enabled")
 	}
-	if b, c, s := off.Factors(3, 7); b != 1 || c != 1 || s != 1 {
+	if b, c, s := factors(&off, 3, 7); b != 1 || c != 1 || s != 1 {
 		t.Errorf("zero value factors %v %v %v, want 1 1 1", b, c, s)
 	}
 	j := ColorJitter{Brightness: 0.4, Contrast: 0.4, Saturation: 1.5, Seed: 9}
 	seen := map[[3]float64]bool{}
 	for epoch := range 3 {
 		for idx := range 50 {
-			b, c, s := j.Factors(epoch, idx)
-			if b2, c2, s2 := j.Factors(epoch, idx); b != b2 || c != c2 || s != s2 {
+			b, c, s := factors(&j, epoch, idx)
+			if b2, c2, s2 := factors(&j, epoch, idx); b != b2 || c != c2 || s != s2 {
 				t.Fatalf("epoch %d index %d: two draws differ", epoch, idx)
 			}
 			if b < 0.6 || b > 1.4 || c < 0.6 || c > 1.4 || s < 0 || s > 2.5 {
@@ -47,7 +56,7 @@ func TestColorJitterDeterministic(t *testing.T) {
 	}
 	other := j
 	other.Seed = 10
-	if b, _, _ := other.Factors(0, 0); b == func() float64 { b, _, _ := j.Factors(0, 0); return b }() {
+	if b, _, _ := factors(&other, 0, 0); b == func() float64 { b, _, _ := factors(&j, 0, 0); return b }() {
 		t.Error("another seed draws the same brightness")
 	}
 	pix := randomImage(1, 3*6*5)
@@ -85,14 +94,14 @@ func TestColorJitterOperations(t *testing.T) {
 	}
 
 	bj := ColorJitter{Brightness: 0.5, Seed: 1}
-	f, _, _ := bj.Factors(0, 3)
+	f, _, _ := factors(&bj, 0, 3)
 	bj.Apply(got, pix, ch, h, w, 0, 3)
 	for i, p := range pix {
 		near("brightness", i, float64(got[i]), math.Min(float64(p)/255*f, 1))
 	}
 
 	cj := ColorJitter{Contrast: 0.5, Seed: 1}
-	_, f, _ = cj.Factors(0, 3)
+	_, f, _ = factors(&cj, 0, 3)
 	cj.Apply(got, pix, ch, h, w, 0, 3)
 	var m float64
 	for i := range h * w {
@@ -109,7 +118,7 @@ func TestColorJitterOperations(t *testing.T) {
 	}
 
 	sj := ColorJitter{Saturation: 0.9, Seed: 1}
-	_, _, f = sj.Factors(0, 3)
+	_, _, f = factors(&sj, 0, 3)
 	sj.Apply(got, pix, ch, h, w, 0, 3)
 	for i := range h * w {
 		g := (0.299*float64(pix[i]) + 0.587*float64(pix[h*w+i]) + 0.114*float64(pix[2*h*w+i])) / 255
@@ -154,4 +163,45 @@ func TestNormalizerApplyScaled(t *testing.T) {
 			t.Fatalf("value %d: table %v, scaled %v", i, a[i], b[i])
 		}
 	}
+}
+
+// jitterGoldenCases are the configurations whose output
+// testdata/golden/jitter_bcs.txt pins: brightness, contrast and
+// saturation alone and together, on RGB and grayscale images.
+var jitterGoldenCases = []struct {
+	name  string
+	j     ColorJitter
+	ch    int
+	epoch int
+	index int
+}{
+	{"brightness", ColorJitter{Brightness: 0.4, Seed: 3}, 3, 0, 5},
+	{"contrast", ColorJitter{Contrast: 0.6, Seed: 3}, 3, 1, 2},
+	{"saturation", ColorJitter{Saturation: 0.8, Seed: 3}, 3, 2, 9},
+	{"all", ColorJitter{Brightness: 0.4, Contrast: 0.4, Saturation: 0.4, Seed: 11}, 3, 0, 0},
+	{"all-epoch3", ColorJitter{Brightness: 0.4, Contrast: 0.4, Saturation: 0.4, Seed: 11}, 3, 3, 17},
+	{"strong", ColorJitter{Brightness: 2, Contrast: 1.5, Saturation: 3, Seed: -7}, 3, 1, 1},
+	{"gray-all", ColorJitter{Brightness: 0.5, Contrast: 0.5, Saturation: 0.5, Seed: 4}, 1, 0, 8},
+}
+
+// TestColorJitterGolden pins Apply's exact output (float32 bits) for
+// fixed configurations, so that a change to the jitter that alters what
+// existing jobs compute is seen. Regenerate with:
+// go test ./data -run TestColorJitterGolden -update
+func TestColorJitterGolden(t *testing.T) {
+	const h, w = 4, 5
+	var b strings.Builder
+	b.WriteString("# ColorJitter.Apply output as float32 bits (hex), one image per line: case ch×h×w epoch index factors: bits\n")
+	for i, c := range jitterGoldenCases {
+		pix := randomImage(uint64(100+i), c.ch*h*w)
+		dst := make([]float32, len(pix))
+		c.j.Apply(dst, pix, c.ch, h, w, c.epoch, c.index)
+		fb, fc, fs := factors(&c.j, c.epoch, c.index)
+		fmt.Fprintf(&b, "%s %d×%d×%d %d %d %v %v %v:", c.name, c.ch, h, w, c.epoch, c.index, fb, fc, fs)
+		for _, v := range dst {
+			fmt.Fprintf(&b, " %08x", math.Float32bits(v))
+		}
+		b.WriteString("\n")
+	}
+	checkGolden(t, filepath.Join("testdata", "golden", "jitter_bcs.txt"), "jitter outputs", b.String())
 }

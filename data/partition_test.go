@@ -13,6 +13,28 @@ import (
 
 var update = flag.Bool("update", false, "rewrite golden files under testdata/")
 
+// checkGolden compares got with the golden file at path, or with -update
+// writes it there; what names what the file holds, for the failure.
+func checkGolden(t *testing.T, path, what, got string) {
+	t.Helper()
+	if *update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Fatalf("%s differ from %s:\ngot:\n%swant:\n%s", what, path, got, want)
+	}
+}
+
 // goldenLabels is the fixed input for the golden histograms: 100 examples of
 // 5 classes with 10, 15, 20, 25 and 30 examples, in a scrambled order.
 func goldenLabels() []uint8 {
@@ -113,23 +135,7 @@ func TestPartitionGolden(t *testing.T) {
 			for c, p := range parts {
 				fmt.Fprintf(&b, "client %2d: %v n=%d\n", c, Histogram(labels, p, 5), len(p))
 			}
-			path := filepath.Join("testdata", "golden", "partition_"+pc.name+".txt")
-			if *update {
-				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run with -update to create it)", err)
-			}
-			if got := b.String(); got != string(want) {
-				t.Fatalf("histograms differ from %s:\ngot:\n%swant:\n%s", path, got, want)
-			}
+			checkGolden(t, filepath.Join("testdata", "golden", "partition_"+pc.name+".txt"), "histograms", b.String())
 		})
 	}
 }

@@ -16,6 +16,7 @@ import (
 const (
 	maxImageSide = 4096
 	maxJitter    = 10
+	maxJitterHue = 0.5
 	// MaxClasses bounds a data set's label space.
 	MaxClasses = 1 << 20
 	// MaxSingleLabelClasses is the largest label space single-label
@@ -121,15 +122,22 @@ func normalizeDatasetFields(d *pb.DatasetSpec) error {
 	for _, j := range []struct {
 		field string
 		v     float64
-	}{{"dataset.jitter_brightness", d.JitterBrightness}, {"dataset.jitter_contrast", d.JitterContrast}, {"dataset.jitter_saturation", d.JitterSaturation}} {
+		max   float64
+		why   string // how the factors are drawn, for the range error
+	}{
+		{"dataset.jitter_brightness", d.JitterBrightness, maxJitter, "factors are drawn from [max(0, 1 − v), 1 + v]"},
+		{"dataset.jitter_contrast", d.JitterContrast, maxJitter, "factors are drawn from [max(0, 1 − v), 1 + v]"},
+		{"dataset.jitter_saturation", d.JitterSaturation, maxJitter, "factors are drawn from [max(0, 1 − v), 1 + v]"},
+		{"dataset.jitter_hue", d.JitterHue, maxJitterHue, "as torchvision's ColorJitter, the hue turns by a factor drawn from [−v, v] of a full turn, and half a turn either way reaches every hue"},
+	} {
 		if j.v == 0 {
 			continue
 		}
 		if !streamed {
 			return errf(j.field, "applies to imagefolder, cifar10 and cifar100 (colour jitter of decoded pixels), not to %s", d.Name)
 		}
-		if !(j.v > 0 && j.v <= maxJitter) {
-			return errf(j.field, "%v out of range; allowed 0 (off) to %v: factors are drawn from [max(0, 1 − v), 1 + v]", j.v, maxJitter)
+		if !(j.v > 0 && j.v <= j.max) {
+			return errf(j.field, "%v out of range; allowed 0 (off) to %v: %s", j.v, j.max, j.why)
 		}
 	}
 	if d.CacheMb != nil {

@@ -44,6 +44,15 @@ func TestNormalizeDatasetFields(t *testing.T) {
 	if got.Dataset.Channels != 3 {
 		t.Errorf("imagefolder channels default %d, want 3", got.Dataset.Channels)
 	}
+	for _, h := range []float64{1e-3, 0.1, 0.5} {
+		if _, err := Normalize(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "cifar10", JitterHue: h, JitterBrightness: 0.4, Shape: shape(3, 32, 32, 10)}}, nil); err != nil {
+			t.Errorf("jitter_hue %v: %v", h, err)
+		}
+	}
+	_, err = Normalize(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "cifar10", JitterHue: 0.75, Shape: shape(3, 32, 32, 10)}}, nil)
+	if fe, ok := err.(*FieldError); !ok || !strings.Contains(fe.Msg, "0.75 out of range; allowed 0 (off) to 0.5") {
+		t.Errorf("jitter_hue 0.75: %v; want the allowed range named", err)
+	}
 	if c, _, _, _ := InputShape(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "mnist-pairs"}}); c != 1 {
 		t.Errorf("mnist-pairs InputShape channels %d", c)
 	}
@@ -79,6 +88,10 @@ func TestNormalizeDatasetFields(t *testing.T) {
 		{"jitter on an IDX set", &pb.DatasetSpec{Name: "mnist", JitterBrightness: 0.4}, "", "", "dataset.jitter_brightness"},
 		{"negative jitter", &pb.DatasetSpec{Name: "imagefolder", JitterContrast: -0.1, Shape: shape(3, 8, 8, 2)}, "", "", "dataset.jitter_contrast"},
 		{"NaN jitter", &pb.DatasetSpec{Name: "imagefolder", JitterSaturation: math.NaN(), Shape: shape(3, 8, 8, 2)}, "", "", "dataset.jitter_saturation"},
+		{"hue on an IDX set", &pb.DatasetSpec{Name: "fashion-mnist", JitterHue: 0.1}, "", "", "dataset.jitter_hue"},
+		{"hue above 0.5", &pb.DatasetSpec{Name: "cifar10", JitterHue: 0.6, Shape: shape(3, 32, 32, 10)}, "", "", "dataset.jitter_hue"},
+		{"negative hue", &pb.DatasetSpec{Name: "cifar10", JitterHue: -0.1, Shape: shape(3, 32, 32, 10)}, "", "", "dataset.jitter_hue"},
+		{"NaN hue", &pb.DatasetSpec{Name: "imagefolder", JitterHue: math.NaN(), Shape: shape(3, 8, 8, 2)}, "", "", "dataset.jitter_hue"},
 		{"fedavg on mnist-pairs (multi-label)", &pb.DatasetSpec{Name: "mnist-pairs"}, "", "fedavg", "dataset.name"},
 		{"fedavg over 256 classes", &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 8, 8, 300)}, "", "fedavg", "mode"},
 	} {
@@ -151,12 +164,12 @@ func TestResolveShape(t *testing.T) {
 // TestParseDatasetFields: a YAML job file knows the new fields, and an
 // unknown field is still refused.
 func TestParseDatasetFields(t *testing.T) {
-	s, err := Parse([]byte("dataset:\n  name: imagefolder\n  data_dir: /d\n  image_size: [64, 48]\n  channels: 1\n  mean: [0.5]\n  std: [0.25]\n  cache_mb: 0\n  augment: crop-flip\n"))
+	s, err := Parse([]byte("dataset:\n  name: imagefolder\n  data_dir: /d\n  image_size: [64, 48]\n  channels: 1\n  mean: [0.5]\n  std: [0.25]\n  cache_mb: 0\n  augment: crop-flip\n  jitter_hue: 0.1\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	d := s.Dataset
-	if len(d.ImageSize) != 2 || d.ImageSize[0] != 64 || d.Channels != 1 || d.Mean[0] != 0.5 || d.CacheMb == nil || d.GetCacheMb() != 0 {
+	if len(d.ImageSize) != 2 || d.ImageSize[0] != 64 || d.Channels != 1 || d.Mean[0] != 0.5 || d.CacheMb == nil || d.GetCacheMb() != 0 || d.JitterHue != 0.1 {
 		t.Errorf("parsed %v", d)
 	}
 	if _, err := Parse([]byte("dataset:\n  name: cifar100\n  granularity: coarse\n")); err == nil {

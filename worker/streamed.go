@@ -105,7 +105,7 @@ func openStreamed(ctx context.Context, spec *pb.JobSpec, dir string, log *slog.L
 		s.aug = &data.Augmenter{Pad: streamAugmentPad, Flip: a == "crop-flip", Seed: spec.GetSeed()}
 	}
 	if j := (data.ColorJitter{Brightness: ds.GetJitterBrightness(), Contrast: ds.GetJitterContrast(),
-		Saturation: ds.GetJitterSaturation(), Seed: spec.GetSeed()}); j.Enabled() {
+		Saturation: ds.GetJitterSaturation(), Hue: ds.GetJitterHue(), Seed: spec.GetSeed()}); j.Enabled() {
 		s.jitter, s.jitterBuf = &j, make([]float32, s.info.ImageSize())
 	}
 	limit := int64(jobspec.DefaultCacheMB) << 20

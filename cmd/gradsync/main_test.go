@@ -143,14 +143,27 @@ func TestSpecFlagsDataset(t *testing.T) {
 	if d.JitterBrightness != 0.4 || d.JitterContrast != 0.3 || d.JitterSaturation != 0.2 {
 		t.Errorf("--color-jitter 0.4,0.3,0.2: %v, %v, %v", d.JitterBrightness, d.JitterContrast, d.JitterSaturation)
 	}
-	var two specFlags
-	c2 := &cobra.Command{Use: "x"}
-	two.register(c2)
-	if err := c2.ParseFlags([]string{"--dataset", "cifar100", "--data-dir", dir, "--color-jitter", "0.4,0.3"}); err != nil {
-		t.Fatal(err)
+	if d.JitterHue != 0 {
+		t.Errorf("--color-jitter with three values: hue %v, want 0", d.JitterHue)
 	}
-	if _, err := two.build(c2); err == nil || !strings.Contains(err.Error(), "three values") {
-		t.Errorf("--color-jitter with two values: %v", err)
+	jitter := func(v string) (*pb.JobSpec, error) {
+		var f specFlags
+		c := &cobra.Command{Use: "x"}
+		f.register(c)
+		if err := c.ParseFlags([]string{"--dataset", "cifar100", "--data-dir", dir, "--color-jitter", v}); err != nil {
+			t.Fatal(err)
+		}
+		return f.build(c)
+	}
+	for _, v := range []string{"0.4,0.3", "0.4,0.3,0.2,0.1,0"} {
+		if _, err := jitter(v); err == nil || !strings.Contains(err.Error(), "three or four values") {
+			t.Errorf("--color-jitter %s: %v", v, err)
+		}
+	}
+	if s4, err := jitter("0.4,0.3,0.2,0.1"); err != nil {
+		t.Errorf("--color-jitter with four values: %v", err)
+	} else if d4 := s4.Dataset; d4.JitterBrightness != 0.4 || d4.JitterSaturation != 0.2 || d4.JitterHue != 0.1 {
+		t.Errorf("--color-jitter 0.4,0.3,0.2,0.1: %v, %v, %v, hue %v", d4.JitterBrightness, d4.JitterContrast, d4.JitterSaturation, d4.JitterHue)
 	}
 	if sh := d.Shape; sh.GetClasses() != 20 || sh.GetChannels() != 3 || sh.GetHeight() != 32 {
 		t.Errorf("shape %v, want 3×32×32 with 20 classes", sh)

@@ -68,7 +68,7 @@ type specFlags struct {
 	psConsistency string
 	psStaleness   int32
 	psAddrs       []string
-	jitter        []float64 // --color-jitter: brightness, contrast, saturation
+	jitter        []float64 // --color-jitter: brightness, contrast, saturation[, hue]
 	// entrypoint jobs
 	entrypoint string
 	// engine
@@ -88,7 +88,7 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.Int32Var(&f.channels, "channels", 0, "imagefolder: 1 (grayscale) or 3 (RGB; default)")
 	fl.StringVar(&f.granular, "label-granularity", "", "cifar100: fine (100 classes; default) or coarse (20 superclasses)")
 	fl.StringVar(&f.augment, "augment", "", "training augmentation: none (default), crop (random crop with zero padding: 2 for the 28×28 sets, 4 for imagefolder and cifar) or crop-flip (also a horizontal flip)")
-	fl.Float64SliceVar(&f.jitter, "color-jitter", nil, "imagefolder, cifar: colour jitter of training images, brightness,contrast,saturation as torchvision's ColorJitter, e.g. 0.4,0.4,0.4 (default: off)")
+	fl.Float64SliceVar(&f.jitter, "color-jitter", nil, "imagefolder, cifar: colour jitter of training images, brightness,contrast,saturation[,hue] as torchvision's ColorJitter, e.g. 0.4,0.4,0.4 or 0.4,0.4,0.4,0.1 (hue at most 0.5; default: off)")
 	fl.Int32Var(&f.cacheMB, "cache-mb", 0, "imagefolder, cifar: MiB of decoded images a worker keeps in memory; larger sets stream from disk every epoch (default 1024; 0: none)")
 	fl.Float64SliceVar(&f.mean, "mean", nil, "imagefolder, cifar: per-channel mean on the [0, 1] scale, e.g. 0.49,0.48,0.45 (default: computed over the training split and cached beside the data)")
 	fl.Float64SliceVar(&f.std, "std", nil, "imagefolder, cifar: per-channel standard deviation (with --mean)")
@@ -189,10 +189,13 @@ func (f *specFlags) build(c *cobra.Command) (*pb.JobSpec, error) {
 		ds().Augment = f.augment
 	}
 	if ch("color-jitter") {
-		if len(f.jitter) != 3 {
-			return nil, fmt.Errorf("--color-jitter %v: want three values, brightness,contrast,saturation (0 leaves one off)", f.jitter)
+		if len(f.jitter) != 3 && len(f.jitter) != 4 {
+			return nil, fmt.Errorf("--color-jitter %v: want three or four values, brightness,contrast,saturation[,hue] (0 leaves one off)", f.jitter)
 		}
 		ds().JitterBrightness, ds().JitterContrast, ds().JitterSaturation = f.jitter[0], f.jitter[1], f.jitter[2]
+		if len(f.jitter) == 4 {
+			ds().JitterHue = f.jitter[3]
+		}
 	}
 	if ch("cache-mb") {
 		ds().CacheMb = proto.Int32(f.cacheMB)

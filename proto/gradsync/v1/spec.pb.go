@@ -658,16 +658,23 @@ type DatasetSpec struct {
 	// through the loader every epoch. Unset: 1024; 0: no cache.
 	CacheMb *int32 `protobuf:"varint,12,opt,name=cache_mb,json=cacheMb,proto3,oneof" json:"cache_mb,omitempty"`
 	// Colour jitter of training images (imagefolder, cifar10, cifar100), as
-	// torchvision's ColorJitter(brightness, contrast, saturation) on the
-	// [0, 1] pixels before normalisation, in that fixed order: each image
-	// draws its factors uniformly from [max(0, 1 - v), 1 + v], seeded by the
-	// job's seed, the epoch and the example. 0 (default): off. Saturation
+	// torchvision's ColorJitter(brightness, contrast, saturation, hue) on
+	// the [0, 1] pixels before normalisation: each image draws its factors
+	// uniformly from [max(0, 1 - v), 1 + v], seeded by the job's seed, the
+	// epoch and the example. Without hue they apply in the fixed order
+	// brightness, contrast, saturation; with hue the four apply in an order
+	// drawn per image, as torchvision's. 0 (default): off. Saturation
 	// applies to RGB only.
 	JitterBrightness float64 `protobuf:"fixed64,13,opt,name=jitter_brightness,json=jitterBrightness,proto3" json:"jitter_brightness,omitempty"`
 	JitterContrast   float64 `protobuf:"fixed64,14,opt,name=jitter_contrast,json=jitterContrast,proto3" json:"jitter_contrast,omitempty"`
 	JitterSaturation float64 `protobuf:"fixed64,15,opt,name=jitter_saturation,json=jitterSaturation,proto3" json:"jitter_saturation,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Hue jitter, torchvision's adjust_hue: each image's hue is turned by a
+	// factor drawn uniformly from [-jitter_hue, jitter_hue] of a full turn
+	// (RGB to HSV and back). 0 (default): off; at most 0.5, as torchvision
+	// allows. RGB only: grayscale images are left as they are.
+	JitterHue     float64 `protobuf:"fixed64,16,opt,name=jitter_hue,json=jitterHue,proto3" json:"jitter_hue,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DatasetSpec) Reset() {
@@ -801,6 +808,13 @@ func (x *DatasetSpec) GetJitterContrast() float64 {
 func (x *DatasetSpec) GetJitterSaturation() float64 {
 	if x != nil {
 		return x.JitterSaturation
+	}
+	return 0
+}
+
+func (x *DatasetSpec) GetJitterHue() float64 {
+	if x != nil {
+		return x.JitterHue
 	}
 	return 0
 }
@@ -1649,7 +1663,7 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\x03env\x18\x03 \x03(\v2$.gradsync.v1.EntrypointSpec.EnvEntryR\x03env\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x92\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb1\x04\n" +
 	"\vDatasetSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bdata_dir\x18\x02 \x01(\tR\adataDir\x12'\n" +
@@ -1667,7 +1681,9 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\bcache_mb\x18\f \x01(\x05H\x00R\acacheMb\x88\x01\x01\x12+\n" +
 	"\x11jitter_brightness\x18\r \x01(\x01R\x10jitterBrightness\x12'\n" +
 	"\x0fjitter_contrast\x18\x0e \x01(\x01R\x0ejitterContrast\x12+\n" +
-	"\x11jitter_saturation\x18\x0f \x01(\x01R\x10jitterSaturationB\v\n" +
+	"\x11jitter_saturation\x18\x0f \x01(\x01R\x10jitterSaturation\x12\x1d\n" +
+	"\n" +
+	"jitter_hue\x18\x10 \x01(\x01R\tjitterHueB\v\n" +
 	"\t_cache_mb\"\xb1\x01\n" +
 	"\tDataShape\x12\x1a\n" +
 	"\bchannels\x18\x01 \x01(\x05R\bchannels\x12\x16\n" +
