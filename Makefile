@@ -11,7 +11,7 @@ BUF := tools/node_modules/.bin/buf
 
 help:
 	@echo "make local       train: gradsync local --workers 2 --model mlp --dataset mnist --epochs 1"
-	@echo "make test        run every test (race detector on; builds bin/grpcurl first)"
+	@echo "make test        run every test (race detector on, models: its threaded tests; builds bin/grpcurl first)"
 	@echo "make test-python the Python package's tests (Debian's python3-torch; skipped without it)"
 	@echo "make test-short  the quick tests only"
 	@echo "make lint        gofmt, go vet, staticcheck, layering, go.mod tidy, buf lint, generated code fresh"
