@@ -19,12 +19,12 @@ const (
 	maxJitterHue = 0.5
 	// MaxClasses bounds a data set's label space.
 	MaxClasses = 1 << 20
-	// MaxSingleLabelClasses is the largest label space single-label
-	// training takes: the streamed sets' labels are int32 through the
-	// loss and the evaluation, but the evaluating rank holds a classes ×
-	// classes confusion matrix (2048² int64 = 32 MiB). Multi-label sets
-	// (BCE on float targets, no matrix) are bounded by MaxClasses only.
-	MaxSingleLabelClasses = 2048
+	// MaxClassAccuracyClasses is the largest label space whose per-class
+	// accuracies a job result carries (65,536 doubles = 512 KiB, well
+	// inside a message). Above it the result has the test accuracy alone;
+	// the evaluation itself takes any label space up to MaxClasses (its
+	// confusion matrix is held sparse beyond eval.DenseConfusionClasses).
+	MaxClassAccuracyClasses = 1 << 16
 	// MaxInMemoryClasses is the largest label space of an in-memory
 	// [data.Dataset] (byte labels): mode fedavg reads a streamed set into
 	// one, so its single-label sets are bounded by it.
@@ -165,9 +165,6 @@ func checkStreamedShape(d *pb.DatasetSpec) error {
 	}
 	if sh.Classes < 1 || sh.Classes > MaxClasses {
 		return errf("dataset.shape.classes", "%d out of range; allowed 1..%d", sh.Classes, MaxClasses)
-	}
-	if !sh.MultiLabel && sh.Classes > MaxSingleLabelClasses {
-		return errf("dataset.shape.classes", "%d classes: single-label training of more than %d classes %s (the evaluation's confusion matrix would be too large); multi-label sets may have up to %d", sh.Classes, MaxSingleLabelClasses, notImplementedSuffix, MaxClasses)
 	}
 	if n := len(sh.ClassNames); n != 0 && n != int(sh.Classes) {
 		return errf("dataset.shape.class_names", "has %d names for %d classes", n, sh.Classes)

@@ -32,9 +32,14 @@ func TestNormalizeDatasetFields(t *testing.T) {
 	if _, err = Normalize(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 20, 30, 1000), ImageSize: []int32{20, 30}}}, nil); err != nil {
 		t.Errorf("1000 single-label classes: %v", err)
 	}
-	_, err = Normalize(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 20, 30, MaxSingleLabelClasses+1), ImageSize: []int32{20, 30}}}, nil)
-	if fe, ok := err.(*FieldError); !ok || fe.Field != "dataset.shape.classes" || !strings.Contains(fe.Msg, notImplementedSuffix) {
-		t.Errorf("%d single-label classes: %v; want not implemented yet", MaxSingleLabelClasses+1, err)
+	for _, k := range []int32{3000, 21_841, MaxClasses} { // ImageNet-21k's label space, and the bound
+		if _, err = Normalize(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 20, 30, k), ImageSize: []int32{20, 30}}}, nil); err != nil {
+			t.Errorf("%d single-label classes: %v", k, err)
+		}
+	}
+	_, err = Normalize(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 20, 30, MaxClasses+1), ImageSize: []int32{20, 30}}}, nil)
+	if fe, ok := err.(*FieldError); !ok || fe.Field != "dataset.shape.classes" {
+		t.Errorf("%d classes: %v; want refused naming dataset.shape.classes", MaxClasses+1, err)
 	}
 	got, err = Normalize(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "imagefolder",
 		Shape: &pb.DataShape{Channels: 3, Height: 20, Width: 30, Classes: 1000, MultiLabel: true}, ImageSize: []int32{20, 30}}}, nil)

@@ -325,13 +325,17 @@ func (s *streamed) evaluate(ctx context.Context, net *models.Network, res *pb.Jo
 // fillConfusion puts a confusion matrix's figures in res.
 func fillConfusion(res *pb.JobResult, conf *eval.Confusion) {
 	res.TestAccuracy = conf.Accuracy()
+	res.ConfusionMatrix = res.ConfusionMatrix[:0]
+	if conf.Classes() > jobspec.MaxClassAccuracyClasses {
+		res.ClassAccuracy = res.ClassAccuracy[:0]
+		return // too many for a message: the test accuracy only
+	}
 	res.ClassAccuracy = conf.ClassAccuracy(res.ClassAccuracy[:0])
 	for i, v := range res.ClassAccuracy {
 		if v != v { // no test example of this class
 			res.ClassAccuracy[i] = 0
 		}
 	}
-	res.ConfusionMatrix = res.ConfusionMatrix[:0]
 	if conf.Classes() > jobspec.MaxConfusionClasses {
 		return // too large for a message: the class accuracies only
 	}

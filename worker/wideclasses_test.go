@@ -21,10 +21,18 @@ import (
 // writeWideFolder writes an ImageFolder of 1×8×8 grayscale PNGs with
 // classes classes, folders c000, c001, … (so sorted order is numeric
 // order), perClass training images and one test image per class. Class
-// k's pixels are a binary code of k (pixel p is bright when bit p mod 9 of
-// k is set) plus noise, so the classes are linearly separable.
+// k's pixels are a binary code of k (pixel p is bright when bit p mod b of
+// k is set, b = 9 up to 512 classes, 12 up to 4096) plus noise, so the
+// classes are linearly separable.
 func writeWideFolder(t *testing.T, dir string, classes, perClass int) {
 	t.Helper()
+	bits := 9
+	if classes > 1<<9 {
+		bits = 12
+	}
+	if classes > 1<<bits {
+		t.Fatalf("writeWideFolder: %d classes; at most %d", classes, 1<<bits)
+	}
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, split := range []string{"train", "test"} {
 		n := perClass
@@ -32,7 +40,7 @@ func writeWideFolder(t *testing.T, dir string, classes, perClass int) {
 			n = 1
 		}
 		for k := range classes {
-			cd := filepath.Join(dir, split, fmt.Sprintf("c%03d", k))
+			cd := filepath.Join(dir, split, fmt.Sprintf("c%04d", k))
 			if err := os.MkdirAll(cd, 0o755); err != nil {
 				t.Fatal(err)
 			}
@@ -40,7 +48,7 @@ func writeWideFolder(t *testing.T, dir string, classes, perClass int) {
 				img := image.NewGray(image.Rect(0, 0, 8, 8))
 				for p := range 64 {
 					v := 40 + rng.IntN(30)
-					if k>>(p%9)&1 == 1 {
+					if k>>(p%bits)&1 == 1 {
 						v += 150
 					}
 					img.SetGray(p%8, p/8, color.Gray{Y: uint8(v)})
@@ -138,5 +146,54 @@ func TestWideLabelSpace(t *testing.T) {
 	}
 	if high == 0 {
 		t.Errorf("no class above 255 is ever predicted correctly")
+	}
+}
+
+// TestWideLabelSpaceSparse: 2,100 single-label classes — past the 2,048
+// that jobspec refused before and past eval.DenseConfusionClasses, so the
+// evaluation holds its confusion matrix sparse — train to far above
+// chance, with a per-class accuracy for every class and no matrix in the
+// result.
+func TestWideLabelSpaceSparse(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 6,300 PNGs")
+	}
+	const classes = 2100
+	dir := t.TempDir()
+	writeWideFolder(t, dir, classes, 2)
+	spec := streamedSpec(t, &pb.DatasetSpec{Name: "imagefolder", DataDir: dir, Channels: 1}, func(s *pb.JobSpec) {
+		s.Model = "logreg"
+		s.BatchSize = proto.Int32(16)
+		s.GradAccumSteps = 1
+		s.Epochs = proto.Int32(12)
+		s.LogEverySteps = 100000
+		s.EvalEveryEpoch = proto.Bool(false)
+	})
+	if k := spec.GetDataset().GetShape().GetClasses(); k != classes {
+		t.Fatalf("resolved %d classes, want %d", k, classes)
+	}
+	s, err := openStreamed(context.Background(), spec, "", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	sync := sgdSync{lr: 0.5}
+	res, err := trainerOver(t, spec, s, &sync, quietEnv()).run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d classes, logreg, 12 epochs of SGD on rank 0's half: test accuracy %.4f, loss %.4f", classes, res.TestAccuracy, res.TestLoss)
+	if res.TestAccuracy < 0.5 { // chance is 1/2100
+		t.Errorf("test accuracy %.4f, want ≥ 0.5 (chance 0.0005)", res.TestAccuracy)
+	}
+	if len(res.ClassAccuracy) != classes || len(res.ConfusionMatrix) != 0 {
+		t.Errorf("%d class accuracies and a %d-entry matrix, want %d and none", len(res.ClassAccuracy), len(res.ConfusionMatrix), classes)
+	}
+	var high float64
+	for _, a := range res.ClassAccuracy[2048:] {
+		high += a
+	}
+	if high == 0 {
+		t.Errorf("no class above 2047 is ever predicted correctly")
 	}
 }

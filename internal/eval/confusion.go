@@ -17,18 +17,55 @@ import (
 
 // Confusion is a confusion matrix over a fixed number of classes: entry
 // (t, p) counts the examples of true class t predicted as p.
+//
+// Up to [DenseConfusionClasses] classes the matrix is held dense
+// (classes² counters). Above, it is held sparse — per class its total and
+// its correct count, and the off-diagonal entries that are not zero in a
+// map — so its memory grows with the examples counted, not with classes²
+// (a 20,000-class matrix would take 3.2 GB dense). Every method gives the
+// same figures either way.
 type Confusion struct {
 	classes int
-	counts  []int64 // (classes, classes) row-major: counts[t*classes+p]
-	pred    []int   // Add's argmax scratch, grown to the largest batch
+	counts  []int64 // dense: (classes, classes) row-major, counts[t*classes+p]; nil when sparse
+
+	// sparse form (classes > DenseConfusionClasses)
+	rows []int64            // rows[t]: examples of class t
+	diag []int64            // diag[t]: examples of class t predicted as t
+	off  map[[2]int32]int64 // (t, p), t ≠ p: the non-zero off-diagonal entries
+
+	pred []int // Add's argmax scratch, grown to the largest batch
 }
+
+// DenseConfusionClasses is the largest label space whose confusion
+// matrix is held dense (1024² int64 = 8 MiB).
+const DenseConfusionClasses = 1024
 
 // NewConfusion returns an empty confusion matrix over classes ≥ 1 classes.
 func NewConfusion(classes int) *Confusion {
-	if classes < 1 {
+	if classes < 1 || classes > math.MaxInt32 {
 		panic(fmt.Sprintf("eval: NewConfusion: %d classes", classes))
 	}
+	if classes > DenseConfusionClasses {
+		return &Confusion{classes: classes, rows: make([]int64, classes), diag: make([]int64, classes), off: map[[2]int32]int64{}}
+	}
 	return &Confusion{classes: classes, counts: make([]int64, classes*classes)}
+}
+
+// sparse reports whether c holds its matrix in the sparse form.
+func (c *Confusion) sparse() bool { return c.counts == nil }
+
+// add counts one example of class t predicted as p.
+func (c *Confusion) add(t, p int, n int64) {
+	if !c.sparse() {
+		c.counts[t*c.classes+p] += n
+		return
+	}
+	c.rows[t] += n
+	if t == p {
+		c.diag[t] += n
+		return
+	}
+	c.off[[2]int32{int32(t), int32(p)}] += n
 }
 
 // Classes returns the number of classes.
@@ -76,7 +113,7 @@ func addPredictions[L Label](c *Confusion, pred []int, labels []L) {
 		if int(y) < 0 || int(y) >= c.classes || p < 0 || p >= c.classes {
 			panic(fmt.Sprintf("eval: Confusion.AddPredictions: sample %d: label %d, prediction %d, want both in [0, %d)", i, y, p, c.classes))
 		}
-		c.counts[int(y)*c.classes+p]++
+		c.add(int(y), p, 1)
 	}
 }
 
@@ -85,22 +122,63 @@ func (c *Confusion) Merge(o *Confusion) {
 	if o.classes != c.classes {
 		panic(fmt.Sprintf("eval: Confusion.Merge: %d classes into %d", o.classes, c.classes))
 	}
-	for i, v := range o.counts {
-		c.counts[i] += v
+	if !o.sparse() { // c is dense too: the form follows the class count
+		for i, v := range o.counts {
+			c.counts[i] += v
+		}
+		return
+	}
+	for t := range o.classes {
+		if d := o.diag[t]; d != 0 {
+			c.add(t, t, d)
+		}
+	}
+	for k, v := range o.off {
+		c.add(int(k[0]), int(k[1]), v)
 	}
 }
 
 // Reset clears the counts.
-func (c *Confusion) Reset() { clear(c.counts) }
+func (c *Confusion) Reset() {
+	if !c.sparse() {
+		clear(c.counts)
+		return
+	}
+	clear(c.rows)
+	clear(c.diag)
+	clear(c.off)
+}
 
 // Count returns how many examples of class label were predicted as pred.
-func (c *Confusion) Count(label, pred int) int64 { return c.counts[label*c.classes+pred] }
+func (c *Confusion) Count(label, pred int) int64 {
+	if !c.sparse() {
+		return c.counts[label*c.classes+pred]
+	}
+	if label < 0 || label >= c.classes || pred < 0 || pred >= c.classes {
+		panic(fmt.Sprintf("eval: Confusion.Count(%d, %d) of %d classes", label, pred, c.classes))
+	}
+	if label == pred {
+		return c.diag[label]
+	}
+	return c.off[[2]int32{int32(label), int32(pred)}]
+}
 
-// Matrix returns a copy of the counts as rows by true class.
+// Matrix returns a copy of the counts as rows by true class: classes²
+// values, whichever form c holds (callers bound classes first).
 func (c *Confusion) Matrix() [][]int64 {
 	m := make([][]int64, c.classes)
 	for t := range m {
-		m[t] = append([]int64(nil), c.counts[t*c.classes:(t+1)*c.classes]...)
+		if !c.sparse() {
+			m[t] = append([]int64(nil), c.counts[t*c.classes:(t+1)*c.classes]...)
+			continue
+		}
+		m[t] = make([]int64, c.classes)
+		m[t][t] = c.diag[t]
+	}
+	if c.sparse() {
+		for k, v := range c.off {
+			m[k[0]][k[1]] = v
+		}
 	}
 	return m
 }
@@ -111,6 +189,9 @@ func (c *Confusion) Total() int64 {
 	for _, v := range c.counts {
 		n += v
 	}
+	for _, v := range c.rows {
+		n += v
+	}
 	return n
 }
 
@@ -118,7 +199,27 @@ func (c *Confusion) Total() int64 {
 func (c *Confusion) Correct() int64 {
 	var n int64
 	for t := range c.classes {
-		n += c.counts[t*c.classes+t]
+		n += c.diagonal(t)
+	}
+	return n
+}
+
+// diagonal returns entry (t, t).
+func (c *Confusion) diagonal(t int) int64 {
+	if c.sparse() {
+		return c.diag[t]
+	}
+	return c.counts[t*c.classes+t]
+}
+
+// row returns how many examples of class t were counted.
+func (c *Confusion) row(t int) int64 {
+	if c.sparse() {
+		return c.rows[t]
+	}
+	var n int64
+	for _, v := range c.counts[t*c.classes : (t+1)*c.classes] {
+		n += v
 	}
 	return n
 }
@@ -139,13 +240,10 @@ func (c *Confusion) Accuracy() float64 {
 func (c *Confusion) ClassAccuracy(dst []float64) []float64 {
 	dst = resize(dst, c.classes)
 	for t := range c.classes {
-		var n int64
-		for _, v := range c.counts[t*c.classes : (t+1)*c.classes] {
-			n += v
-		}
+		n := c.row(t)
 		dst[t] = math.NaN()
 		if n > 0 {
-			dst[t] = float64(c.counts[t*c.classes+t]) / float64(n)
+			dst[t] = float64(c.diagonal(t)) / float64(n)
 		}
 	}
 	return dst
