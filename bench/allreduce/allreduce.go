@@ -121,6 +121,9 @@ type rankTimes struct {
 	Rank      int     `json:"rank"`
 	SizeBytes int64   `json:"size_bytes"`
 	TimesNS   []int64 `json:"times_ns"`
+	// Transport is the data plane the rank's ring really ran on, so the
+	// parent can refuse a table whose label does not match it.
+	Transport string `json:"transport,omitempty"`
 }
 
 // summarize turns per-rep slowest-rank times into a Result.
@@ -271,6 +274,9 @@ func collect(transport string, o Options, all []rankTimes) ([]Result, error) {
 			if len(t.TimesNS) != o.Reps {
 				return nil, fmt.Errorf("allreduce: rank %d reported %d reps for %d bytes, want %d", t.Rank, len(t.TimesNS), size, o.Reps)
 			}
+			if t.Transport != "" && t.Transport != transport {
+				return nil, fmt.Errorf("allreduce: rank %d ran on %s, not on the %s asked for", t.Rank, t.Transport, transport)
+			}
 			seen++
 			for i, ns := range t.TimesNS {
 				slowest[i] = max(slowest[i], time.Duration(ns))
@@ -400,7 +406,11 @@ func RunChild(ctx context.Context, c ChildOptions) error {
 		data = shm
 	}
 	enc := json.NewEncoder(c.Out)
-	if err := runRank(ctx, data, c.Options, func(t rankTimes) error { return enc.Encode(t) }); err != nil {
+	transport := TransportGRPC
+	if _, ok := data.(*shmring.Ring); ok {
+		transport = TransportSHM
+	}
+	if err := runRank(ctx, data, c.Options, func(t rankTimes) error { t.Transport = transport; return enc.Encode(t) }); err != nil {
 		return err
 	}
 	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
@@ -419,11 +429,13 @@ type ParentOptions struct {
 	Stderr io.Writer
 }
 
-// RunParent runs the benchmark. For TransportGRPC it starts o.Ranks
-// processes `exe childArgs(rank, peers)...`, which must call RunChild with
-// the options ParseChildArgs returns for ChildArgs(o.Options, rank,
-// peers); for TransportMem it runs RunMem.
-func RunParent(ctx context.Context, o ParentOptions, exe string, childArgs func(rank int, peers []string) []string) ([]Result, error) {
+// RunParent runs the benchmark. For TransportGRPC and TransportSHM it
+// starts o.Ranks processes `exe prefix... ChildArgs(...)...`, which must
+// call RunChild with the options ParseChildArgs returns; for TransportMem
+// it runs RunMem. RunParent renders the children's flags itself, from the
+// options it runs with (shared memory on for TransportSHM), and refuses
+// results that a child reports from another data plane than asked for.
+func RunParent(ctx context.Context, o ParentOptions, exe string, prefix []string) ([]Result, error) {
 	o.Options = o.withDefaults()
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -453,7 +465,7 @@ func RunParent(ctx context.Context, o ParentOptions, exe string, childArgs func(
 		errs = make([]error, o.Ranks)
 	)
 	for rank := range o.Ranks {
-		cmd := exec.CommandContext(ctx, exe, childArgs(rank, peers)...)
+		cmd := exec.CommandContext(ctx, exe, append(slices.Clone(prefix), ChildArgs(o.Options, rank, peers)...)...)
 		cmd.Env = append(os.Environ(), o.Env...)
 		cmd.Stderr = o.Stderr
 		out, err := cmd.StdoutPipe()

@@ -3,6 +3,7 @@ package allreduce
 import (
 	"context"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -51,9 +52,7 @@ func runProcs(t *testing.T, o ParentOptions) []Result {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	o.Env = append(o.Env, childEnv+"=1")
-	rs, err := RunParent(ctx, o, os.Args[0], func(rank int, peers []string) []string {
-		return append([]string{"-test.run=^$", "--"}, ChildArgs(o.Options, rank, peers)...)
-	})
+	rs, err := RunParent(ctx, o, os.Args[0], []string{"-test.run=^$", "--"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,6 +65,34 @@ func TestProcesses(t *testing.T) {
 		if len(rs) != 2 || rs[1].SizeBytes != 1<<20 || rs[1].Ranks != n || rs[1].TimeMS <= 0 {
 			t.Fatalf("n=%d: %+v", n, rs)
 		}
+	}
+}
+
+// TestProcessesSharedMemory: with TransportSHM the rank processes move
+// their ring to shared memory and say so in their results (RunParent
+// refuses results from another data plane than asked for: once the flag
+// did not reach the children and "shm" rows were measured on gRPC).
+func TestProcessesSharedMemory(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared-memory rings are Linux-only")
+	}
+	for _, n := range []int{2, 3} {
+		rs := runProcs(t, ParentOptions{Transport: TransportSHM, Options: Options{Ranks: n, Sizes: []int64{4 << 10, 1 << 20}, Reps: 3, Warmup: 1}})
+		if len(rs) != 2 || rs[1].Transport != TransportSHM || rs[1].Ranks != n || rs[1].TimeMS <= 0 {
+			t.Fatalf("n=%d: %+v", n, rs)
+		}
+	}
+}
+
+// TestCollectRefusesAnotherTransport: a rank that reports a data plane
+// other than the one asked for fails the run.
+func TestCollectRefusesAnotherTransport(t *testing.T) {
+	o := Options{Ranks: 1, Sizes: []int64{4}, Reps: 1}
+	if _, err := collect(TransportSHM, o, []rankTimes{{Rank: 0, SizeBytes: 4, TimesNS: []int64{1}, Transport: TransportGRPC}}); err == nil {
+		t.Fatal("a gRPC rank's times accepted as shm")
+	}
+	if _, err := collect(TransportSHM, o, []rankTimes{{Rank: 0, SizeBytes: 4, TimesNS: []int64{1}, Transport: TransportSHM}}); err != nil {
+		t.Fatal(err)
 	}
 }
 

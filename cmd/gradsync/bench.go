@@ -52,9 +52,7 @@ func newBenchAllReduceCmd(g *globals) *cobra.Command {
 			if cpuProfile != "" {
 				o.Env = append(o.Env, cpuProfileEnv+"="+cpuProfile)
 			}
-			rs, err := allreduce.RunParent(c.Context(), o, exe, func(rank int, peers []string) []string {
-				return append([]string{"bench", allReduceChild}, allreduce.ChildArgs(o.Options, rank, peers)...)
-			})
+			rs, err := allreduce.RunParent(c.Context(), o, exe, []string{"bench", allReduceChild})
 			if err != nil {
 				return err
 			}
@@ -72,7 +70,7 @@ func newBenchAllReduceCmd(g *globals) *cobra.Command {
 	f.IntVar(&o.Warmup, "warmup", 3, "untimed repetitions first")
 	f.IntVar(&o.FrameElems, "frame-elems", 0, "float32 values per ring frame (0: the collectives' default, 1 MiB of data)")
 	f.IntVar(&o.InboxFrames, "inbox-frames", 0, "grpc: frames a rank may hold received but not yet reduced (0: ringrpc's default)")
-	f.StringVar(&cpuProfile, "cpuprofile", "", "grpc: write each rank's CPU profile to this `prefix` followed by the rank and .pprof")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "grpc, shm: write each rank's CPU profile to this `prefix` followed by the rank and .pprof")
 	return c
 }
 
