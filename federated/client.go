@@ -28,6 +28,12 @@ type LocalConfig struct {
 // Trainer trains clients locally: a network and buffers sized once for
 // the largest batch it will see. It is not safe for concurrent use; run
 // one per goroutine.
+//
+// With fp16 each local training run has a loss scaler of its own that
+// starts afresh (GradScaler's defaults: 2^16, ×2 after 2,000 clean steps,
+// ×0.5 and the step skipped on inf/NaN), so a client's update stays a
+// pure function of its inputs whichever trainer runs it; Skipped says how
+// many of its steps were skipped.
 type Trainer struct {
 	net     *models.Network
 	sgd     optim.SGD
@@ -35,13 +41,20 @@ type Trainer struct {
 	x       []float32
 	y       []uint8
 	dlogits []float32
+	skipped int // steps the last Train skipped (fp16: non-finite gradients)
 }
 
 // NewTrainer returns a trainer for model over images shaped like ds, for
-// local data sets of at most maxLocal examples and batch B (0: whole).
-func NewTrainer(model string, ds *data.Dataset, seed int64, maxLocal, batch int) (*Trainer, error) {
+// local data sets of at most maxLocal examples and batch B (0: whole),
+// whose matrix products run in precision prec (models.FP32, BF16 or
+// FP16, autocast semantics; master weights and the optimiser in fp32).
+func NewTrainer(model string, ds *data.Dataset, seed int64, maxLocal, batch int, prec models.Precision) (*Trainer, error) {
 	net, err := models.New(model, models.Options{Channels: ds.C, Height: ds.H, Width: ds.W, Classes: ds.Classes, Seed: seed})
 	if err != nil {
+		return nil, err
+	}
+	if err := net.SetPrecision(prec); err != nil {
+		net.Close()
 		return nil, err
 	}
 	b := maxLocal
@@ -59,6 +72,10 @@ func NewTrainer(model string, ds *data.Dataset, seed int64, maxLocal, batch int)
 // buffers are the client's.
 func (t *Trainer) Network() *models.Network { return t.net }
 
+// Skipped returns how many steps the last Train skipped because the fp16
+// loss scaler found inf or NaN gradients (always 0 in fp32 and bf16).
+func (t *Trainer) Skipped() int { return t.skipped }
+
 // Train runs a client's local epochs on ds[idx] starting from the global
 // parameters start and buffers startBufs (nil: keep the network's), and
 // returns its mean loss over the last epoch (0 with no examples, when the
@@ -72,9 +89,14 @@ func (t *Trainer) Train(ds *data.Dataset, idx []int, start, startBufs []float32,
 		copy(t.net.Buffers(), startBufs)
 	}
 	t.idx = append(t.idx[:0], idx...)
+	t.skipped = 0
 	n := len(t.idx)
 	if n == 0 {
 		return 0
+	}
+	var scaler *optim.LossScaler
+	if t.net.Precision() == models.FP16 {
+		scaler, _ = optim.NewLossScaler(optim.ScalerConfig{}) // the defaults are valid
 	}
 	t.net.SetDropoutStream(splitmix64(uint64(cfg.Round)<<32 ^ uint64(cfg.Client)))
 	t.sgd.LR = cfg.LR
@@ -101,10 +123,20 @@ func (t *Trainer) Train(ds *data.Dataset, idx []int, start, startBufs []float32,
 			} else {
 				l = models.SoftmaxCrossEntropy(logits, y, classes, dl)
 			}
+			sum += float64(l) * float64(b)
+			if scaler != nil {
+				sc := scaler.Scale()
+				for i := range dl {
+					dl[i] *= sc
+				}
+			}
 			t.net.Backward(dl)
+			if scaler != nil && !scaler.Update(scaler.Unscale(grads)) {
+				t.skipped++
+				continue
+			}
 			AddProximal(grads, params, start, cfg.Mu)
 			t.sgd.Step(params, grads)
-			sum += float64(l) * float64(b)
 		}
 		last = sum / float64(n)
 	}

@@ -63,6 +63,10 @@ type SimConfig struct {
 	// Seed seeds the model's initial parameters, client sampling, local
 	// shuffles and stragglers.
 	Seed int64
+	// Precision is the arithmetic of the clients' matrix products (and
+	// of the global model's evaluation): models.FP32 (the zero value),
+	// BF16 or FP16 (each local run with a fresh loss scaler: Trainer).
+	Precision models.Precision
 	// Parallel is how many clients train at once, each on its own network
 	// (0: GOMAXPROCS). Results do not depend on it: every client trains
 	// from the round's global model with randomness drawn from (Seed,
@@ -114,6 +118,7 @@ type Record struct {
 	UpdateNorm   float64 // ‖Δ‖₂ of the combined delta
 	LabelHists   [][]int // LabelHists[i] is Participants[i]'s label histogram
 	Examples     int     // training examples processed in this round (local data × E, over the clients that trained)
+	Skipped      int     // local steps the clients skipped in this round (fp16: inf/NaN gradients)
 }
 
 // History is the outcome of a simulation.
@@ -240,12 +245,15 @@ type Sim struct {
 	losses   []float64   // per sampled slot, its last-epoch loss
 	trained  []bool      // per sampled slot, whether it answered
 	examples int         // examples trained since the last closed round
-	slotBufs [][]float32 // per sampled slot, its network's buffers after training (batch norm)
-	evalX    []float32
-	evalY    []uint8
-	evalPred []int
-	now      time.Time
-	hist     History
+	skipped  int         // local steps skipped (fp16) since the last closed round
+
+	slotSkipped []int       // per sampled slot, the steps its client skipped
+	slotBufs    [][]float32 // per sampled slot, its network's buffers after training (batch norm)
+	evalX       []float32
+	evalY       []uint8
+	evalPred    []int
+	now         time.Time
+	hist        History
 	// The state of the last closed round (or the start) that Snapshot
 	// does not read from the server: its number, the rounds closed by
 	// then, and the network's buffers then (later clients change them).
@@ -262,6 +270,9 @@ func NewSim(cfg SimConfig) (*Sim, error) {
 	tr := cfg.Train
 	net, err := models.New(cfg.Model, models.Options{Channels: tr.C, Height: tr.H, Width: tr.W, Classes: tr.Classes, Seed: cfg.Seed})
 	if err != nil {
+		return nil, err
+	}
+	if err := net.SetPrecision(cfg.Precision); err != nil {
 		return nil, err
 	}
 	strat, err := NewStrategy(cfg.Strategy)
@@ -315,13 +326,13 @@ func NewSim(cfg SimConfig) (*Sim, error) {
 		par = runtime.GOMAXPROCS(0)
 	}
 	for range min(par, max(m, 1)) {
-		t, err := NewTrainer(cfg.Model, tr, cfg.Seed, maxLocal, cfg.LocalBatch)
+		t, err := NewTrainer(cfg.Model, tr, cfg.Seed, maxLocal, cfg.LocalBatch, cfg.Precision)
 		if err != nil {
 			return nil, err
 		}
 		s.trainers = append(s.trainers, t)
 	}
-	s.losses, s.trained = make([]float64, m), make([]bool, m)
+	s.losses, s.trained, s.slotSkipped = make([]float64, m), make([]bool, m), make([]int, m)
 	if len(net.Buffers()) > 0 {
 		for range m {
 			s.slotBufs = append(s.slotBufs, make([]float32, len(net.Buffers())))
@@ -439,6 +450,9 @@ func (s *Sim) trainAll(ctx context.Context, open *OpenRound) error {
 			s.examples += len(s.cfg.Partition[k]) * max(s.cfg.LocalEpochs, 1)
 		}
 	}
+	for _, i := range todo {
+		s.slotSkipped[i] = 0
+	}
 	startBufs := s.closeBufs
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -457,6 +471,7 @@ func (s *Sim) trainAll(ctx context.Context, open *OpenRound) error {
 					cfg.ClassWeights = s.cw[k]
 				}
 				s.losses[i] = t.Train(s.cfg.Train, s.cfg.Partition[k], s.start, startBufs, cfg)
+				s.slotSkipped[i] = t.Skipped()
 				delta := s.deltas[i]
 				for j, p := range t.net.Params() {
 					delta[j] = p - s.start[j]
@@ -468,6 +483,9 @@ func (s *Sim) trainAll(ctx context.Context, open *OpenRound) error {
 		})
 	}
 	wg.Wait()
+	for _, i := range todo {
+		s.skipped += s.slotSkipped[i]
+	}
 	return ctx.Err()
 }
 
@@ -506,8 +524,8 @@ func (s *Sim) mergeBuffers(open *OpenRound) {
 
 func (s *Sim) closed(c *RoundClosed) {
 	rec := Record{Round: c.Round, Participants: c.Participants, Missing: c.Missing,
-		UpdateNorm: c.Stats.DeltaNorm, TrainLoss: c.Stats.TrainLoss, Examples: s.examples}
-	s.examples = 0
+		UpdateNorm: c.Stats.DeltaNorm, TrainLoss: c.Stats.TrainLoss, Examples: s.examples, Skipped: s.skipped}
+	s.examples, s.skipped = 0, 0
 	for _, k := range c.Participants {
 		rec.LabelHists = append(rec.LabelHists, slices.Clone(s.hists[k]))
 	}

@@ -357,11 +357,8 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 		if !lowPrecisionChecked(s.Model) {
 			return nil, errf("precision", "%s is not yet checked for model %s (its low-precision gradients are outside the engine's bounds); use fp32", s.Precision, s.Model)
 		}
-		if s.Mode == "fedavg" {
-			return nil, errf("precision", "%s applies to modes ps and ring; fedavg clients compute in fp32", s.Precision)
-		}
-		if s.Precision == "fp16" && s.Mode != "ring" {
-			return nil, errf("precision", "fp16 (with its loss scaler) runs in mode ring only so far; bf16 needs no scaler and runs in ps mode too")
+		if s.Precision == "fp16" && s.Mode == "ps" {
+			return nil, errf("precision", "fp16 (with its loss scaler) runs in modes ring and fedavg (a scaler per client's local run) only so far; bf16 needs no scaler and runs in ps mode too")
 		}
 		switch t := s.Compression.GetType(); {
 		case s.Precision != "fp16", t == "none", t == "fp16", t == "bf16":

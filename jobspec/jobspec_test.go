@@ -190,8 +190,7 @@ func TestNormalizeRejects(t *testing.T) {
 		{"nonfinite policy", &pb.JobSpec{NonfinitePolicy: "ignore"}, "nonfinite_policy", "unknown policy"},
 		{"activation checkpointing", &pb.JobSpec{ActivationCheckpointing: "layers"}, "activation_checkpointing", "allowed: none, blocks, sqrt"},
 		{"precision", &pb.JobSpec{Precision: "fp8"}, "precision", "unknown precision"},
-		{"fp16 in ps mode", &pb.JobSpec{Precision: "fp16"}, "precision", "ring only"},
-		{"bf16 in fedavg", &pb.JobSpec{Mode: "fedavg", Precision: "bf16"}, "precision", "ps and ring"},
+		{"fp16 in ps mode", &pb.JobSpec{Precision: "fp16"}, "precision", "modes ring and fedavg"},
 		{"fp16 with powersgd", &pb.JobSpec{Mode: "ring", Precision: "fp16", Compression: &pb.CompressionSpec{Type: "powersgd"}}, "precision", "error feedback"},
 		{"schedule unknown", &pb.JobSpec{LrSchedule: &pb.ScheduleSpec{Name: "exp"}}, "lr_schedule.name", "unknown schedule"},
 		{"schedule step without size", &pb.JobSpec{LrSchedule: &pb.ScheduleSpec{Name: "step"}}, "lr_schedule.step_size", "step_size"},
@@ -475,5 +474,16 @@ func TestRealClients(t *testing.T) {
 	if RealClients(got) || got.Federated.Clients != DefaultClients || got.Partition.GetType() != defaultPartition {
 		t.Errorf("1 worker: real %v, clients %d, partition %v; want a simulation of %d clients, %s", RealClients(got),
 			got.Federated.Clients, got.Partition, DefaultClients, defaultPartition)
+	}
+}
+
+// TestFedavgPrecision: fedavg clients train in bf16 or fp16 (a loss scaler
+// per local run), so Normalize keeps either for mode fedavg.
+func TestFedavgPrecision(t *testing.T) {
+	for _, p := range []string{"bf16", "fp16"} {
+		got, err := Normalize(&pb.JobSpec{Mode: "fedavg", Precision: p}, nil)
+		if err != nil || got.Precision != p {
+			t.Errorf("fedavg with %s: %v (precision %q)", p, err, got.GetPrecision())
+		}
 	}
 }

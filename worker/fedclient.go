@@ -14,6 +14,7 @@ import (
 	"github.com/gradsync/gradsync/federated"
 	"github.com/gradsync/gradsync/internal/kernels"
 	"github.com/gradsync/gradsync/internal/wire"
+	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -61,7 +62,11 @@ func runFedClient(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 		idx = parts[k]
 	}
 	f := spec.GetFederated()
-	trainer, err := federated.NewTrainer(spec.GetModel(), train, spec.GetSeed(), len(idx), int(f.GetLocalBatchSize()))
+	prec, err := models.ParsePrecision(spec.GetPrecision())
+	if err != nil {
+		return nil, err
+	}
+	trainer, err := federated.NewTrainer(spec.GetModel(), train, spec.GetSeed(), len(idx), int(f.GetLocalBatchSize()), prec)
 	if err != nil {
 		return nil, err
 	}
@@ -213,6 +218,7 @@ func (c *fedClient) trainAndSend(ctx context.Context, stream pb.Federation_Parti
 	for i, p := range c.trainer.Network().Params() {
 		c.delta[i] = p - c.global[i]
 	}
+	c.res.SkippedSteps += int64(c.trainer.Skipped())
 	secs := time.Since(start).Seconds()
 	c.env.log.Debug("federated round trained", "job", c.a.JobId, "client", c.a.Rank, "round", rs.Round, "loss", loss, "seconds", secs)
 	if secs > 0 {

@@ -69,8 +69,14 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 	start := time.Now()
 	lastRound, examples := start, 0 // for images/s: examples trained by the clients
 	res := &pb.JobResult{GemmBackend: kernels.Backend()}
+	prec, err := models.ParsePrecision(spec.GetPrecision())
+	if err != nil {
+		return nil, err
+	}
+	var skipped int64 // local steps the clients skipped (fp16)
 	cfg := federated.SimConfig{
-		Train: train, Test: test, Partition: parts, Model: spec.GetModel(), Rounds: int(rounds),
+		Precision: prec,
+		Train:     train, Test: test, Partition: parts, Model: spec.GetModel(), Rounds: int(rounds),
 		Fraction: f.GetFraction(), LocalEpochs: int(f.GetLocalEpochs()), LocalBatch: int(f.GetLocalBatchSize()),
 		ClientLR: float32(f.GetClientLr()), Mu: float32(f.GetMu()),
 		Strategy: federated.StrategyConfig{Name: f.GetStrategy(), Weighting: weighting,
@@ -83,9 +89,10 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 			done := int64(r.Round)
 			ips := float64(r.Examples) / max(now.Sub(lastRound).Seconds(), 1e-9)
 			lastRound, examples = now, examples+r.Examples
+			skipped += int64(r.Skipped)
 			env.rep.trySend(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Progress{Progress: &pb.TaskProgress{
 				JobId: a.JobId, Generation: a.Generation, Rank: a.Rank, Progress: &pb.Progress{
-					Epoch: int32(r.Round), Step: done, TotalSteps: rounds, Loss: r.TrainLoss,
+					Epoch: int32(r.Round), Step: done, TotalSteps: rounds, Loss: r.TrainLoss, SkippedSteps: skipped,
 					LearningRate: f.GetClientLr(), ElapsedSeconds: elapsed, ImagesPerSecond: ips,
 					EtaSeconds: elapsed / float64(max(done-firstDone, 1)) * float64(rounds-done),
 				}}}})
@@ -148,6 +155,7 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 	res.TestAccuracy, res.TestLoss = h.FinalAcc, h.FinalLoss
 	res.ParameterChecksum = models.Checksum(sim.Global())
 	res.ImagesPerSecond = float64(examples) / max(time.Since(start).Seconds(), 1e-9)
+	res.SkippedSteps = skipped
 	if n := len(h.Records); n > 0 {
 		res.TrainLoss = h.Records[n-1].TrainLoss
 		res.Epochs, res.Steps = int32(h.Records[n-1].Round), int64(h.Records[n-1].Round)

@@ -83,7 +83,8 @@ type JobSpec struct {
 	// Arithmetic of the engine's steps: "fp32" (default, or empty), "bf16"
 	// or "fp16" (autocast: matrix products and convolutions in the low
 	// precision with fp32 accumulation, fp32 master weights; fp16 with a
-	// dynamic loss scaler).
+	// dynamic loss scaler). Modes ps (bf16 only), ring and fedavg (each
+	// client's local run with a loss scaler of its own).
 	Precision string `protobuf:"bytes,31,opt,name=precision,proto3" json:"precision,omitempty"`
 	// Run a user's command on every worker of the gang instead of gradsync's
 	// own engine (mode ring, the default for such jobs): each worker starts it
