@@ -8,7 +8,16 @@
 //     al. 2019 §3): fc1 column-parallel and fc2 row-parallel around a
 //     GELU, the hidden units split over L ranks (Span; uneven shards when
 //     L does not divide them), with exactly one all-reduce in forward (g,
-//     after fc2) and one in backward (f, the input gradient).
+//     after fc2) and one in backward (f, the input gradient);
+//   - Megatron's attention split by heads (attention.go): the packed
+//     q/k/v in-projection column-parallel by heads (each rank its heads'
+//     rows of in_proj_weight in each of the q, k and v blocks; uneven head
+//     counts allowed, T > Heads refused), out_proj row-parallel, again
+//     one all-reduce forward and one backward, b·s·D values each.
+//
+// The row-parallel half (fc2, out_proj) is one piece of code
+// (rowparallel), and so is the shape handshake every constructor does
+// (agree: one Max all-reduce of the sizes and their negatives).
 //
 // The ranks talk through a Group (group.go), a collective interface small
 // enough for the in-memory ring of tests and the gRPC ring of jobs:
@@ -19,7 +28,7 @@
 // step against its formula exactly.
 //
 // Each sharded layer copies its shard out of the whole layer's tensors in
-// PyTorch's layout (SetFromFull), and the MLP also back into them
+// PyTorch's layout (SetFromFull), and the MLP and attention also back into them
 // (CopyParamsTo, CopyGradsTo), so tests compare it with the unsharded
 // layers of models.
 package tensorpar
