@@ -13,7 +13,11 @@
 //     q/k/v in-projection column-parallel by heads (each rank its heads'
 //     rows of in_proj_weight in each of the q, k and v blocks; uneven head
 //     counts allowed, T > Heads refused), out_proj row-parallel, again
-//     one all-reduce forward and one backward, b·s·D values each.
+//     one all-reduce forward and one backward, b·s·D values each;
+//   - the tensor-parallel pre-norm transformer block (block.go), vit-tiny's
+//     x += attn(norm1(x)); x += mlp(norm2(x)) from the two, its layer norms
+//     and residual adds replicated: exactly 2 all-reduces of b·s·D values
+//     forward and 2 backward, Megatron's four per layer.
 //
 // The row-parallel half (fc2, out_proj) is one piece of code
 // (rowparallel), and so is the shape handshake every constructor does
