@@ -17,7 +17,26 @@
 //   - the tensor-parallel pre-norm transformer block (block.go), vit-tiny's
 //     x += attn(norm1(x)); x += mlp(norm2(x)) from the two, its layer norms
 //     and residual adds replicated: exactly 2 all-reduces of b·s·D values
-//     forward and 2 backward, Megatron's four per layer.
+//     forward and 2 backward, Megatron's four per layer;
+//   - the spatially sharded convolution (spatial.go, DistConv: Dryden et
+//     al. 2019), models.Conv2D's function over images whose rows are split
+//     into F strips (Strips; uneven allowed): each rank receives the input
+//     rows its windows read from its strip neighbours (the halo, HaloRows:
+//     from kernel, stride, padding and dilation) before its convolution,
+//     and sends them their gradients in backward; the replicated weight's
+//     gradient is each rank's share, summed with the data-parallel
+//     all-reduce.
+//
+// Spatial ranks talk point to point through a Halo (halo.go): one
+// Exchange sends a frame to each strip neighbour and receives one from
+// each. Its frames (HaloFrame: group, exchange number, sender, side,
+// values; EncodeHaloFrame, DecodeHaloFrame, fuzzed) are checked on
+// arrival, and a frame of another group, sender, side, exchange or length
+// is refused and never used. MemHalo is the in-memory implementation for
+// tests; the gRPC one is to come over the pipeline's peer links (one
+// bidirectional stream per neighbouring pair, as pipeline/peerrpc), or
+// over two rings (one per direction). CountingHalo counts the values
+// exchanged per side, so tests check them against the formula exactly.
 //
 // The row-parallel half (fc2, out_proj) is one piece of code
 // (rowparallel), and so is the shape handshake every constructor does
