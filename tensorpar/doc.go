@@ -25,7 +25,8 @@
 //     from kernel, stride, padding and dilation) before its convolution,
 //     and sends them their gradients in backward; the replicated weight's
 //     gradient is each rank's share, summed with the data-parallel
-//     all-reduce.
+//     all-reduce; and the max and average pools (SpatialPool) with the
+//     same halo machinery (rowHalo).
 //
 // Spatial ranks talk point to point through a Halo (halo.go): one
 // Exchange sends a frame to each strip neighbour and receives one from

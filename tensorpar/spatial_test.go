@@ -350,3 +350,131 @@ func TestSpatialConvRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestSpatialPoolMatchesUnsharded checks strip-sharded max and average
+// pools against models' MaxPool2D and AvgPool2D over the whole image,
+// for 2×2 and 3×3 windows with stride 1 and 2, F = 1..4 strips of an odd
+// height: outputs within 1e-5 and input gradients within 1e-4 (max pools
+// route to the same maxima, so theirs are exact), and the rows exchanged
+// counted as for the convolution.
+func TestSpatialPoolMatchesUnsharded(t *testing.T) {
+	for _, maxPool := range []bool{true, false} {
+		for _, kc := range [][2]int{{2, 2}, {3, 2}, {3, 1}, {2, 1}} {
+			for f := 1; f <= 4; f++ {
+				g := models.PoolGeom{C: 3, H: 17, W: 7, K: kc[0], Stride: kc[1]}
+				name := fmt.Sprintf("max%v_k%d_s%d_F%d", maxPool, g.K, g.Stride, f)
+				t.Run(name, func(t *testing.T) {
+					const batch = 2
+					rng := rand.New(rand.NewPCG(uint64(f), uint64(g.K*10+g.Stride)))
+					oh, ow := g.OutH(), g.OutW()
+					x := randn(rng, batch*g.C*g.H*g.W, 1)
+					dy := randn(rng, batch*g.C*oh*ow, 1)
+					var ref models.Layer = models.NewAvgPool2D(g)
+					if maxPool {
+						ref = models.NewMaxPool2D(g)
+					}
+					wantY := append([]float32(nil), ref.Forward(x, batch, true)...)
+					wantDx := ref.Backward(dy)
+					hs := halos(f)
+					ls := make([]*tensorpar.SpatialPool, f)
+					ys, dxs := make([][]float32, f), make([][]float32, f)
+					err := each(f, func(ctx context.Context, r int) error {
+						l, err := tensorpar.NewSpatialPool(ctx, hs[r], g, maxPool, nil, nil)
+						if err != nil {
+							return err
+						}
+						ls[r] = l
+						hs[r].Reset()
+						y, err := l.Forward(ctx, stripRows(x, batch*g.C, g.H, g.W, l.Lo, l.Hi), batch)
+						if err != nil {
+							return err
+						}
+						ys[r] = append([]float32(nil), y...)
+						dxs[r], err = l.Backward(ctx, stripRows(dy, batch*g.C, oh, ow, l.OLo, l.OHi))
+						return err
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+					cmp := newComparer(t, false)
+					var rowsSent []int
+					for r, l := range ls {
+						cmp.check(fmt.Sprintf("rank %d y", r), ys[r], stripRows(wantY, batch*g.C, oh, ow, l.OLo, l.OHi), 1e-5)
+						cmp.check(fmt.Sprintf("rank %d dx", r), dxs[r], stripRows(wantDx, batch*g.C, g.H, g.W, l.Lo, l.Hi), 1e-4)
+						plane := int64(batch * g.C * g.W)
+						var toA, toB, fromA, fromB int64
+						if r > 0 {
+							toA = plane * int64(haloCount(readRows(g.K, g.Stride, 0, g.H, ls[r-1].OLo, ls[r-1].OHi), l.Lo, l.Hi))
+							fromA = plane * int64(haloCount(readRows(g.K, g.Stride, 0, g.H, l.OLo, l.OHi), ls[r-1].Lo, ls[r-1].Hi))
+						}
+						if r < f-1 {
+							toB = plane * int64(haloCount(readRows(g.K, g.Stride, 0, g.H, ls[r+1].OLo, ls[r+1].OHi), l.Lo, l.Hi))
+							fromB = plane * int64(haloCount(readRows(g.K, g.Stride, 0, g.H, l.OLo, l.OHi), ls[r+1].Lo, ls[r+1].Hi))
+							rowsSent = append(rowsSent, int(toB/plane))
+						}
+						want := tensorpar.HaloCounts{Exchanges: 2, SentAbove: toA + fromA, SentBelow: toB + fromB, RecvAbove: fromA + toA, RecvBelow: fromB + toB}
+						if got := hs[r].Counts(); got != want {
+							t.Errorf("rank %d: halo counts %+v, want %+v", r, got, want)
+						}
+					}
+					t.Logf("rows sent down per interior boundary per image per channel %v; %v", rowsSent, cmp)
+				})
+			}
+		}
+	}
+}
+
+// TestSpatialPoolGradFiniteDifference checks the sharded pools' input
+// gradients by central differences, overlapping 3×3 windows of stride 2
+// over 3 strips.
+func TestSpatialPoolGradFiniteDifference(t *testing.T) {
+	for _, maxPool := range []bool{true, false} {
+		g := models.PoolGeom{C: 2, H: 11, W: 5, K: 3, Stride: 2}
+		const batch, f = 2, 3
+		rng := rand.New(rand.NewPCG(5, 6))
+		x := randn(rng, batch*g.C*g.H*g.W, 1)
+		proj := randn(rng, batch*g.C*g.OutH()*g.OutW(), 1)
+		hs := halos(f)
+		ls := make([]*tensorpar.SpatialPool, f)
+		if err := each(f, func(ctx context.Context, r int) error {
+			var err error
+			ls[r], err = tensorpar.NewSpatialPool(ctx, hs[r], g, maxPool, nil, nil)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		dx := make([]float32, len(x))
+		step := func(backward bool) float64 {
+			objs := make([]float64, f)
+			err := each(f, func(ctx context.Context, r int) error {
+				l := ls[r]
+				y, err := l.Forward(ctx, stripRows(x, batch*g.C, g.H, g.W, l.Lo, l.Hi), batch)
+				if err != nil {
+					return err
+				}
+				pr := stripRows(proj, batch*g.C, g.OutH(), g.OutW(), l.OLo, l.OHi)
+				for i, v := range y {
+					objs[r] += float64(v) * float64(pr[i])
+				}
+				if !backward {
+					return nil
+				}
+				d, err := l.Backward(ctx, pr)
+				if err != nil {
+					return err
+				}
+				own := l.Hi - l.Lo
+				for p := range batch * g.C {
+					copy(dx[(p*g.H+l.Lo)*g.W:(p*g.H+l.Hi)*g.W], d[p*own*g.W:(p+1)*own*g.W])
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return objs[0] + objs[1] + objs[2]
+		}
+		step(true)
+		modeltest.CheckGrad(t, fmt.Sprintf("max %v dx", maxPool), func() float64 { return step(false) }, x, dx, modeltest.Config{MaxChecks: -1})
+	}
+}
