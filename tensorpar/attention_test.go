@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"strings"
 	"testing"
 
 	"github.com/gradsync/gradsync/models"
@@ -35,29 +34,16 @@ func randAttention(rng *rand.Rand, d int) tensorpar.AttentionWeights {
 		OutW: randn(rng, d*d, s), OutB: randn(rng, d, 0.3)}
 }
 
-// newAttentions builds every rank's shard of w over gs and checks the
-// shape handshake's communication, then zeroes the counts.
+// newAttentions builds every rank's shard of w over gs.
 func newAttentions(t testing.TB, gs []*tensorpar.Counting, w tensorpar.AttentionWeights, d, heads, tokens int) []*tensorpar.Attention {
 	t.Helper()
-	as := make([]*tensorpar.Attention, len(gs))
-	err := each(len(gs), func(ctx context.Context, r int) error {
-		a, err := tensorpar.NewAttention(ctx, gs[r], d, heads, tokens)
+	return shards(t, gs, 6, func(ctx context.Context, g tensorpar.Group) (*tensorpar.Attention, error) {
+		a, err := tensorpar.NewAttention(ctx, g, d, heads, tokens)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		as[r] = a
-		return a.SetFromFull(w)
+		return a, a.SetFromFull(w)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for r, g := range gs {
-		if got, want := g.Counts(), (tensorpar.Counts{AllReduceOps: 1, AllReduceValues: 6}); got != want {
-			t.Errorf("rank %d: NewAttention counts %+v, want %+v", r, got, want)
-		}
-		g.Reset()
-	}
-	return as
 }
 
 // comparer checks sharded results against unsharded ones: bit for bit
@@ -218,34 +204,7 @@ func TestAttentionGradFiniteDifference(t *testing.T) {
 	gs := groups(t, l)
 	as := newAttentions(t, gs, w, d, heads, tokens)
 	var dx []float32
-	step := func(backward bool) float64 {
-		var obj float64
-		err := each(l, func(ctx context.Context, r int) error {
-			a := as[r]
-			y, err := a.Forward(ctx, x, batch)
-			if err != nil {
-				return err
-			}
-			if r == 0 {
-				for i, v := range y {
-					obj += float64(v) * float64(proj[i])
-				}
-			}
-			if !backward {
-				return nil
-			}
-			clear(a.Grads())
-			g, err := a.Backward(ctx, proj)
-			if r == 0 {
-				dx = append([]float32(nil), g...)
-			}
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return obj
-	}
+	step := objective(t, as, x, proj, batch, &dx, nil)
 	step(true)
 	f := func() float64 { return step(false) }
 	cfg := modeltest.Config{MaxChecks: -1}
@@ -269,23 +228,17 @@ func TestAttentionGradFiniteDifference(t *testing.T) {
 // disagree, bad lengths and a Backward without Forward are errors, never
 // a panic or a hang.
 func TestAttentionRefused(t *testing.T) {
-	mustErr := func(name string, err error, want string) {
-		t.Helper()
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%s: error %v, want one containing %q", name, err, want)
-		}
-	}
 	ctx := context.Background()
 	gs := groups(t, 3)
 	for r := range 3 {
 		_, err := tensorpar.NewAttention(ctx, gs[r], 8, 2, 3)
-		mustErr("T > Heads", err, "cannot split 2 attention heads over 3")
+		mustErr(t, "T > Heads", err, "cannot split 2 attention heads over 3")
 		if c := gs[r].Counts(); c != (tensorpar.Counts{}) {
 			t.Errorf("T > Heads communicated: %+v", c)
 		}
 	}
 	_, err := tensorpar.NewAttention(ctx, gs[0], 10, 4, 3)
-	mustErr("D not a multiple of Heads", err, "D a multiple of Heads")
+	mustErr(t, "D not a multiple of Heads", err, "D a multiple of Heads")
 
 	gs = groups(t, 2)
 	errs := make([]error, 2)
@@ -296,19 +249,19 @@ func TestAttentionRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	for r, err := range errs {
-		mustErr(fmt.Sprintf("rank %d of mismatched Tokens", r), err, "ranks disagree")
+		mustErr(t, fmt.Sprintf("rank %d of mismatched Tokens", r), err, "ranks disagree")
 		gs[r].Reset()
 	}
 
 	as := newAttentions(t, groups(t, 2), zeroAttention(8), 8, 4, 3)
 	a := as[0]
 	_, err = a.Backward(ctx, make([]float32, 24))
-	mustErr("Backward before Forward", err, "without a successful Forward")
+	mustErr(t, "Backward before Forward", err, "without a successful Forward")
 	_, err = a.Forward(ctx, make([]float32, 25), 1)
-	mustErr("bad len(x)", err, "want batch 1 × 3 tokens × D 8")
+	mustErr(t, "bad len(x)", err, "want batch 1 × 3 tokens × D 8")
 	bad := zeroAttention(8)
 	bad.InW = bad.InW[1:]
-	mustErr("SetFromFull", a.SetFromFull(bad), "want 192, 24, 64, 8")
-	mustErr("CopyGradsTo", a.CopyGradsTo(bad), "want 192, 24, 64, 8")
-	mustErr("CopyParamsTo", a.CopyParamsTo(tensorpar.AttentionWeights{}), "want 192, 24, 64, 8")
+	mustErr(t, "SetFromFull", a.SetFromFull(bad), "want 192, 24, 64, 8")
+	mustErr(t, "CopyGradsTo", a.CopyGradsTo(bad), "want 192, 24, 64, 8")
+	mustErr(t, "CopyParamsTo", a.CopyParamsTo(tensorpar.AttentionWeights{}), "want 192, 24, 64, 8")
 }

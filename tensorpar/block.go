@@ -119,32 +119,33 @@ func (b *Block) SetFromFull(full BlockWeights) error {
 // tensors (the layer norms and the row-parallel biases whole): every
 // rank's call together unshard the block.
 func (b *Block) CopyParamsTo(dst BlockWeights) error {
-	if err := dst.check(b.D, b.Hidden); err != nil {
-		return err
-	}
-	copy(dst.Norm1W, b.Norm1.Weight)
-	copy(dst.Norm1B, b.Norm1.Bias)
-	copy(dst.Norm2W, b.Norm2.Weight)
-	copy(dst.Norm2B, b.Norm2.Bias)
-	if err := b.Attn.CopyParamsTo(dst.Attn); err != nil {
-		return err
-	}
-	return b.MLP.CopyParamsTo(dst.MLP)
+	return b.copyTo(dst, false)
 }
 
 // CopyGradsTo is CopyParamsTo for the gradients.
 func (b *Block) CopyGradsTo(dst BlockWeights) error {
+	return b.copyTo(dst, true)
+}
+
+func (b *Block) copyTo(dst BlockWeights, grads bool) error {
 	if err := dst.check(b.D, b.Hidden); err != nil {
 		return err
 	}
-	copy(dst.Norm1W, b.Norm1.DWeight)
-	copy(dst.Norm1B, b.Norm1.DBias)
-	copy(dst.Norm2W, b.Norm2.DWeight)
-	copy(dst.Norm2B, b.Norm2.DBias)
-	if err := b.Attn.CopyGradsTo(dst.Attn); err != nil {
+	n1, n2 := b.Norm1, b.Norm2
+	copyAttn, copyMLP := b.Attn.CopyParamsTo, b.MLP.CopyParamsTo
+	w1, b1, w2, b2 := n1.Weight, n1.Bias, n2.Weight, n2.Bias
+	if grads {
+		copyAttn, copyMLP = b.Attn.CopyGradsTo, b.MLP.CopyGradsTo
+		w1, b1, w2, b2 = n1.DWeight, n1.DBias, n2.DWeight, n2.DBias
+	}
+	copy(dst.Norm1W, w1)
+	copy(dst.Norm1B, b1)
+	copy(dst.Norm2W, w2)
+	copy(dst.Norm2B, b2)
+	if err := copyAttn(dst.Attn); err != nil {
 		return err
 	}
-	return b.MLP.CopyGradsTo(dst.MLP)
+	return copyMLP(dst.MLP)
 }
 
 // Forward returns the block's output y (batch, Tokens, D) for x (batch,

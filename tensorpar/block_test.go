@@ -57,25 +57,13 @@ type blockCase struct{ d, heads, tokens, hidden, batch int }
 
 func newBlocks(t testing.TB, gs []*tensorpar.Counting, w tensorpar.BlockWeights, c blockCase) []*tensorpar.Block {
 	t.Helper()
-	bs := make([]*tensorpar.Block, len(gs))
-	err := each(len(gs), func(ctx context.Context, r int) error {
-		b, err := tensorpar.NewBlock(ctx, gs[r], c.d, c.heads, c.tokens, c.hidden)
+	return shards(t, gs, 8, func(ctx context.Context, g tensorpar.Group) (*tensorpar.Block, error) {
+		b, err := tensorpar.NewBlock(ctx, g, c.d, c.heads, c.tokens, c.hidden)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		bs[r] = b
-		return b.SetFromFull(w)
+		return b, b.SetFromFull(w)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for r, g := range gs {
-		if got, want := g.Counts(), (tensorpar.Counts{AllReduceOps: 1, AllReduceValues: 8}); got != want {
-			t.Errorf("rank %d: NewBlock counts %+v, want %+v", r, got, want)
-		}
-		g.Reset()
-	}
-	return bs
 }
 
 // TestBlockMatchesUnsharded checks the tensor-parallel transformer block
@@ -193,41 +181,17 @@ func TestBlockGradFiniteDifference(t *testing.T) {
 	gs := groups(t, l)
 	bs := newBlocks(t, gs, w, c)
 	var dx []float32
-	step := func(backward bool) float64 {
-		// The replicated tensors are one parameter: a perturbation of
-		// rank 0's is made on every rank.
+	// The replicated tensors are one parameter: a perturbation of rank
+	// 0's is made on every rank.
+	sync := func() {
 		for _, b := range bs[1:] {
 			for _, p := range [][2][]float32{{b.Norm1.Weight, bs[0].Norm1.Weight}, {b.Norm1.Bias, bs[0].Norm1.Bias},
 				{b.Norm2.Weight, bs[0].Norm2.Weight}, {b.Norm2.Bias, bs[0].Norm2.Bias}, {b.Attn.OutB, bs[0].Attn.OutB}, {b.MLP.B2, bs[0].MLP.B2}} {
 				copy(p[0], p[1])
 			}
 		}
-		var obj float64
-		err := each(l, func(ctx context.Context, r int) error {
-			y, err := bs[r].Forward(ctx, x, c.batch)
-			if err != nil {
-				return err
-			}
-			if r == 0 {
-				for i, v := range y {
-					obj += float64(v) * float64(proj[i])
-				}
-			}
-			if !backward {
-				return nil
-			}
-			clear(bs[r].Grads())
-			g, err := bs[r].Backward(ctx, proj)
-			if r == 0 {
-				dx = append([]float32(nil), g...)
-			}
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return obj
 	}
+	step := objective(t, bs, x, proj, c.batch, &dx, sync)
 	step(true)
 	f := func() float64 { return step(false) }
 	cfg := modeltest.Config{MaxChecks: -1}

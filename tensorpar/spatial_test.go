@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"testing"
 	"time"
 
@@ -294,23 +293,17 @@ func maxi(a, b int) int { return max(a, b) }
 // disagree, bad lengths and a Backward without Forward are errors, never
 // a panic or a hang.
 func TestSpatialConvRefused(t *testing.T) {
-	mustErr := func(name string, err error, want string) {
-		t.Helper()
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%s: error %v, want one containing %q", name, err, want)
-		}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // bounds a hang; the refusals come first
 	defer cancel()
 	g := kernels.ConvGeom{C: 1, H: 5, W: 4, KH: 5, KW: 5, StrideH: 1, StrideW: 1, PadH: 2, PadW: 2}
 	hs := halos(4)
 	_, err := tensorpar.NewSpatialConv(ctx, hs[1], g, 1, false, nil, nil)
-	mustErr("thin strips", err, "beyond its neighbours' strips")
+	mustErr(t, "thin strips", err, "beyond its neighbours' strips")
 	_, err = tensorpar.NewSpatialConv(ctx, hs[0], g, 1, false, tensorpar.Strips{0, 2, 2, 3, 5}, nil)
-	mustErr("empty strip", err, "is empty")
+	mustErr(t, "empty strip", err, "is empty")
 	g.H = 2
 	_, err = tensorpar.NewSpatialConv(ctx, hs[0], g, 1, false, nil, nil)
-	mustErr("more ranks than rows", err, "is empty")
+	mustErr(t, "more ranks than rows", err, "is empty")
 
 	// neighbours with different geometries: both refuse.
 	hs = halos(2)
@@ -323,16 +316,16 @@ func TestSpatialConvRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	for r, err := range errs {
-		mustErr(fmt.Sprintf("rank %d of mismatched geometry", r), err, "differs from its neighbour")
+		mustErr(t, fmt.Sprintf("rank %d of mismatched geometry", r), err, "differs from its neighbour")
 	}
 
 	c := convCase{c: 1, h: 9, w: 4, k: 3, stride: 1, pad: 1, out: 1, batch: 1, f: 2}
 	ls := newSpatialConvs(t, halos(2), c, make([]float32, 9), nil)
 	_, err = ls[0].Backward(ctx, make([]float32, 16))
-	mustErr("Backward first", err, "without a successful Forward")
+	mustErr(t, "Backward first", err, "without a successful Forward")
 	_, err = ls[0].Forward(ctx, make([]float32, 15), 1)
-	mustErr("bad len(x)", err, "want batch 1 × C 1 × 4 rows × W 4")
-	mustErr("SetParams", ls[0].SetParams(make([]float32, 8), nil), "want 9, 0")
+	mustErr(t, "bad len(x)", err, "want batch 1 × C 1 × 4 rows × W 4")
+	mustErr(t, "SetParams", ls[0].SetParams(make([]float32, 8), nil), "want 9, 0")
 
 	// ranks with different batches: each refuses the other's frame, and
 	// returns no output.
