@@ -59,6 +59,7 @@ func haloCount(rows [2]int, a, b int) int {
 type convCase struct {
 	c, h, w, k, stride, pad, out, batch, f int
 	bias                                   bool
+	in, outS                               tensorpar.Strips // nil: even
 }
 
 func (c convCase) geom() kernels.ConvGeom {
@@ -69,7 +70,7 @@ func newSpatialConvs(t testing.TB, hs []*tensorpar.CountingHalo, c convCase, w, 
 	t.Helper()
 	ls := make([]*tensorpar.SpatialConv, c.f)
 	err := each(c.f, func(ctx context.Context, r int) error {
-		l, err := tensorpar.NewSpatialConv(ctx, hs[r], c.geom(), c.out, c.bias, nil, nil)
+		l, err := tensorpar.NewSpatialConv(ctx, hs[r], c.geom(), c.out, c.bias, c.in, c.outS)
 		if err != nil {
 			return err
 		}
@@ -110,9 +111,16 @@ func TestSpatialConvMatchesUnsharded(t *testing.T) {
 	}
 	// more channels (models' Winograd path for 3×3 stride 1) and a taller odd image.
 	cases = append(cases, convCase{c: 5, h: 23, w: 9, k: 3, stride: 1, pad: 1, out: 6, batch: 3, f: 3, bias: true},
-		convCase{c: 4, h: 31, w: 6, k: 5, stride: 2, pad: 2, out: 3, batch: 1, f: 4, bias: true})
+		convCase{c: 4, h: 31, w: 6, k: 5, stride: 2, pad: 2, out: 3, batch: 1, f: 4, bias: true},
+		// strips given, uneven and misaligned: rank 1 reads nothing of its
+		// neighbours', and sends rank 0 four rows.
+		convCase{c: 3, h: 17, w: 7, k: 3, stride: 1, pad: 1, out: 2, batch: 2, f: 3, bias: true,
+			in: tensorpar.Strips{0, 3, 12, 17}, outS: tensorpar.Strips{0, 6, 10, 17}})
 	for ci, c := range cases {
 		name := fmt.Sprintf("c%d_h%d_w%d_k%d_s%d_p%d_F%d", c.c, c.h, c.w, c.k, c.stride, c.pad, c.f)
+		if c.in != nil {
+			name += fmt.Sprintf("_in%v_out%v", []int(c.in), []int(c.outS))
+		}
 		t.Run(name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(ci), 99))
 			g := c.geom()
@@ -181,7 +189,7 @@ func TestSpatialConvMatchesUnsharded(t *testing.T) {
 				if got := hs[r].Counts(); got != want {
 					t.Errorf("rank %d: halo counts %+v, want %+v", r, got, want)
 				}
-				if c.stride == 1 && c.pad == (c.k-1)/2 {
+				if c.stride == 1 && c.pad == (c.k-1)/2 && c.in == nil {
 					if r < c.f-1 && toB != plane*int64((c.k-1)/2) || r > 0 && toA != plane*int64((c.k-1)/2) {
 						t.Errorf("rank %d sends %d, %d values, want (k−1)/2 = %d rows × %d each side", r, toA, toB, (c.k-1)/2, plane)
 					}
@@ -469,5 +477,101 @@ func TestSpatialPoolGradFiniteDifference(t *testing.T) {
 		}
 		step(true)
 		modeltest.CheckGrad(t, fmt.Sprintf("max %v dx", maxPool), func() float64 { return step(false) }, x, dx, modeltest.Config{MaxChecks: -1})
+	}
+}
+
+// TestSpatialChainMatchesUnsharded runs a small strip-sharded CNN —
+// conv 3×3 (stride 1, padding 1), max pool 2×2, conv 3×3 (stride 2,
+// padding 1), each layer's input strips the previous layer's output
+// strips — over an odd image height on F = 2..4 ranks, and compares it
+// with the same layers of models over the whole image: where strides and
+// pools misalign strips, the halos must still be right.
+func TestSpatialChainMatchesUnsharded(t *testing.T) {
+	const batch, c0, c1, c2, h, w = 2, 2, 3, 2, 23, 9
+	g1 := kernels.ConvGeom{C: c0, H: h, W: w, KH: 3, KW: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1}
+	gp := models.PoolGeom{C: c1, H: g1.OutH(), W: g1.OutW(), K: 2, Stride: 2}
+	g2 := kernels.ConvGeom{C: c1, H: gp.OutH(), W: gp.OutW(), KH: 3, KW: 3, StrideH: 2, StrideW: 2, PadH: 1, PadW: 1}
+	rng := rand.New(rand.NewPCG(21, 22))
+	w1, b1 := randn(rng, c1*c0*9, 0.4), randn(rng, c1, 0.3)
+	w2, b2 := randn(rng, c2*c1*9, 0.4), randn(rng, c2, 0.3)
+	x := randn(rng, batch*c0*h*w, 1)
+	dy := randn(rng, batch*c2*g2.OutH()*g2.OutW(), 1)
+
+	conv := func(g kernels.ConvGeom, out int, wt, b []float32) *models.Conv2D {
+		l := models.NewConv2D(g, out, true)
+		l.W, l.B, l.DW, l.DB = wt, b, make([]float32, len(wt)), make([]float32, len(b))
+		return l
+	}
+	r1, rp, r2 := conv(g1, c1, w1, b1), models.NewMaxPool2D(gp), conv(g2, c2, w2, b2)
+	wantY := append([]float32(nil), r2.Forward(rp.Forward(r1.Forward(x, batch, true), batch, true), batch, true)...)
+	wantDx := r1.Backward(rp.Backward(r2.Backward(dy)))
+
+	for f := 2; f <= 4; f++ {
+		t.Run(fmt.Sprintf("F%d", f), func(t *testing.T) {
+			hs := halos(f)
+			type ranks struct {
+				c1, c2 *tensorpar.SpatialConv
+				p      *tensorpar.SpatialPool
+			}
+			rs := make([]ranks, f)
+			ys, dxs := make([][]float32, f), make([][]float32, f)
+			err := each(f, func(ctx context.Context, r int) error {
+				var err error
+				s := &rs[r]
+				if s.c1, err = tensorpar.NewSpatialConv(ctx, hs[r], g1, c1, true, nil, nil); err != nil {
+					return err
+				}
+				if s.p, err = tensorpar.NewSpatialPool(ctx, hs[r], gp, true, s.c1.OutS, nil); err != nil {
+					return err
+				}
+				if s.c2, err = tensorpar.NewSpatialConv(ctx, hs[r], g2, c2, true, s.p.OutS, nil); err != nil {
+					return err
+				}
+				if err := s.c1.SetParams(w1, b1); err != nil {
+					return err
+				}
+				if err := s.c2.SetParams(w2, b2); err != nil {
+					return err
+				}
+				y, err := s.c1.Forward(ctx, stripRows(x, batch*c0, h, w, s.c1.Lo, s.c1.Hi), batch)
+				if err == nil {
+					y, err = s.p.Forward(ctx, y, batch)
+				}
+				if err == nil {
+					y, err = s.c2.Forward(ctx, y, batch)
+				}
+				if err != nil {
+					return err
+				}
+				ys[r] = append([]float32(nil), y...)
+				d, err := s.c2.Backward(ctx, stripRows(dy, batch*c2, g2.OutH(), g2.OutW(), s.c2.OLo, s.c2.OHi))
+				if err == nil {
+					d, err = s.p.Backward(ctx, d)
+				}
+				if err == nil {
+					d, err = s.c1.Backward(ctx, d)
+				}
+				dxs[r] = d
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmp := newComparer(t, false)
+			dw1, dw2 := make([]float32, len(w1)), make([]float32, len(w2))
+			for r, s := range rs {
+				cmp.check(fmt.Sprintf("rank %d y", r), ys[r], stripRows(wantY, batch*c2, g2.OutH(), g2.OutW(), s.c2.OLo, s.c2.OHi), 1e-5)
+				cmp.check(fmt.Sprintf("rank %d dx", r), dxs[r], stripRows(wantDx, batch*c0, h, w, s.c1.Lo, s.c1.Hi), 1e-4)
+				for i, v := range s.c1.DW {
+					dw1[i] += v
+				}
+				for i, v := range s.c2.DW {
+					dw2[i] += v
+				}
+			}
+			cmp.check("conv1 dW summed", dw1, r1.DW, 1e-4)
+			cmp.check("conv2 dW summed", dw2, r2.DW, 1e-4)
+			t.Logf("strips: conv1 %v → pool %v → conv2 %v; %v", rs[0].c1.In, rs[0].p.In, rs[0].c2.OutS, cmp)
+		})
 	}
 }
