@@ -26,7 +26,10 @@
 //     and sends them their gradients in backward; the replicated weight's
 //     gradient is each rank's share, summed with the data-parallel
 //     all-reduce; and the max and average pools (SpatialPool) with the
-//     same halo machinery (rowHalo).
+//     same halo machinery (rowHalo); and the batch norm whose training
+//     statistics are the whole images' (SpatialBatchNorm: partial sums
+//     all-reduced over the spatial ranks' Group, 2 of C values forward,
+//     1 of 2C backward).
 //
 // Spatial ranks talk point to point through a Halo (halo.go): one
 // Exchange sends a frame to each strip neighbour and receives one from
