@@ -29,7 +29,8 @@
 //     same halo machinery (rowHalo); and the batch norm whose training
 //     statistics are the whole images' (SpatialBatchNorm: partial sums
 //     all-reduced over the spatial ranks' Group, 2 of C values forward,
-//     1 of 2C backward).
+//     1 of 2C backward); and Fuse, which all-gathers the strips into
+//     whole images before a replicated head.
 //
 // Spatial ranks talk point to point through a Halo (halo.go): one
 // Exchange sends a frame to each strip neighbour and receives one from
