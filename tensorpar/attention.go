@@ -93,8 +93,8 @@ func NewAttention(ctx context.Context, g Group, d, heads, tokens int) (*Attentio
 	if err := agree(ctx, g, "attention", []string{"D", "Heads", "Tokens"}, d, heads, tokens); err != nil {
 		return nil, err
 	}
-	n := attentionLen(g, d, heads)
-	return newAttention(g, d, heads, tokens, make([]float32, n), make([]float32, n)), nil
+	n := attentionLen(g.Size(), g.Rank(), d, heads)
+	return newAttention(g, g.Rank(), d, heads, tokens, make([]float32, n), make([]float32, n)), nil
 }
 
 // checkAttention refuses sizes that cannot be split over g, before any
@@ -109,17 +109,18 @@ func checkAttention(g Group, d, heads, tokens int) error {
 	return nil
 }
 
-// attentionLen is the length of rank g.Rank()'s flat parameter buffer.
-func attentionLen(g Group, d, heads int) int {
-	lo, hi := Span(heads, g.Size(), g.Rank())
+// attentionLen is the length of rank r of l's flat parameter buffer.
+func attentionLen(l, r, d, heads int) int {
+	lo, hi := Span(heads, l, r)
 	k := (hi - lo) * (d / heads)
 	return 3*k*d + 3*k + d*k + d
 }
 
-// newAttention binds rank g.Rank()'s shard to params and grads
-// (attentionLen values each); the sizes are checked.
-func newAttention(g Group, d, heads, tokens int, params, grads []float32) *Attention {
-	lo, hi := Span(heads, g.Size(), g.Rank())
+// newAttention binds rank r's shard to params and grads (attentionLen
+// values each); the sizes are checked. r is g.Rank() but for
+// GatherParams's views of the other ranks' shards.
+func newAttention(g Group, r, d, heads, tokens int, params, grads []float32) *Attention {
+	lo, hi := Span(heads, g.Size(), r)
 	k := (hi - lo) * (d / heads)
 	a := &Attention{D: d, Heads: heads, Tokens: tokens, HeadLo: lo, HeadHi: hi, g: g, params: params, grads: grads}
 	n1 := 3*k*d + 3*k

@@ -77,7 +77,7 @@ func NewBlock(ctx context.Context, g Group, d, heads, tokens, hidden int) (*Bloc
 	if err := agree(ctx, g, "block", []string{"D", "Heads", "Tokens", "Hidden"}, d, heads, tokens, hidden); err != nil {
 		return nil, err
 	}
-	na, nm := attentionLen(g, d, heads), mlpLen(g, d, hidden, d)
+	na, nm := attentionLen(g.Size(), g.Rank(), d, heads), mlpLen(g.Size(), g.Rank(), d, hidden, d)
 	n := 4*d + na + nm
 	b := &Block{D: d, Heads: heads, Tokens: tokens, Hidden: hidden, g: g,
 		params: make([]float32, n), grads: make([]float32, n)}
@@ -88,9 +88,9 @@ func NewBlock(ctx context.Context, g Group, d, heads, tokens, hidden int) (*Bloc
 		return l
 	}
 	b.Norm1 = norm(0)
-	b.Attn = newAttention(g, d, heads, tokens, b.params[2*d:2*d+na], b.grads[2*d:2*d+na])
+	b.Attn = newAttention(g, g.Rank(), d, heads, tokens, b.params[2*d:2*d+na], b.grads[2*d:2*d+na])
 	b.Norm2 = norm(2*d + na)
-	b.MLP = newMLP(g, d, hidden, d, b.params[4*d+na:], b.grads[4*d+na:])
+	b.MLP = newMLP(g, g.Rank(), d, hidden, d, b.params[4*d+na:], b.grads[4*d+na:])
 	return b, nil
 }
 

@@ -56,7 +56,9 @@
 // step against its formula exactly.
 //
 // Each sharded layer copies its shard out of the whole layer's tensors in
-// PyTorch's layout (SetFromFull), and the MLP and attention also back into them
-// (CopyParamsTo, CopyGradsTo), so tests compare it with the unsharded
-// layers of models.
+// PyTorch's layout (SetFromFull) and back into them (CopyParamsTo,
+// CopyGradsTo), so tests compare it with the unsharded layers of models;
+// GatherParams does the latter over the group (one all-gather of the
+// longest shard per layer), so that every rank holds the whole tensors a
+// checkpoint writes under PyTorch's names.
 package tensorpar

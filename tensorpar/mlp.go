@@ -89,8 +89,8 @@ func NewMLP(ctx context.Context, g Group, in, hidden, out int) (*MLP, error) {
 	if err := agree(ctx, g, "MLP", []string{"In", "Hidden", "Out"}, in, hidden, out); err != nil {
 		return nil, err
 	}
-	n := mlpLen(g, in, hidden, out)
-	return newMLP(g, in, hidden, out, make([]float32, n), make([]float32, n)), nil
+	n := mlpLen(g.Size(), g.Rank(), in, hidden, out)
+	return newMLP(g, g.Rank(), in, hidden, out, make([]float32, n), make([]float32, n)), nil
 }
 
 // checkMLP refuses sizes that cannot be split over g, before any
@@ -106,9 +106,9 @@ func checkMLP(g Group, in, hidden, out int) error {
 	return nil
 }
 
-// mlpLen is the length of rank g.Rank()'s flat parameter buffer.
-func mlpLen(g Group, in, hidden, out int) int {
-	lo, hi := Span(hidden, g.Size(), g.Rank())
+// mlpLen is the length of rank r of l's flat parameter buffer.
+func mlpLen(l, r, in, hidden, out int) int {
+	lo, hi := Span(hidden, l, r)
 	k := hi - lo
 	return k*in + k + out*k + out
 }
@@ -141,10 +141,11 @@ func agree(ctx context.Context, g Group, what string, names []string, sizes ...i
 	return nil
 }
 
-// newMLP binds rank g.Rank()'s shard to params and grads (mlpLen values
-// each); the sizes are checked.
-func newMLP(g Group, in, hidden, out int, params, grads []float32) *MLP {
-	lo, hi := Span(hidden, g.Size(), g.Rank())
+// newMLP binds rank r's shard to params and grads (mlpLen values each);
+// the sizes are checked. r is g.Rank() but for GatherParams's views of
+// the other ranks' shards.
+func newMLP(g Group, r, in, hidden, out int, params, grads []float32) *MLP {
+	lo, hi := Span(hidden, g.Size(), r)
 	k := hi - lo
 	n1 := k*in + k
 	m := &MLP{In: in, Hidden: hidden, Out: out, Lo: lo, Hi: hi, g: g, params: params, grads: grads}
