@@ -24,13 +24,24 @@
 //     rows its windows read from its strip neighbours (the halo, HaloRows:
 //     from kernel, stride, padding and dilation) before its convolution,
 //     and sends them their gradients in backward; the replicated weight's
-//     gradient is each rank's share, summed with the data-parallel
-//     all-reduce; and the max and average pools (SpatialPool) with the
-//     same halo machinery (rowHalo); and the batch norm whose training
-//     statistics are the whole images' (SpatialBatchNorm: partial sums
-//     all-reduced over the spatial ranks' Group, 2 of C values forward,
-//     1 of 2C backward); and Fuse, which all-gathers the strips into
-//     whole images before a replicated head.
+//     gradient is each rank's share, to be summed with the data-parallel
+//     all-reduce;
+//   - the max and average pools over strips (SpatialPool), with the same
+//     halo machinery (rowHalo);
+//   - the batch norm over strips (spatialnorm.go), whose training
+//     statistics are the whole images': partial sums all-reduced over the
+//     spatial ranks' Group, 2 all-reduces of C values forward, 1 of 2C
+//     backward;
+//   - Fuse (fuse.go), which all-gathers the strips into whole images
+//     before a replicated head.
+//
+// The ranks talk through a Group (group.go), a collective interface small
+// enough for the in-memory ring of tests and the gRPC ring of jobs:
+// RingGroup implements it over any aggregator.Ring, tagging every frame
+// with the group's id so that frames of another group are refused
+// (aggregator.ErrUnexpectedFrame) and never used. Counting wraps a Group
+// and counts operations and values, so tests check the communication of a
+// step against its formula exactly.
 //
 // Spatial ranks talk point to point through a Halo (halo.go): one
 // Exchange sends a frame to each strip neighbour and receives one from
@@ -44,16 +55,8 @@
 // exchanged per side, so tests check them against the formula exactly.
 //
 // The row-parallel half (fc2, out_proj) is one piece of code
-// (rowparallel), and so is the shape handshake every constructor does
+// (rowparallel.go), and so is the shape handshake every constructor does
 // (agree: one Max all-reduce of the sizes and their negatives).
-//
-// The ranks talk through a Group (group.go), a collective interface small
-// enough for the in-memory ring of tests and the gRPC ring of jobs:
-// RingGroup implements it over any aggregator.Ring, tagging every frame
-// with the group's id so that frames of another group are refused
-// (aggregator.ErrUnexpectedFrame) and never used. Counting wraps a Group
-// and counts operations and values, so tests check the communication of a
-// step against its formula exactly.
 //
 // Each sharded layer copies its shard out of the whole layer's tensors in
 // PyTorch's layout (SetFromFull) and back into them (CopyParamsTo,
