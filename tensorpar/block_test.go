@@ -2,11 +2,15 @@ package tensorpar_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/gradsync/gradsync/aggregator"
 	"github.com/gradsync/gradsync/models"
 	"github.com/gradsync/gradsync/models/modeltest"
 	"github.com/gradsync/gradsync/tensorpar"
@@ -265,5 +269,60 @@ func BenchmarkBlock(b *testing.B) {
 			b.StopTimer()
 			b.ReportMetric(float64(gs[0].Counts().AllReduceValues)/float64(b.N), "values-reduced/op")
 		})
+	}
+}
+
+// TestBlockWrongGroupRefused: a rank whose block's collectives after the
+// handshake go to another tensor group makes the first all-reduce
+// (attention's g) refuse the frames: ErrUnexpectedFrame, no output, no
+// hang.
+func TestBlockWrongGroupRefused(t *testing.T) {
+	rings := aggregator.NewMemRing(2, 4)
+	t.Cleanup(func() {
+		for _, r := range rings {
+			r.(*aggregator.MemRing).Close()
+		}
+	})
+	mk := func(r aggregator.Ring, id uint32) tensorpar.Group {
+		g, err := tensorpar.NewRingGroup(r, id, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	gs := []tensorpar.Group{mk(rings[0], 7), &switching{first: mk(rings[1], 7), then: mk(rings[1], 8)}}
+	c := blockCase{d: 4, heads: 2, tokens: 2, hidden: 4, batch: 1}
+	bs := make([]*tensorpar.Block, 2)
+	if err := each(2, func(ctx context.Context, r int) error {
+		var err error
+		bs[r], err = tensorpar.NewBlock(ctx, gs[r], c.d, c.heads, c.tokens, c.hidden)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	x := make([]float32, c.tokens*c.d)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // bounds a hang only
+	defer cancel()
+	ys, errs := make([][]float32, 2), make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Go(func() {
+			ys[r], errs[r] = bs[r].Forward(ctx, x, 1)
+			if errs[r] != nil {
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	if !errors.Is(errs[0], aggregator.ErrUnexpectedFrame) && !errors.Is(errs[1], aggregator.ErrUnexpectedFrame) {
+		t.Fatalf("errors %v, want an ErrUnexpectedFrame", errs)
+	}
+	for r := range 2 {
+		if errs[r] == nil || ys[r] != nil {
+			t.Errorf("rank %d: error %v, output %v: want an error and no output", r, errs[r], ys[r] != nil)
+		}
+	}
+	if _, err := bs[0].Backward(ctx, x); err == nil {
+		t.Error("Backward after a failed Forward")
 	}
 }
