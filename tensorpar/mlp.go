@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
-	"github.com/gradsync/gradsync/internal/kernels"
 	"github.com/gradsync/gradsync/models"
 )
 
@@ -73,10 +73,9 @@ type MLP struct {
 	g             Group
 	params, grads []float32
 	fc1           *models.Linear // views W1, B1, DW1, DB1
+	fc2           rowParallel    // views W2, B2, DW2, DB2
 	act           models.GELU
 	batch         int
-	h             []float32 // borrowed: GELU's output of the last Forward (batch, Hi−Lo)
-	y, dh         []float32 // owned
 }
 
 // NewMLP returns rank g.Rank()'s shard of an MLP block with zero
@@ -84,31 +83,72 @@ type MLP struct {
 // with the same sizes: it checks so with one all-reduce, and a rank that
 // disagrees, or a group of another size, is an error on every rank.
 func NewMLP(ctx context.Context, g Group, in, hidden, out int) (*MLP, error) {
+	if err := checkMLP(g, in, hidden, out); err != nil {
+		return nil, err
+	}
+	if err := agree(ctx, g, "MLP", []string{"In", "Hidden", "Out"}, in, hidden, out); err != nil {
+		return nil, err
+	}
+	n := mlpLen(g.Size(), g.Rank(), in, hidden, out)
+	return newMLP(g, g.Rank(), in, hidden, out, make([]float32, n), make([]float32, n)), nil
+}
+
+// checkMLP refuses sizes that cannot be split over g, before any
+// communication.
+func checkMLP(g Group, in, hidden, out int) error {
 	l := g.Size()
 	if in < 1 || hidden < 1 || out < 1 || in > maxExact || hidden > maxExact || out > maxExact {
-		return nil, fmt.Errorf("tensorpar: MLP sizes In %d, Hidden %d, Out %d: want each in [1, 2²⁴]", in, hidden, out)
+		return fmt.Errorf("tensorpar: MLP sizes In %d, Hidden %d, Out %d: want each in [1, 2²⁴]", in, hidden, out)
 	}
 	if l < 1 || l > hidden {
-		return nil, fmt.Errorf("tensorpar: cannot split %d hidden units over %d tensor-parallel ranks (want 1 ≤ L ≤ Hidden)", hidden, l)
+		return fmt.Errorf("tensorpar: cannot split %d hidden units over %d tensor-parallel ranks (want 1 ≤ L ≤ Hidden)", hidden, l)
 	}
-	// The handshake: the maxima of (sizes, −sizes) equal this rank's own
-	// on every rank only when all ranks agree.
-	own := []float32{float32(in), float32(hidden), float32(out)}
-	hs := []float32{own[0], own[1], own[2], -own[0], -own[1], -own[2]}
+	return nil
+}
+
+// mlpLen is the length of rank r of l's flat parameter buffer.
+func mlpLen(l, r, in, hidden, out int) int {
+	lo, hi := Span(hidden, l, r)
+	k := hi - lo
+	return k*in + k + out*k + out
+}
+
+// agree checks with one Max all-reduce of 2·len(sizes) values that every
+// rank of g passes the same sizes: the maxima of (sizes, −sizes) equal
+// this rank's own on every rank only when all ranks agree. Sizes are at
+// most maxExact, so float32 carries them exactly.
+func agree(ctx context.Context, g Group, what string, names []string, sizes ...int) error {
+	n := len(sizes)
+	hs := make([]float32, 2*n)
+	for i, s := range sizes {
+		hs[i], hs[n+i] = float32(s), -float32(s)
+	}
 	if err := g.AllReduce(ctx, hs, Max); err != nil {
-		return nil, fmt.Errorf("tensorpar: MLP shape handshake: %w", err)
+		return fmt.Errorf("tensorpar: %s shape handshake: %w", what, err)
 	}
-	for i := range own {
-		if hs[i] != own[i] || -hs[i+3] != own[i] {
-			return nil, fmt.Errorf("tensorpar: MLP rank %d has In %d, Hidden %d, Out %d, but the group's ranks disagree (between %v and %v)",
-				g.Rank(), in, hidden, out, []float32{-hs[3], -hs[4], -hs[5]}, hs[:3])
+	for i, s := range sizes {
+		if hs[i] != float32(s) || -hs[n+i] != float32(s) {
+			var own, lo, hi []string
+			for j, name := range names {
+				own = append(own, fmt.Sprintf("%s %d", name, sizes[j]))
+				lo = append(lo, fmt.Sprint(-hs[n+j]))
+				hi = append(hi, fmt.Sprint(hs[j]))
+			}
+			return fmt.Errorf("tensorpar: %s rank %d has %s, but the group's ranks disagree (between %v and %v)",
+				what, g.Rank(), strings.Join(own, ", "), lo, hi)
 		}
 	}
-	lo, hi := Span(hidden, l, g.Rank())
+	return nil
+}
+
+// newMLP binds rank r's shard to params and grads (mlpLen values each);
+// the sizes are checked. r is g.Rank() but for GatherParams's views of
+// the other ranks' shards.
+func newMLP(g Group, r, in, hidden, out int, params, grads []float32) *MLP {
+	lo, hi := Span(hidden, g.Size(), r)
 	k := hi - lo
-	n1, n2 := k*in+k, out*k+out
-	m := &MLP{In: in, Hidden: hidden, Out: out, Lo: lo, Hi: hi, g: g,
-		params: make([]float32, n1+n2), grads: make([]float32, n1+n2)}
+	n1 := k*in + k
+	m := &MLP{In: in, Hidden: hidden, Out: out, Lo: lo, Hi: hi, g: g, params: params, grads: grads}
 	views := func(b []float32) (w1, b1, w2, b2 []float32) {
 		return b[:k*in], b[k*in : n1], b[n1 : n1+out*k], b[n1+out*k:]
 	}
@@ -116,7 +156,8 @@ func NewMLP(ctx context.Context, g Group, in, hidden, out int) (*MLP, error) {
 	m.DW1, m.DB1, m.DW2, m.DB2 = views(m.grads)
 	m.fc1 = models.NewLinear(in, k)
 	m.fc1.W, m.fc1.B, m.fc1.DW, m.fc1.DB = m.W1, m.B1, m.DW1, m.DB1
-	return m, nil
+	m.fc2 = rowParallel{K: k, Out: out, W: m.W2, DW: m.DW2, B: m.B2, DB: m.DB2}
+	return m
 }
 
 // Params is this rank's flat parameter buffer (the fields' backing).
@@ -181,37 +222,16 @@ func (m *MLP) Forward(ctx context.Context, x []float32, batch int) ([]float32, e
 	if batch < 1 || len(x) != batch*m.In {
 		return nil, fmt.Errorf("tensorpar: MLP.Forward: len(x) = %d, want batch %d × In %d", len(x), batch, m.In)
 	}
-	k := m.Hi - m.Lo
 	// f: identity. fc1's shard and its GELU are local.
 	z := m.fc1.Forward(x, batch, true)
-	m.h = m.act.Forward(z, batch, true)
-	// fc2's shard: a partial sum of the output.
-	m.y = grow(m.y, batch*m.Out)
-	beta := float32(0)
-	if m.g.Size() == 1 {
-		// One rank: the all-reduce is the identity, so the bias goes in
-		// first, exactly as models.Linear does (bit-identical to the
-		// unsharded block whatever the GEMM's blocking).
-		for i := range batch {
-			copy(m.y[i*m.Out:(i+1)*m.Out], m.B2)
-		}
-		beta = 1
-	}
-	kernels.Gemm(false, true, batch, m.Out, k, 1, m.h, k, m.W2, k, beta, m.y, m.Out)
-	// g: all-reduce the partials, then the bias once.
-	if err := m.g.AllReduce(ctx, m.y, Sum); err != nil {
+	h := m.act.Forward(z, batch, true)
+	// fc2's shard, then g: the partial outputs all-reduced, the bias once.
+	y, err := m.fc2.forward(ctx, m.g, h, batch)
+	if err != nil {
 		return nil, fmt.Errorf("tensorpar: MLP.Forward: %w", err)
 	}
-	if m.g.Size() > 1 {
-		for i := range batch {
-			row := m.y[i*m.Out : (i+1)*m.Out]
-			for j, b := range m.B2 {
-				row[j] += b
-			}
-		}
-	}
 	m.batch = batch
-	return m.y, nil
+	return y, nil
 }
 
 // errNoForward is Backward's error without a successful Forward.
@@ -224,20 +244,12 @@ func (m *MLP) Backward(ctx context.Context, dy []float32) ([]float32, error) {
 	if m.batch == 0 {
 		return nil, errNoForward
 	}
-	b, k := m.batch, m.Hi-m.Lo
+	b := m.batch
 	if len(dy) != b*m.Out {
 		return nil, fmt.Errorf("tensorpar: MLP.Backward: len(dy) = %d, want batch %d × Out %d", len(dy), b, m.Out)
 	}
 	// g: identity. fc2's bias (whole here) and shard, as models.Linear.
-	for i := range b {
-		for j, v := range dy[i*m.Out : (i+1)*m.Out] {
-			m.DB2[j] += v
-		}
-	}
-	kernels.Gemm(true, false, m.Out, k, b, 1, dy, m.Out, m.h, k, 1, m.DW2, k)
-	m.dh = grow(m.dh, b*k)
-	kernels.Gemm(false, false, b, k, m.Out, 1, dy, m.Out, m.W2, k, 0, m.dh, k)
-	dx := m.fc1.Backward(m.act.Backward(m.dh))
+	dx := m.fc1.Backward(m.act.Backward(m.fc2.backward(dy)))
 	// f: all-reduce the input gradient's partials.
 	if err := m.g.AllReduce(ctx, dx, Sum); err != nil {
 		return nil, fmt.Errorf("tensorpar: MLP.Backward: %w", err)

@@ -58,30 +58,39 @@ func randWeights(rng *rand.Rand, in, hidden, out int) tensorpar.MLPWeights {
 	}
 }
 
-// newMLPs builds every rank's shard of w over gs and checks the shape
-// handshake's communication, then zeroes the counts.
-func newMLPs(t testing.TB, gs []*tensorpar.Counting, w tensorpar.MLPWeights, in, hidden, out int) []*tensorpar.MLP {
+// shards builds every rank's shard with mk over gs, checks that the
+// construction communicated one Max all-reduce of handshake values (the
+// shape handshake), then zeroes the counts.
+func shards[T any](t testing.TB, gs []*tensorpar.Counting, handshake int64, mk func(ctx context.Context, g tensorpar.Group) (T, error)) []T {
 	t.Helper()
-	l := len(gs)
-	ms := make([]*tensorpar.MLP, l)
-	err := each(l, func(ctx context.Context, r int) error {
-		m, err := tensorpar.NewMLP(ctx, gs[r], in, hidden, out)
-		if err != nil {
-			return err
-		}
-		ms[r] = m
-		return m.SetFromFull(w)
+	out := make([]T, len(gs))
+	err := each(len(gs), func(ctx context.Context, r int) error {
+		var err error
+		out[r], err = mk(ctx, gs[r])
+		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for r, g := range gs {
-		if got, want := g.Counts(), (tensorpar.Counts{AllReduceOps: 1, AllReduceValues: 6}); got != want {
-			t.Errorf("rank %d: NewMLP counts %+v, want %+v", r, got, want)
+		if got, want := g.Counts(), (tensorpar.Counts{AllReduceOps: 1, AllReduceValues: handshake}); got != want {
+			t.Errorf("rank %d: construction counts %+v, want %+v", r, got, want)
 		}
 		g.Reset()
 	}
-	return ms
+	return out
+}
+
+// newMLPs builds every rank's shard of w over gs.
+func newMLPs(t testing.TB, gs []*tensorpar.Counting, w tensorpar.MLPWeights, in, hidden, out int) []*tensorpar.MLP {
+	t.Helper()
+	return shards(t, gs, 6, func(ctx context.Context, g tensorpar.Group) (*tensorpar.MLP, error) {
+		m, err := tensorpar.NewMLP(ctx, g, in, hidden, out)
+		if err != nil {
+			return nil, err
+		}
+		return m, m.SetFromFull(w)
+	})
 }
 
 // TestMLPMatchesUnsharded checks the output, the input gradient and every
@@ -212,6 +221,58 @@ func slicesBitEqual(a, b []float32) bool {
 	return true
 }
 
+// mustErr fails t unless err says want.
+func mustErr(t *testing.T, name string, err error, want string) {
+	t.Helper()
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: error %v, want one containing %q", name, err, want)
+	}
+}
+
+// tpLayer is a tensor-parallel layer: MLP, Attention, Block.
+type tpLayer interface {
+	Forward(ctx context.Context, x []float32, batch int) ([]float32, error)
+	Backward(ctx context.Context, dy []float32) ([]float32, error)
+	Grads() []float32
+}
+
+// objective returns f(backward), one step of every rank of ls: Forward
+// of x, the objective Σ y·proj of rank 0's y (proj fixed, so dy = proj)
+// and, with backward, cleared gradients and Backward, rank 0's input
+// gradient kept in *dx. Before each step, sync (if not nil) runs.
+func objective[L tpLayer](t *testing.T, ls []L, x, proj []float32, batch int, dx *[]float32, sync func()) func(backward bool) float64 {
+	return func(backward bool) float64 {
+		if sync != nil {
+			sync()
+		}
+		var obj float64
+		err := each(len(ls), func(ctx context.Context, r int) error {
+			y, err := ls[r].Forward(ctx, x, batch)
+			if err != nil {
+				return err
+			}
+			if r == 0 {
+				for i, v := range y {
+					obj += float64(v) * float64(proj[i])
+				}
+			}
+			if !backward {
+				return nil
+			}
+			clear(ls[r].Grads())
+			d, err := ls[r].Backward(ctx, proj)
+			if r == 0 {
+				*dx = append((*dx)[:0], d...)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return obj
+	}
+}
+
 // TestMLPGradFiniteDifference checks the sharded block's gradients with
 // respect to the input and every rank's parameters by central differences
 // of the objective Σ y·r (r fixed, so dy = r), with 7 hidden units over
@@ -225,34 +286,7 @@ func TestMLPGradFiniteDifference(t *testing.T) {
 	gs := groups(t, l)
 	ms := newMLPs(t, gs, w, in, hidden, out)
 	var dx []float32
-	step := func(backward bool) float64 {
-		var obj float64
-		err := each(l, func(ctx context.Context, r int) error {
-			m := ms[r]
-			y, err := m.Forward(ctx, x, batch)
-			if err != nil {
-				return err
-			}
-			if r == 0 {
-				for i, v := range y {
-					obj += float64(v) * float64(proj[i])
-				}
-			}
-			if !backward {
-				return nil
-			}
-			clear(m.Grads())
-			d, err := m.Backward(ctx, proj)
-			if r == 0 {
-				dx = append([]float32(nil), d...)
-			}
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return obj
-	}
+	step := objective(t, ms, x, proj, batch, &dx, nil)
 	step(true)
 	f := func() float64 { return step(false) }
 	cfg := modeltest.Config{MaxChecks: -1}
@@ -296,25 +330,19 @@ func TestSpan(t *testing.T) {
 // shapes, bad lengths and a Backward without Forward are errors on every
 // rank they concern, never a panic or a hang.
 func TestMLPRefused(t *testing.T) {
-	mustErr := func(name string, err error, want string) {
-		t.Helper()
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%s: error %v, want one containing %q", name, err, want)
-		}
-	}
 	ctx := context.Background()
 
 	// more ranks than hidden units: refused before any communication.
 	gs := groups(t, 3)
 	for r := range 3 {
 		_, err := tensorpar.NewMLP(ctx, gs[r], 4, 2, 3)
-		mustErr("L > Hidden", err, "cannot split 2 hidden units over 3")
+		mustErr(t, "L > Hidden", err, "cannot split 2 hidden units over 3")
 		if c := gs[r].Counts(); c != (tensorpar.Counts{}) {
 			t.Errorf("L > Hidden communicated: %+v", c)
 		}
 	}
 	_, err := tensorpar.NewMLP(ctx, gs[0], 0, 2, 3)
-	mustErr("In 0", err, "want each in [1, 2²⁴]")
+	mustErr(t, "In 0", err, "want each in [1, 2²⁴]")
 
 	// ranks that disagree on the hidden size: every rank refuses.
 	gs = groups(t, 2)
@@ -326,7 +354,7 @@ func TestMLPRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	for r, err := range errs {
-		mustErr(fmt.Sprintf("rank %d of mismatched Hidden", r), err, "ranks disagree")
+		mustErr(t, fmt.Sprintf("rank %d of mismatched Hidden", r), err, "ranks disagree")
 		gs[r].Reset()
 	}
 
@@ -346,16 +374,16 @@ func TestMLPRefused(t *testing.T) {
 
 	m := ms[0]
 	_, err = m.Backward(ctx, make([]float32, 2*out))
-	mustErr("Backward after a failed Forward", err, "without a successful Forward")
+	mustErr(t, "Backward after a failed Forward", err, "without a successful Forward")
 	_, err = m.Forward(ctx, make([]float32, 2*in+1), 2)
-	mustErr("bad len(x)", err, "want batch 2 × In 3")
+	mustErr(t, "bad len(x)", err, "want batch 2 × In 3")
 	_, err = m.Forward(ctx, nil, 0)
-	mustErr("batch 0", err, "want batch 0 × In 3")
+	mustErr(t, "batch 0", err, "want batch 0 × In 3")
 	bad := zeroWeights(in, hidden, out)
 	bad.W2 = bad.W2[1:]
-	mustErr("SetFromFull", m.SetFromFull(bad), "want 15, 5, 10, 2")
-	mustErr("CopyGradsTo", m.CopyGradsTo(bad), "want 15, 5, 10, 2")
-	mustErr("CopyParamsTo", m.CopyParamsTo(tensorpar.MLPWeights{}), "want 15, 5, 10, 2")
+	mustErr(t, "SetFromFull", m.SetFromFull(bad), "want 15, 5, 10, 2")
+	mustErr(t, "CopyGradsTo", m.CopyGradsTo(bad), "want 15, 5, 10, 2")
+	mustErr(t, "CopyParamsTo", m.CopyParamsTo(tensorpar.MLPWeights{}), "want 15, 5, 10, 2")
 
 	// a good Forward (on fresh groups: the refused frames above may still
 	// be in the old ring), then a dy of the wrong length.
@@ -367,7 +395,7 @@ func TestMLPRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = ms[0].Backward(ctx, make([]float32, 2*out+1))
-	mustErr("bad len(dy)", err, "want batch 2 × Out 2")
+	mustErr(t, "bad len(dy)", err, "want batch 2 × Out 2")
 }
 
 // switching is a Group that uses first for its first call and then for

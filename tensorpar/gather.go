@@ -1,0 +1,99 @@
+package tensorpar
+
+import (
+	"context"
+	"fmt"
+)
+
+// gatherShards all-gathers every rank's flat buffer local, of size(q)
+// values on rank q, padded to the longest so that all ranks pass the same
+// length: one all-gather of max_q size(q) values per rank. It returns
+// rank q's buffer as part(q).
+func gatherShards(ctx context.Context, g Group, local []float32, size func(q int) int) (part func(q int) []float32, err error) {
+	n := g.Size()
+	per := 0
+	for q := range n {
+		per = max(per, size(q))
+	}
+	if len(local) != size(g.Rank()) {
+		panic(fmt.Sprintf("tensorpar: gatherShards: rank %d has %d values, want %d", g.Rank(), len(local), size(g.Rank())))
+	}
+	src := make([]float32, per)
+	copy(src, local)
+	all := make([]float32, n*per)
+	if err := g.AllGather(ctx, all, src); err != nil {
+		return nil, err
+	}
+	return func(q int) []float32 { return all[q*per : q*per+size(q)] }, nil
+}
+
+// GatherParams returns the whole block's weights, in PyTorch's layout,
+// on every rank of the group (for a checkpoint: PyTorch loads them as
+// from one worker): one all-gather of the longest shard's values. With
+// grads it gathers the gradients instead.
+func (m *MLP) GatherParams(ctx context.Context, grads bool) (MLPWeights, error) {
+	buf := m.params
+	if grads {
+		buf = m.grads
+	}
+	l := m.g.Size()
+	part, err := gatherShards(ctx, m.g, buf, func(q int) int { return mlpLen(l, q, m.In, m.Hidden, m.Out) })
+	if err != nil {
+		return MLPWeights{}, fmt.Errorf("tensorpar: MLP.GatherParams: %w", err)
+	}
+	w := MLPWeights{W1: make([]float32, m.Hidden*m.In), B1: make([]float32, m.Hidden),
+		W2: make([]float32, m.Out*m.Hidden), B2: make([]float32, m.Out)}
+	for q := range l {
+		// rank q's shard, bound as rank q's MLP binds its buffer.
+		mq := newMLP(m.g, q, m.In, m.Hidden, m.Out, part(q), part(q))
+		if err := mq.CopyParamsTo(w); err != nil {
+			return MLPWeights{}, err
+		}
+	}
+	return w, nil
+}
+
+// GatherParams returns the whole attention's weights (in_proj packed as
+// PyTorch's) on every rank of the group: one all-gather of the longest
+// shard's values. With grads it gathers the gradients instead.
+func (a *Attention) GatherParams(ctx context.Context, grads bool) (AttentionWeights, error) {
+	buf := a.params
+	if grads {
+		buf = a.grads
+	}
+	part, err := gatherShards(ctx, a.g, buf, func(q int) int { return attentionLen(a.g.Size(), q, a.D, a.Heads) })
+	if err != nil {
+		return AttentionWeights{}, fmt.Errorf("tensorpar: Attention.GatherParams: %w", err)
+	}
+	d := a.D
+	w := AttentionWeights{InW: make([]float32, 3*d*d), InB: make([]float32, 3*d), OutW: make([]float32, d*d), OutB: make([]float32, d)}
+	for q := range a.g.Size() {
+		aq := newAttention(a.g, q, d, a.Heads, a.Tokens, part(q), part(q))
+		if err := aq.CopyParamsTo(w); err != nil {
+			return AttentionWeights{}, err
+		}
+	}
+	return w, nil
+}
+
+// GatherParams returns the whole block's weights on every rank of the
+// group: the layer norms from this rank (they are replicated), the
+// attention's and the MLP's gathered (two all-gathers). With grads it
+// gathers the gradients instead.
+func (b *Block) GatherParams(ctx context.Context, grads bool) (BlockWeights, error) {
+	at, err := b.Attn.GatherParams(ctx, grads)
+	if err != nil {
+		return BlockWeights{}, err
+	}
+	mlp, err := b.MLP.GatherParams(ctx, grads)
+	if err != nil {
+		return BlockWeights{}, err
+	}
+	n1, n2 := b.Norm1, b.Norm2
+	src := [][]float32{n1.Weight, n1.Bias, n2.Weight, n2.Bias}
+	if grads {
+		src = [][]float32{n1.DWeight, n1.DBias, n2.DWeight, n2.DBias}
+	}
+	cl := func(s []float32) []float32 { return append([]float32(nil), s...) }
+	return BlockWeights{Norm1W: cl(src[0]), Norm1B: cl(src[1]), Attn: at, Norm2W: cl(src[2]), Norm2B: cl(src[3]), MLP: mlp}, nil
+}
