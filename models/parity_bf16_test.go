@@ -61,15 +61,7 @@ func checkParityBF16(t *testing.T, fixture string) {
 	if err := n.SetPrecision(BF16); err != nil {
 		t.Fatal(err)
 	}
-	x := f32(t, io, "x")
-	lab, err := io["labels"].Int64s()
-	if err != nil {
-		t.Fatal(err)
-	}
-	labels := make([]uint8, len(lab))
-	for i, l := range lab {
-		labels[i] = uint8(l)
-	}
+	x, labels := fixtureBatch(t, io)
 	n.ZeroGrad()
 	logits := n.Forward(x, len(labels), meta["mode"] == "train")
 	d := make([]float32, len(logits))

@@ -143,6 +143,20 @@ func readFixture(t *testing.T, name string) (map[string]Tensor, map[string]strin
 	return ts, meta
 }
 
+// fixtureBatch is a fixture's input batch x and its labels.
+func fixtureBatch(t *testing.T, io map[string]Tensor) ([]float32, []uint8) {
+	t.Helper()
+	lab, err := io["labels"].Int64s()
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := make([]uint8, len(lab))
+	for i, l := range lab {
+		labels[i] = uint8(l)
+	}
+	return f32(t, io, "x"), labels
+}
+
 func f32(t *testing.T, ts map[string]Tensor, name string) []float32 {
 	t.Helper()
 	tt, ok := ts[name]
@@ -184,15 +198,7 @@ func checkParity(t *testing.T, fixture string) {
 			t.Fatal(err)
 		}
 	}
-	x := f32(t, io, "x")
-	lab, err := io["labels"].Int64s()
-	if err != nil {
-		t.Fatal(err)
-	}
-	labels := make([]uint8, len(lab))
-	for i, l := range lab {
-		labels[i] = uint8(l)
-	}
+	x, labels := fixtureBatch(t, io)
 	batch := len(labels)
 	if _, ok := io["logits_eval"]; ok {
 		near(t, "logits_eval", n.Forward(x, batch, false), f32(t, io, "logits_eval"), 1e-4)
