@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/internal/trace"
 	"github.com/gradsync/gradsync/models"
 )
 
@@ -70,6 +71,27 @@ type Plain struct {
 	stateless // no state to snapshot
 	total     int
 	buckets   []span
+	trace     *trace.Recorder // nil: no timeline (SetTrace)
+}
+
+// SetTrace makes the reducer record each bucket's all-reduce in r (as
+// trace.CatComm spans on trace.TidComm) and, in an overlapped step, the
+// moment each bucket's gradients were ready; nil records nothing. It must
+// not be called while a step runs.
+func (p *Plain) SetTrace(r *trace.Recorder) { p.trace = r }
+
+// allReduceBucket all-reduces bucket i of grads within c, recording it
+// when a trace is set.
+func (p *Plain) allReduceBucket(ctx context.Context, c *call, grads []float32, i int) error {
+	b := p.buckets[i]
+	if p.trace == nil {
+		return c.allReduce(ctx, grads[b.lo:b.hi])
+	}
+	start := time.Now()
+	err := c.allReduce(ctx, grads[b.lo:b.hi])
+	p.trace.Span(fmt.Sprintf("all-reduce bucket %d", i), trace.CatComm, trace.TidComm, start, time.Now(),
+		map[string]any{"bytes": 4 * (b.hi - b.lo)})
+	return err
 }
 
 var (
@@ -111,8 +133,8 @@ func (p *Plain) Reduce(ctx context.Context, grads []float32, step int64) error {
 
 // reduce averages grads over the ranks within the call c.
 func (p *Plain) reduce(ctx context.Context, c *call, grads []float32) error {
-	for _, b := range p.buckets {
-		if err := c.allReduce(ctx, grads[b.lo:b.hi]); err != nil {
+	for i := range p.buckets {
+		if err := p.allReduceBucket(ctx, c, grads, i); err != nil {
 			return err
 		}
 	}
@@ -162,7 +184,7 @@ func (o *Overlapped) Ready(from int) {
 
 func (o *Overlapped) run(ctx context.Context) {
 	defer close(o.done)
-	for _, b := range o.p.buckets {
+	for i, b := range o.p.buckets {
 		for o.from.Load() > int64(b.lo) {
 			select {
 			case <-o.sig:
@@ -171,7 +193,10 @@ func (o *Overlapped) run(ctx context.Context) {
 				return
 			}
 		}
-		if err := o.c.allReduce(ctx, o.grads[b.lo:b.hi]); err != nil {
+		if o.p.trace != nil {
+			o.p.trace.Instant(fmt.Sprintf("bucket %d ready", i), trace.CatComm, trace.TidComm, time.Now(), nil)
+		}
+		if err := o.p.allReduceBucket(ctx, o.c, o.grads, i); err != nil {
 			o.err = err
 			return
 		}

@@ -1,6 +1,11 @@
 package worker
 
-import "github.com/gradsync/gradsync/models"
+import (
+	"time"
+
+	"github.com/gradsync/gradsync/internal/trace"
+	"github.com/gradsync/gradsync/models"
+)
 
 // forwardBackward computes the mean loss of batch and adds its gradient
 // into net's gradient buffer, in micro-batches of at most micro examples
@@ -13,8 +18,9 @@ import "github.com/gradsync/gradsync/models"
 // only: before it, no gradient is final. x and dl hold micro examples. An
 // empty batch adds nothing and returns 0. An error making a batch
 // (obj.batch) is returned as it is. scale multiplies the loss gradient
-// (the fp16 loss scale; 1 otherwise).
-func forwardBackward(net *models.Network, obj objective, batch []int, micro int, x, dl []float32, epoch int, scale float32, ready func(from int)) (float32, error) {
+// (the fp16 loss scale; 1 otherwise). lt (nil: none) records each
+// micro-batch's forward and each layer's backward.
+func forwardBackward(net *models.Network, obj objective, batch []int, micro int, x, dl []float32, epoch int, scale float32, ready func(from int), lt *layerTrace) (float32, error) {
 	n := len(batch)
 	if n == 0 {
 		return 0, nil
@@ -26,6 +32,10 @@ func forwardBackward(net *models.Network, obj objective, batch []int, micro int,
 		k := len(part)
 		if err := obj.batch(part, x[:k*inSize], epoch); err != nil {
 			return 0, err
+		}
+		var fwd time.Time
+		if lt != nil {
+			fwd = time.Now()
 		}
 		logits := net.Forward(x[:k*inSize], k, true)
 		d := dl[:k*classes]
@@ -43,6 +53,11 @@ func forwardBackward(net *models.Network, obj objective, batch []int, micro int,
 		var notify func(int)
 		if lo+micro >= n {
 			notify = ready
+		}
+		if lt != nil {
+			now := time.Now()
+			lt.rec.Span("forward + loss", trace.CatForward, trace.TidCompute, fwd, now, map[string]any{"samples": k})
+			notify = lt.backward(now, notify)
 		}
 		net.BackwardNotify(d, notify)
 	}

@@ -30,7 +30,7 @@ func TestForwardBackwardAccumulates(t *testing.T) {
 		x := make([]float32, micro*net.InputSize())
 		dl := make([]float32, micro*10)
 		calls := 0
-		loss, err := forwardBackward(net, obj, batch, micro, x, dl, 0, 1, func(int) { calls++ })
+		loss, err := forwardBackward(net, obj, batch, micro, x, dl, 0, 1, func(int) { calls++ }, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,7 +52,7 @@ func TestForwardBackwardAccumulates(t *testing.T) {
 	if maxDiff > 1e-5*maxAbs {
 		t.Fatalf("accumulated gradient differs from the whole batch's by %g (largest %g)", maxDiff, maxAbs)
 	}
-	if got, err := forwardBackward(whole, obj, nil, 8, nil, nil, 0, 1, nil); got != 0 || err != nil {
+	if got, err := forwardBackward(whole, obj, nil, 8, nil, nil, 0, 1, nil, nil); got != 0 || err != nil {
 		t.Fatalf("empty batch: loss %v", got)
 	}
 }

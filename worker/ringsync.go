@@ -12,6 +12,7 @@ import (
 	"github.com/gradsync/gradsync/compress"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/internal/optim"
+	"github.com/gradsync/gradsync/internal/trace"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -39,22 +40,25 @@ type overlapStarter interface {
 // applies the same optimiser step locally, so all ranks keep bit-identical
 // parameters (checked every checksumEvery steps).
 type ringSync struct {
-	ring    aggregator.Ring
-	metrics *metrics.Registry // may be nil
-	jobID   string
-	sent    int64 // bytes reported to metrics so far
-	recv    int64
-	closeFn func()
-	world   int
-	spec    *pb.JobSpec
-	total   int64
-	optim   optim.Stepper
-	opt     aggregator.Options
-	reducer compress.Reducer
-	state   compress.Stateful // the reducer's state
-	overlap overlapStarter    // the reducer, if it can reduce while backward runs; else nil
-	timeout time.Duration
-	skipBad bool
+	ring  aggregator.Ring
+	trace *trace.Recorder // records the all-reduces (setTrace); nil: none
+
+	reducerTraces bool              // the reducer records its buckets itself
+	metrics       *metrics.Registry // may be nil
+	jobID         string
+	sent          int64 // bytes reported to metrics so far
+	recv          int64
+	closeFn       func()
+	world         int
+	spec          *pb.JobSpec
+	total         int64
+	optim         optim.Stepper
+	opt           aggregator.Options
+	reducer       compress.Reducer
+	state         compress.Stateful // the reducer's state
+	overlap       overlapStarter    // the reducer, if it can reduce while backward runs; else nil
+	timeout       time.Duration
+	skipBad       bool
 	// noOverlap reduces after backward even without compression (tests).
 	noOverlap bool
 	// The overlapped reduction of the current step, between beginStep and
@@ -164,6 +168,17 @@ func (r *ringSync) beginStep(ctx context.Context, grads []float32) (func(from in
 	return o.Ready, nil
 }
 
+// setTrace records the ring's all-reduces in rec: per bucket where the
+// reducer records them itself (the plain reducer), else one span per
+// step's reduction.
+func (r *ringSync) setTrace(rec *trace.Recorder) {
+	r.trace, r.reducerTraces = rec, false
+	if p, ok := r.reducer.(interface{ SetTrace(*trace.Recorder) }); ok {
+		p.SetTrace(rec)
+		r.reducerTraces = true
+	}
+}
+
 func (r *ringSync) step(ctx context.Context, grads, params []float32) error {
 	if o := r.pending; o != nil {
 		// The all-reduce began with backward (beginStep).
@@ -179,8 +194,12 @@ func (r *ringSync) step(ctx context.Context, grads, params []float32) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
+	start := time.Now()
 	if err := r.reducer.Reduce(ctx, grads, r.steps); err != nil {
 		return r.explain(ctx, err)
+	}
+	if r.trace != nil && !r.reducerTraces {
+		r.trace.Span("reduce (compressed)", trace.CatComm, trace.TidComm, start, time.Now(), map[string]any{"step": r.steps})
 	}
 	return r.apply(ctx, grads, params)
 }

@@ -190,6 +190,9 @@ func startSync(ctx context.Context, a *pb.Assignment, env *taskEnv, net *models.
 			leave()
 			return nil, err
 		}
+		if env.trace != nil {
+			rs.setTrace(env.trace)
+		}
 		return newRingTask(rs, a, env, net), nil
 	default:
 		return nil, fmt.Errorf("mode %q is not supported by this worker", mode)

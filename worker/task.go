@@ -11,6 +11,7 @@ import (
 	"github.com/gradsync/gradsync/aggregator/ringrpc"
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/internal/metrics"
+	"github.com/gradsync/gradsync/internal/trace"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/pipeline/peerrpc"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -40,6 +41,8 @@ type taskEnv struct {
 	dataDir string
 	// threads run each step of a Trainer (Config.Threads; 0 or 1: one).
 	threads int
+	// trace records the task's timeline (Config.TracePath); nil: none.
+	trace *trace.Recorder
 	// snaps keeps ring ranks' in-memory snapshots across tasks (nil: the
 	// task keeps its own, which die with it).
 	snaps *snapshotStore

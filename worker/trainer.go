@@ -9,6 +9,7 @@ import (
 	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/internal/kernels"
 	"github.com/gradsync/gradsync/internal/optim"
+	"github.com/gradsync/gradsync/internal/trace"
 	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -52,6 +53,7 @@ type Trainer struct {
 	images     int
 	evaluated  bool             // rank 0 has evaluated the parameters after the last step
 	lastLoader data.LoaderStats // streamed data: the loader's totals at the last report
+	layers     *layerTrace      // records the steps' timeline (env.trace); nil: none
 }
 
 // newTrainer builds the model and the step plan of a task and reads the
@@ -91,6 +93,9 @@ func newTrainer(a *pb.Assignment, env *taskEnv, obj objective) (*Trainer, error)
 		t.at = position{step: st.Meta.Step, epoch: st.Meta.Epoch, consumed: st.Meta.EpochConsumed}
 	}
 	t.total = t.plan.total(t.at)
+	if env.trace != nil {
+		t.layers = newLayerTrace(env.trace, net)
+	}
 	if env.threads > 1 {
 		if err := net.SetThreads(env.threads); err != nil {
 			return nil, err
@@ -244,13 +249,18 @@ func (t *Trainer) step(ctx context.Context, epoch int, batch []int) (float32, er
 	}
 	scale := t.sync.lossScale()
 	loss, err := t.sync.gradient(ctx, t.at.step, epoch, batch, func() (float32, error) {
-		return forwardBackward(net, t.obj, batch, t.micro, t.x, t.dl, epoch, scale, ready)
+		return forwardBackward(net, t.obj, batch, t.micro, t.x, t.dl, epoch, scale, ready, t.layers)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("step %d: %w", t.at.step, err)
 	}
 	syncStart := time.Now()
 	t.times.step(syncStart.Sub(stepStart))
+	if t.layers != nil {
+		defer func() {
+			t.env.trace.Span("all-reduce wait + optimiser", trace.CatOptim, trace.TidCompute, syncStart, time.Now(), map[string]any{"step": t.at.step})
+		}()
+	}
 	if err := t.sync.step(ctx, net.Grads(), net.Params()); err != nil {
 		// The step failed (cancelled, or the ring broke as the job was
 		// ended elsewhere): the parameters are still those after the
@@ -324,6 +334,9 @@ func (t *Trainer) finish(ctx context.Context) (*pb.JobResult, error) {
 	}
 	st.staleness.fill(nil, res)
 	res.SkippedSteps, res.LossScale = st.skipped, float64(st.lossScale)
+	if t.env.trace != nil {
+		res.CommOverlapRatio = overlapRatio(t.env.trace)
+	}
 	res.ParameterChecksum = models.Checksum(t.net.Params())
 	wall := time.Since(t.start).Seconds()
 	res.ImagesPerSecond = float64(step-t.from.step) * float64(t.plan.batch) / wall / imageShare(t.spec)

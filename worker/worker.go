@@ -27,6 +27,7 @@ import (
 	"github.com/gradsync/gradsync/internal/netem"
 	"github.com/gradsync/gradsync/internal/rpc"
 	"github.com/gradsync/gradsync/internal/security"
+	"github.com/gradsync/gradsync/internal/trace"
 	"github.com/gradsync/gradsync/pipeline/peerrpc"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -87,6 +88,13 @@ type Config struct {
 	// means 1. Results are deterministic for a given count but change
 	// with it.
 	Threads int
+	// TracePath, if set, makes each ring task record its timeline —
+	// forward and backward per layer, each gradient bucket's readiness
+	// and all-reduce, the optimiser step — and write it as a Chrome trace
+	// (chrome://tracing, Perfetto) to TracePath with "-rankR" (and "-gN"
+	// for generations after the first) before its extension; the job
+	// result then carries rank 0's compute/communication overlap.
+	TracePath string
 	// AllowEntrypoints lets jobs run their entrypoint command (a user's
 	// script) on this worker, as the worker's user (--allow-entrypoints).
 	// Off, such assignments are refused, and the coordinator does not
@@ -356,10 +364,17 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 				defer wg.Done()
 				defer close(t.done)
 				w.log.Info("task assigned", "job", a.JobId, "rank", a.Rank, "world", a.WorldSize, "model", a.Spec.GetModel())
-				res, err := safeRun(tctx, a, &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics,
+				env := &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics,
 					ring: w.ring, pipe: w.pipe, peerDial: w.peerDialOptions(), psDial: w.aggregatorDialOptions(), stepDelay: w.cfg.DebugStepDelay, snaps: &w.snaps,
 					dataDir: w.cfg.DataDir, threads: w.cfg.Threads,
-					allowEntrypoints: w.cfg.AllowEntrypoints, runsDir: w.cfg.RunsDir, worker: w.cfg.ID + " (" + w.cfg.Name + ")"})
+					allowEntrypoints: w.cfg.AllowEntrypoints, runsDir: w.cfg.RunsDir, worker: w.cfg.ID + " (" + w.cfg.Name + ")"}
+				if w.cfg.TracePath != "" && a.Spec.GetMode() == "ring" {
+					env.trace = trace.New(time.Now(), 0)
+				}
+				res, err := safeRun(tctx, a, env)
+				if env.trace != nil {
+					w.writeTrace(env.trace, a, res)
+				}
 				done := &pb.TaskDone{JobId: a.JobId, Rank: a.Rank, Result: res, Generation: a.Generation}
 				if rf := (*ringFailure)(nil); errors.As(err, &rf) {
 					done.RingLinks = rf.links

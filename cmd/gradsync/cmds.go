@@ -31,6 +31,7 @@ func newLocalCmd(g *globals) *cobra.Command {
 	var stateDir, runsDir, metricsAddr, linkRate string
 	var heartbeatTimeout time.Duration
 	var threads int
+	var tracePath string
 	c := &cobra.Command{
 		Use:   "local",
 		Short: "Train with a coordinator and N workers in this process, over real gRPC on loopback",
@@ -62,7 +63,7 @@ func newLocalCmd(g *globals) *cobra.Command {
 				HeartbeatTimeout: heartbeatTimeout}
 			// Local workers run entrypoint commands: this is the user's
 			// own machine.
-			wcfg := worker.Config{Logger: log, Insecure: g.sec.insecure, Threads: threads, AllowEntrypoints: true, RunsDir: runsDir}
+			wcfg := worker.Config{Logger: log, Insecure: g.sec.insecure, Threads: threads, AllowEntrypoints: true, RunsDir: runsDir, TracePath: tracePath}
 			if wcfg.Link, err = netem.ParseRate(linkRate); err != nil {
 				return fmt.Errorf("--link-rate: %w", err)
 			}
@@ -133,6 +134,7 @@ func newLocalCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics of the server and workers on this address (/metrics)")
 	c.Flags().StringVar(&linkRate, "link-rate", "", linkRateHelp)
 	c.Flags().IntVar(&threads, "threads", 1, threadsHelp)
+	c.Flags().StringVar(&tracePath, "trace", "", traceHelp)
 	c.Flags().DurationVar(&heartbeatTimeout, "heartbeat-timeout", 5*time.Second,
 		"silence after which a worker is lost (raise it when the machine is starved, e.g. a long run under nice -n 19)")
 	return c
@@ -270,6 +272,7 @@ func newWorkerCmd(g *globals) *cobra.Command {
 	f.StringVar(&linkRate, "link-rate", "", linkRateHelp)
 	f.StringVar(&cfg.DataDir, "data-dir", "", "folder holding this worker's data (the IDX files of mnist or fashion-mnist, an ImageFolder, the CIFAR files); overrides the job's dataset.data_dir here, so each real federated client trains on its own data")
 	f.IntVar(&cfg.Threads, "threads", 1, threadsHelp)
+	f.StringVar(&cfg.TracePath, "trace", "", traceHelp)
 	f.BoolVar(&cfg.AllowEntrypoints, "allow-entrypoints", false, "run the commands of entrypoint jobs (users' scripts, as this worker's user); off, such jobs are refused and not placed here")
 	f.StringVar(&cfg.RunsDir, "runs-dir", "runs", "where entrypoint commands' output goes (<runs-dir>/<job-id>/rank-R.log, read by 'gradsync logs')")
 	f.DurationVar(&cfg.DebugStepDelay, "debug-step-delay", 0, "fault injection for tests: wait this long before every training step (a slow worker, which the coordinator reports as a straggler)")
@@ -351,6 +354,9 @@ func serveService(c *cobra.Command, g *globals, addr, metricsAddr string, serve 
 }
 
 // linkRateHelp documents --link-rate (local and worker).
+// traceHelp says what --trace does on a worker.
+const traceHelp = "ring jobs: write each rank's timeline (forward and backward per layer, gradient buckets' all-reduces, optimiser) as a Chrome trace to this `file` with -rankR before its extension (chrome://tracing, Perfetto); the summary gets rank 0's compute/communication overlap"
+
 // threadsHelp says what --threads does on a worker. The default stays 1:
 // another count changes every job's numbers (within float32 rounding).
 const threadsHelp = "goroutines per training step of a ps or ring task, each on a slice of the batch (deterministic for a given count)"

@@ -38,6 +38,9 @@ type Summary struct {
 	// LoaderImagesPerSecond is rank 0's data loader capacity (streamed
 	// data sets: imagefolder, cifar10, cifar100), beside images_per_second.
 	LoaderImagesPerSecond float64 `json:"loader_images_per_second,omitempty"`
+	// CommOverlapRatio is the share of rank 0's all-reduce time that ran
+	// while backward was computing (ring jobs traced with --trace).
+	CommOverlapRatio float64 `json:"comm_overlap_ratio,omitempty"`
 	// LabelGranularity is cifar100's label granularity (fine or coarse).
 	LabelGranularity string `json:"label_granularity,omitempty"`
 	GemmBackend      string `json:"gemm_backend,omitempty"`
@@ -89,6 +92,7 @@ func SummaryOf(j *pb.Job) Summary {
 		s.TestAccuracy, s.TestLoss, s.TrainLoss = r.TestAccuracy, r.TestLoss, r.TrainLoss
 		s.WallSeconds, s.ImagesPerSecond, s.GemmBackend = r.WallSeconds, r.ImagesPerSecond, r.GemmBackend
 		s.LoaderImagesPerSecond = r.LoaderImagesPerSecond
+		s.CommOverlapRatio = r.CommOverlapRatio
 		s.ClassAccuracy = r.ClassAccuracy
 		if r.ParameterChecksum != 0 {
 			s.ParameterChecksum = fmt.Sprintf("%016x", r.ParameterChecksum)

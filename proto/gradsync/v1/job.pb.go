@@ -560,10 +560,14 @@ type JobResult struct {
 	LoaderImagesPerSecond float64 `protobuf:"fixed64,100,opt,name=loader_images_per_second,json=loaderImagesPerSecond,proto3" json:"loader_images_per_second,omitempty"`
 	// precision fp16: optimiser steps rank 0's loss scaler skipped for
 	// inf/NaN gradients (this task), and its final loss scale.
-	SkippedSteps  int64   `protobuf:"varint,160,opt,name=skipped_steps,json=skippedSteps,proto3" json:"skipped_steps,omitempty"`
-	LossScale     float64 `protobuf:"fixed64,161,opt,name=loss_scale,json=lossScale,proto3" json:"loss_scale,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SkippedSteps int64   `protobuf:"varint,160,opt,name=skipped_steps,json=skippedSteps,proto3" json:"skipped_steps,omitempty"`
+	LossScale    float64 `protobuf:"fixed64,161,opt,name=loss_scale,json=lossScale,proto3" json:"loss_scale,omitempty"`
+	// Ring mode with a trace (`--trace`): the share of rank 0's all-reduce
+	// time that ran while backward was still computing (overlap with
+	// compute), from its timeline; 0 without a trace.
+	CommOverlapRatio float64 `protobuf:"fixed64,170,opt,name=comm_overlap_ratio,json=commOverlapRatio,proto3" json:"comm_overlap_ratio,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *JobResult) Reset() {
@@ -781,6 +785,13 @@ func (x *JobResult) GetSkippedSteps() int64 {
 func (x *JobResult) GetLossScale() float64 {
 	if x != nil {
 		return x.LossScale
+	}
+	return 0
+}
+
+func (x *JobResult) GetCommOverlapRatio() float64 {
+	if x != nil {
+		return x.CommOverlapRatio
 	}
 	return 0
 }
@@ -1357,7 +1368,7 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\x18loader_images_per_second\x18d \x01(\x01R\x15loaderImagesPerSecond\x12$\n" +
 	"\rskipped_steps\x18\xa0\x01 \x01(\x03R\fskippedSteps\x12\x1e\n" +
 	"\n" +
-	"loss_scale\x18\xa1\x01 \x01(\x01R\tlossScale\"\xb3\b\n" +
+	"loss_scale\x18\xa1\x01 \x01(\x01R\tlossScale\"\xe2\b\n" +
 	"\tJobResult\x12#\n" +
 	"\rtest_accuracy\x18\x01 \x01(\x01R\ftestAccuracy\x12\x1b\n" +
 	"\ttest_loss\x18\x02 \x01(\x01R\btestLoss\x12\x1d\n" +
@@ -1389,7 +1400,8 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\x18loader_images_per_second\x18d \x01(\x01R\x15loaderImagesPerSecond\x12$\n" +
 	"\rskipped_steps\x18\xa0\x01 \x01(\x03R\fskippedSteps\x12\x1e\n" +
 	"\n" +
-	"loss_scale\x18\xa1\x01 \x01(\x01R\tlossScale\"`\n" +
+	"loss_scale\x18\xa1\x01 \x01(\x01R\tlossScale\x12-\n" +
+	"\x12comm_overlap_ratio\x18\xaa\x01 \x01(\x01R\x10commOverlapRatio\"`\n" +
 	"\x10SubmitJobRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.gradsync.v1.JobSpecR\x04spec\x12\"\n" +
 	"\rresume_job_id\x18\x02 \x01(\tR\vresumeJobId\"7\n" +
