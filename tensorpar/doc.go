@@ -3,7 +3,13 @@
 //
 //   - the label-sharded classifier head (head.go), whose classes are split
 //     over L ranks and whose softmax cross-entropy never puts all logits
-//     on one rank;
+//     on one rank; its multi-label BCE-with-logits loss (bce.go: the
+//     terms split by class, one all-reduce of b values for the loss's
+//     value, none for the gradient); and its evaluation from the shards
+//     (headeval.go): the predicted class (the global arg-max, for
+//     eval.Confusion), and each label's rank among all classes, from
+//     which top-k accuracy follows for every k (two all-reduces of b
+//     values, whatever k);
 //   - the Megatron-style tensor-parallel MLP block (mlp.go, Shoeybi et
 //     al. 2019 §3): fc1 column-parallel and fc2 row-parallel around a
 //     GELU, the hidden units split over L ranks (Span; uneven shards when
