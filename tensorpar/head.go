@@ -85,10 +85,6 @@ type Head struct {
 	tl, pw      []float32 // BCELoss's columns of targets and posWeight
 }
 
-// maxClasses is the largest class count whose indices (and counts of
-// classes) a float32 holds exactly: Predict and Ranks send them as values.
-const maxClasses = 1 << 24
-
 // NewHead returns rank g.Rank()'s shard of a head with the given shards
 // (from Contiguous or FromGroups; shards[r] is rank r's classes). Its
 // parameters are its own buffers, zero; copy rows in with SetFromFull.
@@ -96,8 +92,8 @@ func NewHead(g Group, in, classes int, shards [][]int) (*Head, error) {
 	if len(shards) != g.Size() {
 		return nil, fmt.Errorf("tensorpar: %d label shards for a group of %d", len(shards), g.Size())
 	}
-	if classes > maxClasses {
-		return nil, fmt.Errorf("tensorpar: %d classes: a label-sharded head holds at most %d (class indices travel as float32)", classes, maxClasses)
+	if classes > maxExact {
+		return nil, fmt.Errorf("tensorpar: %d classes: a label-sharded head holds at most %d (class indices travel as float32)", classes, maxExact)
 	}
 	local := make([]int, classes)
 	for i := range local {

@@ -57,7 +57,7 @@ func Predict(ctx context.Context, h *Head) ([]int, error) {
 // Communication: two Sum all-reduces of b values — the label's logit from
 // its owner (the other ranks add zeros, so it arrives exactly), then each
 // rank's count of its classes that beat it (integers, exact in float32
-// up to maxClasses). That is 2b values whatever k, where all-gathering
+// up to maxExact). That is 2b values whatever k, where all-gathering
 // every rank's local top-k candidates would move 2b·k values per rank
 // (logits and class indices) and (L−1)·2b·k in on each.
 func Ranks[L models.Label](ctx context.Context, h *Head, labels []L) ([]int, error) {
