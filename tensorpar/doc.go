@@ -24,6 +24,13 @@
 //     x += attn(norm1(x)); x += mlp(norm2(x)) from the two, its layer norms
 //     and residual adds replicated: exactly 2 all-reduces of b·s·D values
 //     forward and 2 backward, Megatron's four per layer;
+//   - 2D tensor parallelism for Linear (linear2d.go, Optimus: Xu et al.
+//     2021, over SUMMA): the weight in q×q blocks, the activations in q
+//     blocks along both the batch and the features, each rank talking to
+//     its grid row and its grid column through a Group each; forward is
+//     q broadcasts along the row (input blocks) and q down the column
+//     (weight blocks), backward broadcasts them again and reduces the
+//     products (all-reduces: Group has no Reduce);
 //   - the spatially sharded convolution (spatial.go, DistConv: Dryden et
 //     al. 2019), models.Conv2D's function over images whose rows are split
 //     into F strips (Strips; uneven allowed): each rank receives the input
@@ -42,7 +49,8 @@
 //     before a replicated head.
 //
 // The ranks talk through a Group (group.go), a collective interface small
-// enough for the in-memory ring of tests and the gRPC ring of jobs:
+// enough for the in-memory ring of tests and the gRPC ring of jobs
+// (all-reduce, all-gather, broadcast):
 // RingGroup implements it over any aggregator.Ring, tagging every frame
 // with the group's id so that frames of another group are refused
 // (aggregator.ErrUnexpectedFrame) and never used. Counting wraps a Group
