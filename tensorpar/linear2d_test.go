@@ -2,6 +2,7 @@ package tensorpar_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -375,5 +376,85 @@ func TestLinear2DRefusals(t *testing.T) {
 	}
 	if _, err := l.Backward(ctx, make([]float32, 3)); err == nil {
 		t.Error("len(dy) 3 for batch 2 × Out 2 accepted")
+	}
+}
+
+// TestLinear2DWrongGroupRefused: on a 2×2 grid, a rank whose column group
+// is another group's fails the handshake, and a rank whose Forward reaches
+// another column group's frames gets ErrUnexpectedFrame on some rank, no
+// output with an error, and nothing hangs (each cancels the others).
+func TestLinear2DWrongGroupRefused(t *testing.T) {
+	const q = 2
+	build := func(col3 func(r aggregator.Ring, id uint32) tensorpar.Group) (rows, cols []tensorpar.Group) {
+		rows, cols = make([]tensorpar.Group, q*q), make([]tensorpar.Group, q*q)
+		mk := func(r aggregator.Ring, id uint32) tensorpar.Group {
+			g, err := tensorpar.NewRingGroup(r, id, 0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return g
+		}
+		for line := range q {
+			rr, cr := aggregator.NewMemRing(q, 4), aggregator.NewMemRing(q, 4)
+			t.Cleanup(func() {
+				for n := range q {
+					rr[n].(*aggregator.MemRing).Close()
+					cr[n].(*aggregator.MemRing).Close()
+				}
+			})
+			for n := range q {
+				rows[line*q+n] = mk(rr[n], uint32(100+line))
+				if n*q+line == q*q-1 {
+					cols[n*q+line] = col3(cr[n], uint32(200+line))
+				} else {
+					cols[n*q+line] = mk(cr[n], uint32(200+line))
+				}
+			}
+		}
+		return rows, cols
+	}
+	mk := func(r aggregator.Ring, id uint32) tensorpar.Group {
+		g, err := tensorpar.NewRingGroup(r, id, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	// Rank 3's column group carries another id from the start.
+	rows, cols := build(func(r aggregator.Ring, id uint32) tensorpar.Group { return mk(r, id+50) })
+	err := each(q*q, func(ctx context.Context, r int) error {
+		_, err := tensorpar.NewLinear2D(ctx, rows[r], cols[r], 4, 4)
+		return err
+	})
+	if !errors.Is(err, aggregator.ErrUnexpectedFrame) {
+		t.Fatalf("NewLinear2D with a foreign column group: %v, want an ErrUnexpectedFrame", err)
+	}
+	// Rank 3's column group switches to another id after the handshake.
+	rows, cols = build(func(r aggregator.Ring, id uint32) tensorpar.Group {
+		return &switching{first: mk(r, id), then: mk(r, id+50)}
+	})
+	ls := make([]*tensorpar.Linear2D, q*q)
+	if err := each(q*q, func(ctx context.Context, r int) error {
+		var err error
+		ls[r], err = tensorpar.NewLinear2D(ctx, rows[r], cols[r], 4, 4)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ys := make([][]float32, q*q)
+	errs := make([]error, q*q)
+	_ = each(q*q, func(ctx context.Context, r int) error {
+		ys[r], errs[r] = ls[r].Forward(ctx, make([]float32, 4), 4)
+		return errs[r]
+	})
+	found := false
+	for r, err := range errs {
+		found = found || errors.Is(err, aggregator.ErrUnexpectedFrame)
+		if err != nil && ys[r] != nil {
+			t.Errorf("rank %d returned an output with its error", r)
+		}
+	}
+	if !found {
+		t.Fatalf("errors %v, want an ErrUnexpectedFrame", errs)
 	}
 }
