@@ -76,6 +76,7 @@
 // PyTorch's layout (SetFromFull) and back into them (CopyParamsTo,
 // CopyGradsTo), so tests compare it with the unsharded layers of models;
 // GatherParams does the latter over the group (one all-gather of the
-// longest shard per layer), so that every rank holds the whole tensors a
+// longest shard per layer; for Linear2D one down the grid column, then
+// one along the row), so that every rank holds the whole tensors a
 // checkpoint writes under PyTorch's names.
 package tensorpar

@@ -24,6 +24,9 @@ import (
 //
 // Every parameter, activation and gradient block is 1/q² of the whole
 // (bias: 1/q), and no rank holds more than one remote block at a time.
+// SetFromFull and CopyGradsTo move blocks from and to the whole layer's
+// tensors in PyTorch's layout; GatherParams (gather.go) assembles them
+// on every rank over the grid.
 //
 // Communication per step, over the row group (q ranks: grid row i) and
 // the column group (grid column j), in values passed in per rank:

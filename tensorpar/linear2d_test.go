@@ -458,3 +458,72 @@ func TestLinear2DWrongGroupRefused(t *testing.T) {
 		t.Fatalf("errors %v, want an ErrUnexpectedFrame", errs)
 	}
 }
+
+// TestLinear2DGatherParams: every rank of the grid gathers the whole
+// weight and bias (and their gradients) bit for bit, with one all-gather
+// on each group of the formula's length.
+func TestLinear2DGatherParams(t *testing.T) {
+	for _, c := range []struct{ q, in, out, batch int }{{1, 3, 2, 2}, {2, 7, 5, 4}, {3, 10, 8, 6}} {
+		t.Run(fmt.Sprintf("q%d_in%d_out%d", c.q, c.in, c.out), func(t *testing.T) {
+			q := c.q
+			rng := rand.New(rand.NewPCG(uint64(q), 3))
+			w, b := randn(rng, c.out*c.in, 1), randn(rng, c.out, 1)
+			x, dy := randn(rng, c.batch*c.in, 1), randn(rng, c.batch*c.out, 1)
+			rows, cols := grid(t, q)
+			ls := newLinear2Ds(t, rows, cols, c.in, c.out, w, b)
+			dw, db := make([]float32, len(w)), make([]float32, len(b))
+			var mu sync.Mutex
+			if err := each(q*q, func(ctx context.Context, r int) error {
+				if _, err := ls[r].Forward(ctx, block(x, c.batch, c.in, q, r/q, r%q), c.batch); err != nil {
+					return err
+				}
+				if _, err := ls[r].Backward(ctx, block(dy, c.batch, c.out, q, r/q, r%q)); err != nil {
+					return err
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				return ls[r].CopyGradsTo(dw, db)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			maxIn, maxOut := 0, 0
+			for i := range q {
+				lo, hi := tensorpar.Span(c.in, q, i)
+				maxIn = max(maxIn, hi-lo)
+				lo, hi = tensorpar.Span(c.out, q, i)
+				maxOut = max(maxOut, hi-lo)
+			}
+			err := each(q*q, func(ctx context.Context, r int) error {
+				rows[r].Reset()
+				cols[r].Reset()
+				gw, gb, err := ls[r].GatherParams(ctx, false)
+				if err != nil {
+					return err
+				}
+				if !slicesBitEqual(gw, w) || !slicesBitEqual(gb, b) {
+					t.Errorf("rank %d: gathered parameters differ from the whole layer's", r)
+				}
+				olo, ohi := tensorpar.Span(c.out, q, r%q)
+				wantCol := tensorpar.Counts{AllGatherOps: 1, AllGatherValues: int64((ohi - olo) * maxIn)}
+				wantRow := tensorpar.Counts{AllGatherOps: 1, AllGatherValues: int64(maxOut * (c.in + 1))}
+				if got := cols[r].Counts(); got != wantCol {
+					t.Errorf("rank %d column group: counts %+v, want %+v", r, got, wantCol)
+				}
+				if got := rows[r].Counts(); got != wantRow {
+					t.Errorf("rank %d row group: counts %+v, want %+v", r, got, wantRow)
+				}
+				gw, gb, err = ls[r].GatherParams(ctx, true)
+				if err != nil {
+					return err
+				}
+				if !slicesBitEqual(gw, dw) || !slicesBitEqual(gb, db) {
+					t.Errorf("rank %d: gathered gradients differ from the blocks'", r)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
