@@ -12,7 +12,6 @@ import (
 
 	"github.com/gradsync/gradsync/internal/eval"
 	"github.com/gradsync/gradsync/models"
-	"github.com/gradsync/gradsync/models/modeltest"
 	"github.com/gradsync/gradsync/tensorpar"
 )
 
@@ -302,64 +301,16 @@ func TestHeadBCEMatchesUnsharded(t *testing.T) {
 // TestHeadBCEFiniteDifference checks BCELoss's gradient with respect to
 // every shard's weights and the input by central differences.
 func TestHeadBCEFiniteDifference(t *testing.T) {
-	const in, classes, batch, l = 4, 7, 3, 3
+	const classes, batch = 7, 3 // checkHeadFD's head
 	rng := rand.New(rand.NewPCG(5, 6))
-	shards, _ := tensorpar.Contiguous(classes, l)
-	gs := groups(t, l)
-	heads := make([]*tensorpar.Head, l)
-	for r := range l {
-		h, err := tensorpar.NewHead(gs[r], in, classes, shards)
-		if err != nil {
-			t.Fatal(err)
-		}
-		copy(h.Lin.W, randn(rng, len(h.Lin.W), 1))
-		copy(h.Lin.B, randn(rng, len(h.Lin.B), 1))
-		heads[r] = h
-	}
-	x := randn(rng, batch*in, 1)
 	targets := make([]float32, batch*classes)
 	for i := range targets {
 		targets[i] = float32(rng.Float64())
 	}
 	pos := []float32{1, 2, 0.5, 3, 1, 1.5, 0.75}
-	var dx []float32
-	step := func(backward bool) float64 {
-		var loss float32
-		err := each(l, func(ctx context.Context, r int) error {
-			h := heads[r]
-			h.Forward(x, batch)
-			v, err := tensorpar.BCELoss(ctx, h, targets, pos, nil)
-			if err != nil {
-				return err
-			}
-			if r == 0 {
-				loss = v
-			}
-			if backward {
-				clear(h.Lin.DW)
-				clear(h.Lin.DB)
-				d, err := h.Backward(ctx)
-				if r == 0 {
-					dx = append([]float32(nil), d...)
-				}
-				return err
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return float64(loss)
-	}
-	step(true)
-	f := func() float64 { return step(false) }
-	modeltest.CheckGrad(t, "dx", f, x, dx, modeltest.Config{MaxChecks: -1})
-	for r, h := range heads {
-		dw := append([]float32(nil), h.Lin.DW...)
-		db := append([]float32(nil), h.Lin.DB...)
-		modeltest.CheckGrad(t, "W"+string(rune('0'+r)), f, h.Lin.W, dw, modeltest.Config{MaxChecks: -1})
-		modeltest.CheckGrad(t, "B"+string(rune('0'+r)), f, h.Lin.B, db, modeltest.Config{MaxChecks: -1})
-	}
+	checkHeadFD(t, 5, func(ctx context.Context, h *tensorpar.Head) (float32, error) {
+		return tensorpar.BCELoss(ctx, h, targets, pos, nil)
+	})
 }
 
 // TestHeadEvalRefusals: bad input to the evaluation and BCE functions is

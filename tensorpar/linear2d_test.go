@@ -21,7 +21,30 @@ import (
 // counting group over its own in-memory ring with its own id.
 func grid(t testing.TB, q int) (rows, cols []*tensorpar.Counting) {
 	t.Helper()
+	rg, cg := gridGroups(t, q, nil)
 	rows, cols = make([]*tensorpar.Counting, q*q), make([]*tensorpar.Counting, q*q)
+	for r := range q * q {
+		rows[r], cols[r] = &tensorpar.Counting{Group: rg[r]}, &tensorpar.Counting{Group: cg[r]}
+	}
+	return rows, cols
+}
+
+// gridGroups returns the row and column groups of grid's ranks: ring
+// groups with ids 100+i (row i) and 200+j (column j), except that col,
+// if not nil, makes rank r's column group over its ring and id.
+func gridGroups(t testing.TB, q int, col func(r aggregator.Ring, id uint32, rank int) tensorpar.Group) (rows, cols []tensorpar.Group) {
+	t.Helper()
+	mk := func(r aggregator.Ring, id uint32, _ int) tensorpar.Group {
+		g, err := tensorpar.NewRingGroup(r, id, 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	if col == nil {
+		col = mk
+	}
+	rows, cols = make([]tensorpar.Group, q*q), make([]tensorpar.Group, q*q)
 	for line := range q {
 		rr, cr := aggregator.NewMemRing(q, 4), aggregator.NewMemRing(q, 4)
 		t.Cleanup(func() {
@@ -31,16 +54,8 @@ func grid(t testing.TB, q int) (rows, cols []*tensorpar.Counting) {
 			}
 		})
 		for n := range q {
-			rg, err := tensorpar.NewRingGroup(rr[n], uint32(100+line), 1, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cg, err := tensorpar.NewRingGroup(cr[n], uint32(200+line), 1, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rows[line*q+n] = &tensorpar.Counting{Group: rg} // row line, column n
-			cols[n*q+line] = &tensorpar.Counting{Group: cg} // column line, row n
+			rows[line*q+n] = mk(rr[n], uint32(100+line), line*q+n)  // row line, column n
+			cols[n*q+line] = col(cr[n], uint32(200+line), n*q+line) // column line, row n
 		}
 	}
 	return rows, cols
@@ -385,40 +400,20 @@ func TestLinear2DRefusals(t *testing.T) {
 // output with an error, and nothing hangs (each cancels the others).
 func TestLinear2DWrongGroupRefused(t *testing.T) {
 	const q = 2
-	build := func(col3 func(r aggregator.Ring, id uint32) tensorpar.Group) (rows, cols []tensorpar.Group) {
-		rows, cols = make([]tensorpar.Group, q*q), make([]tensorpar.Group, q*q)
-		mk := func(r aggregator.Ring, id uint32) tensorpar.Group {
-			g, err := tensorpar.NewRingGroup(r, id, 0, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return g
-		}
-		for line := range q {
-			rr, cr := aggregator.NewMemRing(q, 4), aggregator.NewMemRing(q, 4)
-			t.Cleanup(func() {
-				for n := range q {
-					rr[n].(*aggregator.MemRing).Close()
-					cr[n].(*aggregator.MemRing).Close()
-				}
-			})
-			for n := range q {
-				rows[line*q+n] = mk(rr[n], uint32(100+line))
-				if n*q+line == q*q-1 {
-					cols[n*q+line] = col3(cr[n], uint32(200+line))
-				} else {
-					cols[n*q+line] = mk(cr[n], uint32(200+line))
-				}
-			}
-		}
-		return rows, cols
-	}
 	mk := func(r aggregator.Ring, id uint32) tensorpar.Group {
-		g, err := tensorpar.NewRingGroup(r, id, 0, 0)
+		g, err := tensorpar.NewRingGroup(r, id, 1, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return g
+	}
+	build := func(col3 func(r aggregator.Ring, id uint32) tensorpar.Group) (rows, cols []tensorpar.Group) {
+		return gridGroups(t, q, func(r aggregator.Ring, id uint32, rank int) tensorpar.Group {
+			if rank == q*q-1 {
+				return col3(r, id)
+			}
+			return mk(r, id)
+		})
 	}
 	// Rank 3's column group carries another id from the start.
 	rows, cols := build(func(r aggregator.Ring, id uint32) tensorpar.Group { return mk(r, id+50) })
