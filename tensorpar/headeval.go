@@ -13,8 +13,8 @@ import (
 // (eval.Argmax's rule on the unsharded logits, so the result feeds
 // eval.Confusion.AddPredictions unchanged). Each rank sends its best
 // (logit, class) per example: one all-gather of 2b values, b the batch
-// size, and no rank holds more than L·2b of the logits' values. Every rank
-// gets the same predictions.
+// size, so each rank receives L·2b values, never the b·Classes logits.
+// Every rank gets the same predictions.
 func Predict(ctx context.Context, h *Head) ([]int, error) {
 	b, k, n := h.batch, len(h.Owned), h.g.Size()
 	mine := make([]float32, 2*b)
