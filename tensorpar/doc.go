@@ -3,7 +3,13 @@
 //
 //   - the label-sharded classifier head (head.go), whose classes are split
 //     over L ranks and whose softmax cross-entropy never puts all logits
-//     on one rank;
+//     on one rank; its multi-label BCE-with-logits loss (bce.go: the
+//     terms split by class, one all-reduce of b values for the loss's
+//     value, none for the gradient); and its evaluation from the shards
+//     (headeval.go): the predicted class (the global arg-max, for
+//     eval.Confusion), and each label's rank among all classes, from
+//     which top-k accuracy follows for every k (two all-reduces of b
+//     values, whatever k);
 //   - the Megatron-style tensor-parallel MLP block (mlp.go, Shoeybi et
 //     al. 2019 §3): fc1 column-parallel and fc2 row-parallel around a
 //     GELU, the hidden units split over L ranks (Span; uneven shards when
@@ -18,6 +24,13 @@
 //     x += attn(norm1(x)); x += mlp(norm2(x)) from the two, its layer norms
 //     and residual adds replicated: exactly 2 all-reduces of b·s·D values
 //     forward and 2 backward, Megatron's four per layer;
+//   - 2D tensor parallelism for Linear (linear2d.go, Optimus: Xu et al.
+//     2021, over SUMMA): the weight in q×q blocks, the activations in q
+//     blocks along both the batch and the features, each rank talking to
+//     its grid row and its grid column through a Group each; forward is
+//     q broadcasts along the row (input blocks) and q down the column
+//     (weight blocks), backward broadcasts them again and reduces the
+//     products (all-reduces: Group has no Reduce);
 //   - the spatially sharded convolution (spatial.go, DistConv: Dryden et
 //     al. 2019), models.Conv2D's function over images whose rows are split
 //     into F strips (Strips; uneven allowed): each rank receives the input
@@ -36,7 +49,8 @@
 //     before a replicated head.
 //
 // The ranks talk through a Group (group.go), a collective interface small
-// enough for the in-memory ring of tests and the gRPC ring of jobs:
+// enough for the in-memory ring of tests and the gRPC ring of jobs
+// (all-reduce, all-gather, broadcast):
 // RingGroup implements it over any aggregator.Ring, tagging every frame
 // with the group's id so that frames of another group are refused
 // (aggregator.ErrUnexpectedFrame) and never used. Counting wraps a Group
@@ -62,6 +76,7 @@
 // PyTorch's layout (SetFromFull) and back into them (CopyParamsTo,
 // CopyGradsTo), so tests compare it with the unsharded layers of models;
 // GatherParams does the latter over the group (one all-gather of the
-// longest shard per layer), so that every rank holds the whole tensors a
+// longest shard per layer; for Linear2D one down the grid column, then
+// one along the row), so that every rank holds the whole tensors a
 // checkpoint writes under PyTorch's names.
 package tensorpar

@@ -97,3 +97,54 @@ func (b *Block) GatherParams(ctx context.Context, grads bool) (BlockWeights, err
 	cl := func(s []float32) []float32 { return append([]float32(nil), s...) }
 	return BlockWeights{Norm1W: cl(src[0]), Norm1B: cl(src[1]), Attn: at, Norm2W: cl(src[2]), Norm2B: cl(src[3]), MLP: mlp}, nil
 }
+
+// GatherParams returns the whole layer's weight (Out, In) and bias (Out),
+// in PyTorch's layout, on every rank of the grid (for a checkpoint): one
+// all-gather down the column of the weight blocks (max_i Out_j·In_i
+// values per rank), which gives each rank its column's (Out_j, In) slab,
+// then one along the row of the slabs with their bias blocks
+// (max_j Out_j·(In+1)). With grads it gathers the gradients instead.
+func (l *Linear2D) GatherParams(ctx context.Context, grads bool) (w, b []float32, err error) {
+	wb, bb := l.W, l.B
+	if grads {
+		wb, bb = l.DW, l.DB
+	}
+	q := l.Q
+	olo, ohi := Span(l.Out, q, l.J)
+	no := ohi - olo
+	inBlock := func(i int) (lo, n int) {
+		lo, hi := Span(l.In, q, i)
+		return lo, hi - lo
+	}
+	colPart, err := gatherShards(ctx, l.col, wb, func(i int) int {
+		_, n := inBlock(i)
+		return no * n
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("tensorpar: Linear2D.GatherParams: %w", err)
+	}
+	slab := make([]float32, no*l.In+no) // (Out_j, In), then the bias block
+	for i := range q {
+		lo, n := inBlock(i)
+		p := colPart(i)
+		for o := range no {
+			copy(slab[o*l.In+lo:o*l.In+lo+n], p[o*n:(o+1)*n])
+		}
+	}
+	copy(slab[no*l.In:], bb)
+	rowPart, err := gatherShards(ctx, l.row, slab, func(j int) int {
+		lo, hi := Span(l.Out, q, j)
+		return (hi - lo) * (l.In + 1)
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("tensorpar: Linear2D.GatherParams: %w", err)
+	}
+	w, b = make([]float32, l.Out*l.In), make([]float32, l.Out)
+	for j := range q {
+		lo, hi := Span(l.Out, q, j)
+		p := rowPart(j)
+		copy(w[lo*l.In:hi*l.In], p[:(hi-lo)*l.In])
+		copy(b[lo:hi], p[(hi-lo)*l.In:])
+	}
+	return w, b, nil
+}

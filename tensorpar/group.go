@@ -41,6 +41,8 @@ type Group interface {
 	// AllGather concatenates every rank's src into dst in rank order
 	// (len(dst) = Size()·len(src)).
 	AllGather(ctx context.Context, dst, src []float32) error
+	// Broadcast copies rank root's buf into buf on every other rank.
+	Broadcast(ctx context.Context, buf []float32, root int) error
 }
 
 // RingGroup is a Group over an aggregator.Ring whose ranks are exactly the
@@ -120,12 +122,21 @@ func (g *RingGroup) AllGather(ctx context.Context, dst, src []float32) error {
 	return aggregator.AllGather(ctx, g.ring, dst, src, g.next(), g.opt)
 }
 
+// Broadcast implements Group: aggregator.Broadcast, root → root+1 → …
+// along the ring, so every rank but the last passes len(buf) values on.
+func (g *RingGroup) Broadcast(ctx context.Context, buf []float32, root int) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return aggregator.Broadcast(ctx, g.ring, buf, root, g.next(), g.opt)
+}
+
 // Counts is the communication of a Group: operations and float32 values
-// passed in (per rank, the len(buf) of an all-reduce, len(src) of an
-// all-gather).
+// passed in (per rank, the len(buf) of an all-reduce or a broadcast,
+// len(src) of an all-gather).
 type Counts struct {
 	AllReduceOps, AllReduceValues int64
 	AllGatherOps, AllGatherValues int64
+	BroadcastOps, BroadcastValues int64
 }
 
 // Counting wraps a Group and counts its calls.
@@ -165,4 +176,13 @@ func (c *Counting) AllGather(ctx context.Context, dst, src []float32) error {
 	c.c.AllGatherValues += int64(len(src))
 	c.mu.Unlock()
 	return c.Group.AllGather(ctx, dst, src)
+}
+
+// Broadcast implements Group.
+func (c *Counting) Broadcast(ctx context.Context, buf []float32, root int) error {
+	c.mu.Lock()
+	c.c.BroadcastOps++
+	c.c.BroadcastValues += int64(len(buf))
+	c.mu.Unlock()
+	return c.Group.Broadcast(ctx, buf, root)
 }

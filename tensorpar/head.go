@@ -66,9 +66,11 @@ func FromGroups(groups [][]int, classes, l int) ([][]int, error) {
 // Communication per step, b the batch size, all within the group:
 // Loss does all-reduces of b values each — the max (Max), the sum of
 // exponentials and the target logit from its owner (Sum), and with label
-// smoothing one more of Σ_c w_c·z_c — so 3 or 4; Backward does one Sum
-// all-reduce of b·In values (the input gradient); Correct one all-gather
-// of 2b values.
+// smoothing one more of Σ_c w_c·z_c — so 3 or 4; BCELoss (multi-label,
+// bce.go) instead does one all-reduce of b values; Backward does one Sum
+// all-reduce of b·In values (the input gradient). Evaluation
+// (headeval.go): Predict and Correct one all-gather of 2b values; Ranks
+// and CorrectTopK (top-k for any k) two all-reduces of b values.
 type Head struct {
 	In, Classes int
 	Owned       []int
@@ -80,6 +82,7 @@ type Head struct {
 	z, dz []float32
 	// per-example reductions, reused
 	m, s, t, wz []float32
+	tl, pw      []float32 // BCELoss's columns of targets and posWeight
 }
 
 // NewHead returns rank g.Rank()'s shard of a head with the given shards
@@ -88,6 +91,9 @@ type Head struct {
 func NewHead(g Group, in, classes int, shards [][]int) (*Head, error) {
 	if len(shards) != g.Size() {
 		return nil, fmt.Errorf("tensorpar: %d label shards for a group of %d", len(shards), g.Size())
+	}
+	if classes > maxExact {
+		return nil, fmt.Errorf("tensorpar: %d classes: a label-sharded head holds at most %d (class indices travel as float32)", classes, maxExact)
 	}
 	local := make([]int, classes)
 	for i := range local {
@@ -243,37 +249,18 @@ func (h *Head) DLogits() []float32 { return h.dz }
 
 // Correct returns how many examples of the last Forward have their label
 // as the top-1 class of the whole head (ties to the lower class index),
-// from one all-gather of each rank's best (logit, class) per example.
+// from Predict's one all-gather of 2b values.
 func Correct[L models.Label](ctx context.Context, h *Head, labels []L) (int, error) {
-	b, k, n := h.batch, len(h.Owned), h.g.Size()
-	if len(labels) != b {
-		return 0, fmt.Errorf("tensorpar: %d labels for a batch of %d", len(labels), b)
+	if len(labels) != h.batch {
+		return 0, fmt.Errorf("tensorpar: %d labels for a batch of %d", len(labels), h.batch)
 	}
-	mine := make([]float32, 2*b)
-	for i := range b {
-		best := 0
-		for j, v := range h.z[i*k : (i+1)*k] {
-			bv := h.z[i*k+best]
-			if v > bv || v == bv && h.Owned[j] < h.Owned[best] {
-				best = j
-			}
-		}
-		mine[2*i], mine[2*i+1] = h.z[i*k+best], float32(h.Owned[best])
-	}
-	all := make([]float32, n*2*b)
-	if err := h.g.AllGather(ctx, all, mine); err != nil {
+	pred, err := Predict(ctx, h)
+	if err != nil {
 		return 0, err
 	}
 	correct := 0
 	for i, y := range labels {
-		bv, bc := float32(math.Inf(-1)), float32(-1)
-		for r := range n {
-			v, c := all[r*2*b+2*i], all[r*2*b+2*i+1]
-			if bc < 0 || v > bv || v == bv && c < bc {
-				bv, bc = v, c
-			}
-		}
-		if int(bc) == int(y) {
+		if pred[i] == int(y) {
 			correct++
 		}
 	}

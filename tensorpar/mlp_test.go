@@ -427,6 +427,10 @@ func (s *switching) AllGather(ctx context.Context, dst, src []float32) error {
 	return s.pick().AllGather(ctx, dst, src)
 }
 
+func (s *switching) Broadcast(ctx context.Context, buf []float32, root int) error {
+	return s.pick().Broadcast(ctx, buf, root)
+}
+
 // TestMLPWrongGroupRefused: ranks of different groups fail the shape
 // handshake, and a rank whose Forward reaches another group's frames gets
 // ErrUnexpectedFrame, returns no output, and nothing hangs.
