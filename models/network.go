@@ -74,6 +74,8 @@ type Network struct {
 	lastInput []float32
 	// prec is SetPrecision's precision.
 	prec Precision
+	// forwardHook is SetForwardHook's (nil: none).
+	forwardHook func(layer int, done bool)
 }
 
 // builder lays out the flat buffers: layers declare their parameters, then
@@ -270,7 +272,32 @@ func (n *Network) Forward(x []float32, batch int, train bool) []float32 {
 	if n.reps != nil {
 		return n.forwardSplit(x, batch, train)
 	}
+	if n.forwardHook != nil && n.ck == nil {
+		for i, l := range n.layers {
+			n.forwardHook(i, false)
+			x = l.Forward(x, batch, train)
+			n.forwardHook(i, true)
+		}
+		return x
+	}
 	return forwardLayers(n.layers, n.ck, x, batch, train)
+}
+
+// SetForwardHook makes Forward call hook(i, false) before and hook(i, true)
+// after layer i (LayerKinds names it) whenever the network runs its
+// layers one after the other on the caller's goroutine — one thread, no
+// activation checkpointing; otherwise it is not called. It computes
+// nothing: a tracer reads its clock there. nil removes it.
+func (n *Network) SetForwardHook(hook func(layer int, done bool)) { n.forwardHook = hook }
+
+// LayerKinds returns each layer's kind (its Go type: Conv2D, ReLU, …) in
+// Forward's order, for SetForwardHook's indices.
+func (n *Network) LayerKinds() []string {
+	kinds := make([]string, len(n.layers))
+	for i, l := range n.layers {
+		kinds[i] = strings.TrimPrefix(fmt.Sprintf("%T", l), "*models.")
+	}
+	return kinds
 }
 
 // forwardLayers runs layers on x, through ck when checkpointing.

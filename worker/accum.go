@@ -56,7 +56,7 @@ func forwardBackward(net *models.Network, obj objective, batch []int, micro int,
 		}
 		if lt != nil {
 			now := time.Now()
-			lt.rec.Span("forward + loss", trace.CatForward, trace.TidCompute, fwd, now, map[string]any{"samples": k})
+			lt.rec.Span("forward + loss", trace.CatStep, trace.TidCompute, fwd, now, map[string]any{"samples": k})
 			notify = lt.backward(now, notify)
 		}
 		net.BackwardNotify(d, notify)

@@ -54,14 +54,20 @@ func (w *Worker) writeTrace(rec *trace.Recorder, a *pb.Assignment, res *pb.JobRe
 // layerTrace turns the gradient-ready notifications of a backward pass
 // into one span per layer: the time between a layer's gradients becoming
 // final and the previous notification is that layer's backward.
+//
+// Forward is recorded per layer too, through the network's forward hook
+// (one thread, no activation checkpointing; else as one span).
 type layerTrace struct {
 	rec   *trace.Recorder
 	offs  []int    // the parameter segments' offsets, ascending
 	names []string // their layers' names (conv1 for conv1.weight)
+	kinds []string // the layers' kinds in Forward's order
+	fwd   time.Time
 }
 
 func newLayerTrace(rec *trace.Recorder, net *models.Network) *layerTrace {
-	lt := &layerTrace{rec: rec}
+	lt := &layerTrace{rec: rec, kinds: net.LayerKinds()}
+	net.SetForwardHook(lt.forward)
 	for _, s := range net.Segments() {
 		name := s.Name
 		if i := strings.LastIndexByte(name, '.'); i > 0 {
@@ -70,6 +76,15 @@ func newLayerTrace(rec *trace.Recorder, net *models.Network) *layerTrace {
 		lt.offs, lt.names = append(lt.offs, s.Offset), append(lt.names, name)
 	}
 	return lt
+}
+
+// forward records layer i's Forward as a span.
+func (lt *layerTrace) forward(i int, done bool) {
+	if !done {
+		lt.fwd = time.Now()
+		return
+	}
+	lt.rec.Span(fmt.Sprintf("forward %d %s", i, lt.kinds[i]), trace.CatForward, trace.TidCompute, lt.fwd, time.Now(), nil)
 }
 
 // layer names the layer whose parameters start at or before offset from.
