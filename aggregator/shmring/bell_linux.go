@@ -67,6 +67,10 @@ func openBell(path string) (*bell, error) {
 			err = fmt.Errorf("%w: %s belongs to uid %d, not to this process's %d", ErrRefused, path, uid, os.Geteuid())
 		}
 	}
+	if err == nil && f.SetReadDeadline(time.Time{}) != nil {
+		// Not in the poller: every wait would sleep its whole bound.
+		err = fmt.Errorf("%s cannot be waited on through the poller", path)
+	}
 	var rc syscall.RawConn
 	if err == nil {
 		rc, err = f.SyscallConn()
@@ -85,7 +89,7 @@ func (b *bell) wait(d time.Duration) {
 		return
 	}
 	if err := b.f.SetReadDeadline(time.Now().Add(d)); err != nil {
-		time.Sleep(d) // not pollable: poll the counters instead
+		time.Sleep(d) // closed under us: the caller's checks will say why
 		return
 	}
 	_, _ = b.f.Read(b.buf[:])
