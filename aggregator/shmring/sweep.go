@@ -96,18 +96,27 @@ func staleBell(path, segment string, now time.Time) bool {
 	if err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
 		return false
 	}
-	if uid, ok := fileOwner(fi); !ok || uid != os.Geteuid() {
-		return false
-	}
-	age := now.Sub(fi.ModTime())
-	if age > sweepAnyAfter {
-		return true
-	}
-	if age < sweepDeadAfter {
-		return false
+	if remove, decided := byAge(fi, now); decided {
+		return remove
 	}
 	_, err = os.Lstat(segment)
 	return errors.Is(err, os.ErrNotExist)
+}
+
+// byAge decides what it can from a file's owner and age alone: keep it
+// (another user's, or under sweepDeadAfter old), remove it (over
+// sweepAnyAfter old), or look closer (decided false).
+func byAge(fi os.FileInfo, now time.Time) (remove, decided bool) {
+	if uid, ok := fileOwner(fi); !ok || uid != os.Geteuid() {
+		return false, true
+	}
+	switch age := now.Sub(fi.ModTime()); {
+	case age > sweepAnyAfter:
+		return true, true
+	case age < sweepDeadAfter:
+		return false, true
+	}
+	return false, false
 }
 
 // stale reports whether the segment at path is one to remove.
@@ -121,15 +130,8 @@ func stale(path string, now time.Time) bool {
 	if err != nil || !fi.Mode().IsRegular() {
 		return false
 	}
-	if uid, ok := fileOwner(fi); !ok || uid != os.Geteuid() {
-		return false
-	}
-	age := now.Sub(fi.ModTime())
-	if age > sweepAnyAfter {
-		return true
-	}
-	if age < sweepDeadAfter {
-		return false
+	if remove, decided := byAge(fi, now); decided {
+		return remove
 	}
 	b := make([]byte, segHdrLen)
 	if _, err := io.ReadFull(f, b); err != nil {
