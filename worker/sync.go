@@ -216,6 +216,7 @@ func moveToSharedMemory(ctx context.Context, ctl aggregator.Ring, a *pb.Assignme
 		env.log.Warn("collectives stay on gRPC", "job", a.JobId, "rank", a.Rank, "transport", a.Spec.GetCollective().GetTransport(), "why", why)
 		return nil, nil
 	}
-	env.log.Info("collectives over shared memory", "job", a.JobId, "rank", a.Rank, "ranks", shm.Size())
+	env.log.Info("collectives over shared memory", "job", a.JobId, "rank", a.Rank, "ranks", shm.Size(),
+		"transport", a.Spec.GetCollective().GetTransport(), "why", "every rank is on this host and linked its segments")
 	return shm, nil
 }

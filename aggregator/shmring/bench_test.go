@@ -10,14 +10,15 @@ import (
 	"github.com/gradsync/gradsync/aggregator"
 )
 
-// BenchmarkAllReduceSHM times ring all-reduce over shared segments with
+// BenchmarkAllReduceSHM times ring all-reduce over shared segments (4 KiB
+// to 64 MiB: latency to bandwidth) with
 // ranks as goroutines. It reports busbw as nccl-tests and `gradsync bench
 // allreduce` do: size/time · 2(n−1)/n, in GB/s (1e9 bytes).
 func BenchmarkAllReduceSHM(b *testing.B) {
-	for _, mib := range []int{4, 16, 64} {
+	for _, kib := range []int{4, 64, 256, 4 << 10, 16 << 10, 64 << 10} {
 		for _, n := range []int{2, 4} {
-			b.Run(fmt.Sprintf("%dMiB/ranks=%d", mib, n), func(b *testing.B) {
-				l := mib << 20 / 4
+			b.Run(fmt.Sprintf("%dKiB/ranks=%d", kib, n), func(b *testing.B) {
+				l := kib << 10 / 4
 				rings := mustConnect(b, segDir(b), n)
 				bufs := make([][]float32, n)
 				for r := range bufs {

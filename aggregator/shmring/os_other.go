@@ -31,3 +31,13 @@ func (p *process) close()                {}
 func HostID(string) (string, error) { return "", errUnsupported }
 
 func processGone(int) bool { return false }
+
+type bell struct{}
+
+func bellPaths(path string) (string, string) { return path + ".data", path + ".space" }
+func makeBell(string) (*bell, error)         { return nil, errUnsupported }
+func openBell(string) (*bell, error)         { return nil, errUnsupported }
+func (b *bell) wait(d time.Duration)         { time.Sleep(d) }
+func (b *bell) ring()                        {}
+func (b *bell) unlink()                      {}
+func (b *bell) close()                       {}

@@ -135,22 +135,22 @@ type link struct {
 	peerRank int
 	peer     *process // the neighbour's process; nil when it is this one
 
-	head, tail              *atomic.Uint64
-	dataSeq, dataSleeping   *atomic.Uint32
-	spaceSeq, spaceSleeping *atomic.Uint32
-	prodClosed, consClosed  *atomic.Uint32
-	attach                  *atomic.Uint32
-	next                    uint64 // the next frame to publish (producer) or take (consumer); only the owning call touches it
-	maxElems                int
-	releaseOnce             sync.Once
+	head, tail             *atomic.Uint64
+	dataSleeping           *atomic.Uint32 // the receiver is asleep on dataBell
+	spaceSleeping          *atomic.Uint32 // the sender is asleep on spaceBell
+	dataBell, spaceBell    *bell          // nil until set up (and in tests of the protocol alone)
+	prodClosed, consClosed *atomic.Uint32
+	attach                 *atomic.Uint32
+	next                   uint64 // the next frame to publish (producer) or take (consumer); only the owning call touches it
+	maxElems               int
+	releaseOnce            sync.Once
 }
 
 func newLink(mem []byte, h segHeader, path string, peerRank int) *link {
 	return &link{
 		mem: mem, hdr: h, path: path, peerRank: peerRank,
 		head: word64(mem, offHead), tail: word64(mem, offTail),
-		dataSeq: word(mem, offDataSeq), dataSleeping: word(mem, offDataSeq+4),
-		spaceSeq: word(mem, offSpaceSeq), spaceSleeping: word(mem, offSpaceSeq+4),
+		dataSleeping: word(mem, offDataSeq+4), spaceSleeping: word(mem, offSpaceSeq+4),
 		prodClosed: word(mem, offProdClosed), consClosed: word(mem, offProdClosed+4),
 		attach:   word(mem, offAttach),
 		maxElems: (h.SlotSize - frameHdrLen) / 4,
@@ -165,18 +165,27 @@ func (l *link) slot(seq uint64) (hdr []byte, payload []byte) {
 
 // wakeAll wakes every sleeper on the link (after a Close).
 func (l *link) wakeAll() {
-	for _, w := range []*atomic.Uint32{l.dataSeq, l.spaceSeq} {
-		w.Add(1)
-		futexWake(w)
-	}
+	l.dataBell.ring()
+	l.spaceBell.ring()
 }
 
-// release unmaps the segment and removes its name if it still has one.
+// unlink removes the names of the link's segment and bells (usually gone
+// already: the attacher removes them as soon as it has them open).
+func (l *link) unlink() {
+	if l.path != "" {
+		_ = os.Remove(l.path)
+	}
+	l.dataBell.unlink()
+	l.spaceBell.unlink()
+}
+
+// release unmaps the segment, closes the bells and removes their names
+// if they still have them.
 func (l *link) release() {
 	l.releaseOnce.Do(func() {
-		if l.path != "" {
-			_ = os.Remove(l.path) // usually gone already: the attacher removes it
-		}
+		l.unlink()
+		l.dataBell.close()
+		l.spaceBell.close()
 		l.peer.close()
 		_ = unmap(l.mem)
 	})
@@ -314,9 +323,9 @@ func (r *Ring) broken(ctx context.Context, l, other *link, dying bool) error {
 	return nil
 }
 
-// wait blocks until ready() or the ring breaks: a short spin, then futex
-// sleeps on seq, announced in sleeping so that the other side wakes it.
-func (r *Ring) wait(ctx context.Context, seq, sleeping *atomic.Uint32, l, other *link, ready func() (bool, error)) error {
+// wait blocks until ready() or the ring breaks: a short spin, then sleeps
+// on the bell b, announced in sleeping so that the other side rings it.
+func (r *Ring) wait(ctx context.Context, sleeping *atomic.Uint32, b *bell, l, other *link, ready func() (bool, error)) error {
 	for range spins {
 		if ok, err := ready(); ok || err != nil {
 			return err
@@ -325,7 +334,6 @@ func (r *Ring) wait(ctx context.Context, seq, sleeping *atomic.Uint32, l, other 
 	defer sleeping.Store(0)
 	for {
 		sleeping.Store(1)
-		v := seq.Load()
 		if ok, err := ready(); ok || err != nil {
 			return err
 		}
@@ -337,18 +345,17 @@ func (r *Ring) wait(ctx context.Context, seq, sleeping *atomic.Uint32, l, other 
 			}
 			return err
 		}
-		futexWait(seq, v, pollInterval)
+		b.wait(pollInterval)
 	}
 }
 
-// wake wakes the other side of seq if it said it sleeps. The order (the
+// wake rings b if the other side said it sleeps on it. The order (the
 // counter was stored before, sleeping is loaded after; the sleeper stores
-// sleeping before it loads seq and re-checks the counter) means one of
-// the two always sees the other.
-func wake(seq, sleeping *atomic.Uint32) {
+// sleeping before it re-checks the counter) means one of the two always
+// sees the other, and a ring is never lost: the byte waits in the pipe.
+func wake(sleeping *atomic.Uint32, b *bell) {
 	if sleeping.Load() != 0 {
-		seq.Add(1)
-		futexWake(seq)
+		b.ring()
 	}
 }
 
@@ -369,7 +376,7 @@ func (r *Ring) SendRight(ctx context.Context, f aggregator.Frame) error {
 	}
 	h := out.next
 	slots := uint64(out.hdr.Slots)
-	err := r.wait(ctx, out.spaceSeq, out.spaceSleeping, out, r.in, func() (bool, error) {
+	err := r.wait(ctx, out.spaceSleeping, out.spaceBell, out, r.in, func() (bool, error) {
 		t := out.tail.Load()
 		if t > h {
 			return false, &aggregator.PeerError{Rank: out.peerRank, Err: fmt.Errorf("%w: link %d → %d: the receiver consumed frame %d, only %d were sent", ErrCorrupt, r.rank, r.right, t, h)}
@@ -389,7 +396,7 @@ func (r *Ring) SendRight(ctx context.Context, f aggregator.Frame) error {
 	word64(out.mem, offPublished).Store(uint64(time.Now().UnixNano()))
 	r.framesOut.Add(1)
 	r.sentBytes.Add(int64(4 * len(f.Data)))
-	wake(out.dataSeq, out.dataSleeping)
+	wake(out.dataSleeping, out.dataBell)
 	return nil
 }
 
@@ -411,7 +418,7 @@ func (r *Ring) next(ctx context.Context) (aggregator.Frame, []float32, error) {
 	ok, err := ready()
 	if !ok && err == nil {
 		start := time.Now() // a clock reading only when blocking
-		err = r.wait(ctx, in.dataSeq, in.dataSleeping, in, r.out, ready)
+		err = r.wait(ctx, in.dataSleeping, in.dataBell, in, r.out, ready)
 		waited = time.Since(start)
 	}
 	if err != nil {
@@ -442,7 +449,7 @@ func (r *Ring) release() {
 	in.next++
 	in.tail.Store(in.next)
 	in.racePublish()
-	wake(in.spaceSeq, in.spaceSleeping)
+	wake(in.spaceSleeping, in.spaceBell)
 }
 
 // RecvLeft implements aggregator.Ring. The values are copied out of the

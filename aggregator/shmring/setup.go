@@ -105,6 +105,14 @@ func Create(cfg Config) (*Pending, Offer, error) {
 	}
 	h.encode(mem)
 	p.out = newLink(mem, h, path, h.To)
+	dataBell, spaceBell := bellPaths(path)
+	if p.out.dataBell, err = makeBell(dataBell); err == nil {
+		p.out.spaceBell, err = makeBell(spaceBell)
+	}
+	if err != nil {
+		p.out.release()
+		return nil, Offer{}, fmt.Errorf("shmring: creating the wake-ups of link %d → %d: %w", h.From, h.To, err)
+	}
 	return p, offer, nil
 }
 
@@ -217,14 +225,28 @@ func attach(cfg Config, offer Offer) (*link, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shmring: rank %d: segment of link %d → %d: %w", cfg.Rank, left, cfg.Rank, err)
 	}
-	// Both sides have it mapped now: the name is no longer needed, and
-	// without it nothing outlives the two processes.
-	_ = os.Remove(path)
+	// The bells next: then both sides have everything open, the names
+	// are no longer needed, and without them nothing outlives the two
+	// processes.
+	dataPath, spacePath := bellPaths(path)
+	dataBell, berr := openBell(dataPath)
+	var spaceBell *bell
+	if berr == nil {
+		spaceBell, berr = openBell(spacePath)
+	}
+	for _, name := range []string{path, dataPath, spacePath} {
+		_ = os.Remove(name)
+	}
 	h, err := decodeSegment(mem, len(mem))
 	if err == nil {
 		err = checkSegment(cfg, offer, h)
 	}
+	if err == nil && berr != nil {
+		err = fmt.Errorf("%w: its wake-ups: %w", ErrRefused, berr)
+	}
 	if err != nil {
+		dataBell.close()
+		spaceBell.close()
 		// Tell the creator, which waits for an attach, that none comes.
 		if len(mem) >= dataOff {
 			word(mem, offProdClosed+4).Store(1)
@@ -235,6 +257,8 @@ func attach(cfg Config, offer Offer) (*link, error) {
 		return nil, fmt.Errorf("shmring: rank %d: segment of link %d → %d: %w", cfg.Rank, left, cfg.Rank, err)
 	}
 	l := newLink(mem, h, "", left)
+	l.dataBell, l.spaceBell = dataBell, spaceBell
+	dataBell.path, spaceBell.path = "", ""
 	if l.peer, err = watchProcess(h.PID); err != nil {
 		l.release()
 		return nil, err
@@ -279,7 +303,7 @@ func (p *Pending) accept(ctx context.Context) error {
 	if out.consClosed.Load() != 0 {
 		return fmt.Errorf("shmring: rank %d: the right neighbour rank %d refused or gave up this rank's segment", cfg.Rank, out.peerRank)
 	}
-	_ = os.Remove(out.path) // normally the attacher did already
+	out.unlink() // normally the attacher did already
 	var got [32]byte
 	copy(got[:], out.mem[offToken:offToken+32])
 	pid := int(word(out.mem, offAttacherPID).Load())

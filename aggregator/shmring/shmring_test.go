@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -191,6 +192,44 @@ func TestRefused(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestBellRefused: a bell that is not a 0600 FIFO (here a regular file
+// put in its place before the neighbour attaches) is refused like a
+// foreign segment, and nothing is left in the directory.
+func TestBellRefused(t *testing.T) {
+	for _, suffix := range []string{".data", ".space"} {
+		t.Run(suffix, func(t *testing.T) {
+			dir := segDir(t)
+			var logs shmring.LogBuffer
+			ps := make([]*shmring.Pending, 2)
+			offers := make([]shmring.Offer, 2)
+			for i := range 2 {
+				var err error
+				if ps[i], offers[i], err = shmring.Create(shmring.Config{Dir: dir, JobID: "job-1", Rank: i, Size: 2, Secret: secret,
+					Log: slog.New(slog.NewTextHandler(&logs, nil))}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			bell := filepath.Join(dir, offers[0].Name+suffix)
+			if err := os.Remove(bell); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(bell, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ps[1].Connect(t.Context(), offers[0]); !errors.Is(err, shmring.ErrRefused) || !strings.Contains(err.Error(), "FIFO") {
+				t.Errorf("Connect: %v, want ErrRefused naming the FIFO", err)
+			}
+			if r, err := ps[0].Connect(t.Context(), offers[1]); err == nil {
+				r.Close()
+				t.Error("rank 0 connected to a ring whose bell was replaced")
+			}
+			if left := entries(t, dir); len(left) != 0 {
+				t.Errorf("left in %s: %v", dir, left)
+			}
+		})
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestSweep: of the segments in a directory, Sweep removes those whose
@@ -41,6 +43,14 @@ func TestSweep(t *testing.T) {
 	)
 	seg(deadSeg, dead)
 	seg(liveSeg, os.Getpid())
+	// Bells: the dead segment's go with it; an orphan's (its segment was
+	// attached, so unlinked) once a minute old; the live one's after an hour.
+	const orphan = "gradsync-000000000000000000000004"
+	for _, n := range []string{deadSeg + ".data", liveSeg + ".space", orphan + ".data"} {
+		if err := unix.Mkfifo(filepath.Join(dir, n), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, n := range []string{garbage, notOurs, otherApp} {
 		if err := os.WriteFile(filepath.Join(dir, n), []byte("x"), 0o600); err != nil {
 			t.Fatal(err)
@@ -58,9 +68,9 @@ func TestSweep(t *testing.T) {
 			t.Errorf("sweep at +%v removed %v, want %v", at.Sub(now).Round(time.Minute), got, wantRemoved)
 		}
 	}
-	check(now)                                    // everything is young
-	check(now.Add(2*time.Minute), deadSeg)        // the dead creator's
-	check(now.Add(2*time.Hour), liveSeg, garbage) // abandoned, whoever made them
+	check(now)                                                              // everything is young
+	check(now.Add(2*time.Minute), deadSeg, deadSeg+".data", orphan+".data") // the dead creator's, and bells without a segment
+	check(now.Add(2*time.Hour), liveSeg, liveSeg+".space", garbage)         // abandoned, whoever made them
 	names := entries(t, dir)
 	if want := []string{notOurs, otherApp}; !slices.Equal(names, want) {
 		t.Errorf("left %v, want %v", names, want)

@@ -53,6 +53,11 @@ const (
 	TransportGRPC = "grpc"
 	TransportMem  = "mem"
 	TransportSHM  = "shm"
+	// TransportAuto: shared memory where the ranks' negotiation succeeds
+	// (every rank on one host), gRPC otherwise; each result line names
+	// the data plane the ranks really ran on, and rank 0 says why on
+	// stderr.
+	TransportAuto = "auto"
 )
 
 // Options are the parameters shared by parent and children.
@@ -70,8 +75,12 @@ type Options struct {
 	InboxFrames, OutboxFrames int
 	// SharedMemory: the rank processes, once their gRPC ring formed,
 	// move it to shared memory (shmring.Negotiate), as ring jobs with
-	// collective.transport shm do; a ring that cannot is an error here.
+	// collective.transport shm do; a ring that cannot is an error here
+	// unless FallBack.
 	SharedMemory bool
+	// FallBack (TransportAuto): a ring that cannot move to shared memory
+	// stays on gRPC, and says why.
+	FallBack bool
 }
 
 func (o Options) withDefaults() Options {
@@ -267,6 +276,7 @@ func collect(transport string, o Options, all []rankTimes) ([]Result, error) {
 	for _, size := range o.Sizes {
 		slowest := make([]time.Duration, o.Reps)
 		seen := 0
+		ran := transport // "" (auto): the first rank's plane, which every other must match
 		for _, t := range all {
 			if t.SizeBytes != size {
 				continue
@@ -274,7 +284,13 @@ func collect(transport string, o Options, all []rankTimes) ([]Result, error) {
 			if len(t.TimesNS) != o.Reps {
 				return nil, fmt.Errorf("allreduce: rank %d reported %d reps for %d bytes, want %d", t.Rank, len(t.TimesNS), size, o.Reps)
 			}
-			if t.Transport != "" && t.Transport != transport {
+			if ran == "" {
+				ran = t.Transport
+			}
+			if t.Transport != "" && t.Transport != ran {
+				if transport == "" {
+					return nil, fmt.Errorf("allreduce: rank %d ran on %s, another rank on %s", t.Rank, t.Transport, ran)
+				}
 				return nil, fmt.Errorf("allreduce: rank %d ran on %s, not on the %s asked for", t.Rank, t.Transport, transport)
 			}
 			seen++
@@ -285,7 +301,7 @@ func collect(transport string, o Options, all []rankTimes) ([]Result, error) {
 		if seen != o.Ranks {
 			return nil, fmt.Errorf("allreduce: %d of %d ranks reported results for %d bytes", seen, o.Ranks, size)
 		}
-		out = append(out, summarize(transport, o.Ranks, size, slowest))
+		out = append(out, summarize(ran, o.Ranks, size, slowest))
 	}
 	return out, nil
 }
@@ -314,7 +330,7 @@ func ChildArgs(o Options, rank int, peers []string) []string {
 		"--sizes", strings.Join(sizes, ","), "--reps", strconv.Itoa(o.Reps), "--warmup", strconv.Itoa(o.Warmup),
 		"--frame-elems", strconv.Itoa(o.FrameElems),
 		"--inbox-frames", strconv.Itoa(o.InboxFrames), "--outbox-frames", strconv.Itoa(o.OutboxFrames),
-		"--shm=" + strconv.FormatBool(o.SharedMemory),
+		"--shm=" + strconv.FormatBool(o.SharedMemory), "--fallback=" + strconv.FormatBool(o.FallBack),
 	}
 }
 
@@ -334,6 +350,7 @@ func ParseChildArgs(args []string) (ChildOptions, error) {
 	fs.IntVar(&c.InboxFrames, "inbox-frames", 0, "")
 	fs.IntVar(&c.OutboxFrames, "outbox-frames", 0, "")
 	fs.BoolVar(&c.SharedMemory, "shm", false, "")
+	fs.BoolVar(&c.FallBack, "fallback", false, "")
 	if err := fs.Parse(args); err != nil {
 		return c, fmt.Errorf("allreduce: child flags: %w", err)
 	}
@@ -399,11 +416,16 @@ func RunChild(ctx context.Context, c ChildOptions) error {
 		if err != nil {
 			return err
 		}
-		if shm == nil {
+		switch {
+		case shm == nil && !c.FallBack:
 			return fmt.Errorf("allreduce: rank %d: the ranks stay on gRPC: %s", c.Rank, why)
+		case shm == nil:
+			c.Log.Info("bench allreduce: collectives stay on gRPC", "rank", c.Rank, "why", why)
+		default:
+			c.Log.Info("bench allreduce: collectives over shared memory", "rank", c.Rank, "why", "every rank is on this host and linked its segments")
+			defer shm.Close()
+			data = shm
 		}
-		defer shm.Close()
-		data = shm
 	}
 	enc := json.NewEncoder(c.Out)
 	transport := TransportGRPC
@@ -421,7 +443,8 @@ func RunChild(ctx context.Context, c ChildOptions) error {
 // ParentOptions configure RunParent.
 type ParentOptions struct {
 	Options
-	// Transport is TransportGRPC (N processes) or TransportMem (one).
+	// Transport is TransportGRPC, TransportSHM or TransportAuto (N
+	// processes) or TransportMem (one).
 	Transport string
 	// Env is added to each child's environment.
 	Env []string
@@ -433,8 +456,10 @@ type ParentOptions struct {
 // starts o.Ranks processes `exe prefix... ChildArgs(...)...`, which must
 // call RunChild with the options ParseChildArgs returns; for TransportMem
 // it runs RunMem. RunParent renders the children's flags itself, from the
-// options it runs with (shared memory on for TransportSHM), and refuses
-// results that a child reports from another data plane than asked for.
+// options it runs with (shared memory on for TransportSHM and
+// TransportAuto), and refuses results that a child reports from another
+// data plane than asked for (with TransportAuto: results whose ranks
+// disagree); TransportAuto's results name the plane the ranks chose.
 func RunParent(ctx context.Context, o ParentOptions, exe string, prefix []string) ([]Result, error) {
 	o.Options = o.withDefaults()
 	if err := o.Validate(); err != nil {
@@ -446,8 +471,10 @@ func RunParent(ctx context.Context, o ParentOptions, exe string, prefix []string
 	case TransportGRPC, "":
 	case TransportSHM:
 		o.SharedMemory = true
+	case TransportAuto:
+		o.SharedMemory, o.FallBack = true, true
 	default:
-		return nil, fmt.Errorf("allreduce: transport %q: want %q, %q or %q", o.Transport, TransportGRPC, TransportSHM, TransportMem)
+		return nil, fmt.Errorf("allreduce: transport %q: want %q, %q, %q or %q", o.Transport, TransportGRPC, TransportSHM, TransportAuto, TransportMem)
 	}
 	if o.Stderr == nil {
 		o.Stderr = os.Stderr
@@ -499,7 +526,10 @@ func RunParent(ctx context.Context, o ParentOptions, exe string, prefix []string
 		return nil, err
 	}
 	transport := TransportGRPC
-	if o.SharedMemory {
+	switch {
+	case o.FallBack:
+		transport = "" // whichever the ranks agree on
+	case o.SharedMemory:
 		transport = TransportSHM
 	}
 	return collect(transport, o.Options, all)

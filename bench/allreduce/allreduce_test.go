@@ -96,6 +96,37 @@ func TestCollectRefusesAnotherTransport(t *testing.T) {
 	}
 }
 
+// TestProcessesAuto: with TransportAuto, rank processes on one host
+// negotiate shared memory and their results say so.
+func TestProcessesAuto(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared-memory rings are Linux-only")
+	}
+	rs := runProcs(t, ParentOptions{Transport: TransportAuto, Options: Options{Ranks: 2, Sizes: []int64{4 << 10}, Reps: 3, Warmup: 1}})
+	if len(rs) != 1 || rs[0].Transport != TransportSHM {
+		t.Fatalf("%+v", rs)
+	}
+}
+
+// TestCollectAuto: with TransportAuto the results name the data plane
+// the ranks report (gRPC where they fell back), and ranks that disagree
+// fail the run.
+func TestCollectAuto(t *testing.T) {
+	o := Options{Ranks: 2, Sizes: []int64{4}, Reps: 1}
+	times := func(a, b string) []rankTimes {
+		return []rankTimes{{Rank: 0, SizeBytes: 4, TimesNS: []int64{1}, Transport: a}, {Rank: 1, SizeBytes: 4, TimesNS: []int64{2}, Transport: b}}
+	}
+	for _, plane := range []string{TransportGRPC, TransportSHM} {
+		rs, err := collect("", o, times(plane, plane))
+		if err != nil || len(rs) != 1 || rs[0].Transport != plane {
+			t.Errorf("%s on both ranks: %+v, %v", plane, rs, err)
+		}
+	}
+	if _, err := collect("", o, times(TransportSHM, TransportGRPC)); err == nil {
+		t.Error("ranks on different data planes accepted")
+	}
+}
+
 func TestMem(t *testing.T) {
 	rs, err := RunMem(t.Context(), Options{Ranks: 4, Sizes: []int64{1 << 20}, Reps: 3})
 	if err != nil || len(rs) != 1 || rs[0].BusBW <= 0 {

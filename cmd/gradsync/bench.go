@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime/pprof"
 	"strconv"
@@ -65,7 +66,7 @@ func newBenchAllReduceCmd(g *globals) *cobra.Command {
 	f := c.Flags()
 	f.IntVar(&o.Ranks, "ranks", 2, "world size: this many processes (grpc) or in-memory ranks (mem)")
 	f.StringVar(&sizes, "sizes", "1M,4M,16M,64M", "buffer sizes in bytes (K, M, G suffixes: powers of 1024)")
-	f.StringVar(&o.Transport, "transport", allreduce.TransportGRPC, "grpc (separate processes, TCP on loopback), shm (separate processes, their gRPC ring moved to shared memory) or mem")
+	f.StringVar(&o.Transport, "transport", allreduce.TransportGRPC, "grpc (separate processes, TCP on loopback), shm (separate processes, their gRPC ring moved to shared memory), auto (shm where the ranks can negotiate it, else grpc; each line names the one used, stderr says why) or mem")
 	f.IntVar(&o.Reps, "reps", 15, "timed repetitions per size (the median is reported)")
 	f.IntVar(&o.Warmup, "warmup", 3, "untimed repetitions first")
 	f.IntVar(&o.FrameElems, "frame-elems", 0, "float32 values per ring frame (0: the collectives' default, 1 MiB of data)")
@@ -83,6 +84,9 @@ func newBenchAllReduceChildCmd() *cobra.Command {
 			co, err := allreduce.ParseChildArgs(args)
 			if err != nil {
 				return err
+			}
+			if co.FallBack && co.Rank == 0 { // --transport auto: say which data plane, and why
+				co.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 			}
 			if prefix := os.Getenv(cpuProfileEnv); prefix != "" {
 				f, err := os.Create(fmt.Sprintf("%s%d.pprof", prefix, co.Rank))

@@ -1,7 +1,10 @@
 // Package fsum holds the element-wise float32 sums of the ring
 // collectives: dst += src over float32 slices and over little-endian wire
 // bytes, unrolled so that the compiler drops bounds checks and keeps
-// several independent additions in flight.
+// several independent additions in flight. On amd64 with AVX2, Add runs
+// an assembly kernel (chosen at run time) over the multiple-of-32 prefix:
+// VADDPS adds each lane on its own, so it computes exactly what ADDSS,
+// and the Go loop, compute.
 //
 // Every function adds element by element in index order, exactly as the
 // naive loop `for i := range dst { dst[i] += src[i] }` does, so results are
@@ -18,6 +21,9 @@ import (
 func Add(dst, src []float32) {
 	if len(src) != len(dst) {
 		panic("fsum: Add: len(src) != len(dst)")
+	}
+	if n := addSIMD(dst, src); n > 0 {
+		dst, src = dst[n:], src[n:]
 	}
 	for len(dst) >= 8 {
 		d, s := dst[:8:8], src[:8:8]

@@ -85,3 +85,36 @@ func TestLengthMismatchPanics(t *testing.T) {
 		}()
 	}
 }
+
+// TestAddKernels compares Add with the naive loop, bit for bit, with and
+// without the vector kernel, at every length 0..70 and around 1 MiB,
+// with dst and src at odd offsets into larger arrays (so the kernel sees
+// every misalignment), and checks that nothing around dst is written.
+func TestAddKernels(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	old := addAVX2On
+	t.Cleanup(func() { addAVX2On = old })
+	lengths := []int{1<<18 - 1, 1 << 18, 1<<18 + 33}
+	for n := range 71 {
+		lengths = append(lengths, n)
+	}
+	for _, simd := range []bool{false, true} {
+		if simd && !old {
+			t.Log("no vector kernel on this CPU: only the Go loop is tested")
+			continue
+		}
+		addAVX2On = simd
+		for _, n := range lengths {
+			for _, off := range []struct{ d, s int }{{0, 0}, {1, 3}, {3, 0}, {5, 7}} {
+				dbuf, sbuf := randVals(r, n+off.d+9), randVals(r, n+off.s+9)
+				dst, src := dbuf[off.d:off.d+n], sbuf[off.s:off.s+n]
+				want := append([]float32(nil), dbuf...)
+				naive(want[off.d:off.d+n], src)
+				Add(dst, src)
+				if !bitsEqual(dbuf, want) {
+					t.Fatalf("simd=%v n=%d offsets %+v: differs from the naive loop (or wrote outside dst)", simd, n, off)
+				}
+			}
+		}
+	}
+}
