@@ -35,7 +35,13 @@ func PipelinePlan(s *pb.JobSpec) (pipeline.Plan, error) {
 
 // PipelinePartition cuts net into a normalized spec's stages.
 func PipelinePartition(s *pb.JobSpec, net *models.Network) ([]models.Stage, error) {
-	return models.Partition(net, PipelineStages(s), models.Balance{Boundaries: s.GetParallelism().GetPipeline().GetBoundaries()})
+	return models.Partition(net, PipelineStages(s), PipelineBalance(s))
+}
+
+// PipelineBalance is how a pipeline job's model is cut (models.Partition,
+// models.NewStage): at the spec's boundaries, else by parameter count.
+func PipelineBalance(s *pb.JobSpec) models.Balance {
+	return models.Balance{Boundaries: s.GetParallelism().GetPipeline().GetBoundaries()}
 }
 
 // pipelineMode is the mode a spec that leaves it empty gets: pipeline

@@ -179,3 +179,20 @@ func mustPanic(t *testing.T, f func()) {
 	}()
 	f()
 }
+
+// A Checksummer fed in pieces gives Checksum of the whole, for every cut.
+func TestChecksummerPieces(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	x := make([]float32, 37)
+	for i := range x {
+		x[i] = r.Float32() - 0.5
+	}
+	for cut := range len(x) + 1 {
+		c := NewChecksummer()
+		c.Add(x[:cut])
+		c.Add(x[cut:])
+		if c.Sum() != Checksum(x) {
+			t.Fatalf("cut at %d: %x, want %x", cut, c.Sum(), Checksum(x))
+		}
+	}
+}
