@@ -196,3 +196,41 @@ func TestChecksummerPieces(t *testing.T) {
 		}
 	}
 }
+
+// Footprints counts each stage's parameters and buffers as Partition
+// cuts them, and for one stage the activation bytes of a 1-sample step
+// of the whole network (ActivationBytes), without allocating it.
+func TestFootprints(t *testing.T) {
+	for _, arch := range []string{"mlp", "cnn", "resnet8", "vit-tiny"} {
+		whole, err := New(arch, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := make([]float32, whole.InputSize())
+		whole.Backward(make([]float32, len(whole.Forward(x, 1, true))))
+		one, err := Footprints(arch, Options{}, 1, Balance{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(one) != 1 || one[0].Params != whole.NumParams() || one[0].Buffers != len(whole.Buffers()) ||
+			one[0].ActivationBytesPerSample != whole.ActivationBytes() {
+			t.Errorf("%s whole: %+v; want %d parameters, %d buffer values, %d activation bytes", arch, one, whole.NumParams(), len(whole.Buffers()), whole.ActivationBytes())
+		}
+		cut, err := Partition(whole, 3, Balance{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		three, err := Footprints(arch, Options{}, 3, Balance{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var acts int64
+		for s, f := range three {
+			if f.Params != cut[s].ParamLen || f.Buffers != cut[s].BufferLen || f.ActivationBytesPerSample <= 0 {
+				t.Errorf("%s stage %d: %+v; want %d parameters, %d buffer values", arch, s, f, cut[s].ParamLen, cut[s].BufferLen)
+			}
+			acts += f.ActivationBytesPerSample
+		}
+		t.Logf("%s: activation bytes per sample %d whole, %d summed over 3 stages", arch, one[0].ActivationBytesPerSample, acts)
+	}
+}
