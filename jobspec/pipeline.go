@@ -241,7 +241,11 @@ func MemoryNeeds(s *pb.JobSpec) ([]MemoryNeed, error) {
 		acts := f.ActivationBytesPerSample * max(micro, 1) * inFlight(st)
 		what := "the whole model"
 		if S > 1 {
-			what = fmt.Sprintf("pipeline stage %d of %d (%s … %s)", st, S, f.First, f.Last)
+			blocks := f.First
+			if f.Last != f.First {
+				blocks += " … " + f.Last
+			}
+			what = fmt.Sprintf("pipeline stage %d of %d (%s)", st, S, blocks)
 		}
 		out[st] = MemoryNeed{Bytes: uint64(params + bufs + acts),
 			What: fmt.Sprintf("%s: parameters, gradients and optimiser state %s, buffers %s, activations %s",

@@ -162,7 +162,7 @@ func TestMemoryNeeds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(staged) != 3 || !strings.Contains(staged[2].What, "pipeline stage 2 of 3 (fc3 … fc3)") {
+	if len(staged) != 3 || !strings.Contains(staged[2].What, "pipeline stage 2 of 3 (fc3)") {
 		t.Fatalf("3 stages: %+v", staged)
 	}
 	var largest uint64

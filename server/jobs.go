@@ -324,7 +324,26 @@ func submitInput(j *pb.Job, now time.Time) coordinator.Submit {
 	spec := j.Spec
 	return coordinator.Submit{At: now, Job: j.Id, Workers: int(spec.GetWorkers()), MinWorkers: int(spec.GetMinWorkers()), Mode: spec.GetMode(), Stages: jobspec.PipelineStages(spec),
 		RealClients: jobspec.RealClients(spec), StepTimeoutSeconds: spec.GetStepTimeoutSeconds(), ResumeFrom: j.ResumeFrom,
-		Entrypoint: jobspec.IsEntrypoint(spec)}
+		Entrypoint: jobspec.IsEntrypoint(spec), Memory: memoryNeeds(spec)}
+}
+
+// memoryNeeds is what each rank of spec's job needs of its worker's
+// memory (jobspec.MemoryNeeds); nil, which places anywhere, when it
+// cannot be told (an entrypoint's own model, a model that does not build:
+// preparing the job reports that).
+func memoryNeeds(spec *pb.JobSpec) []coordinator.Need {
+	if jobspec.IsEntrypoint(spec) || spec.GetMode() == "fedavg" {
+		return nil
+	}
+	needs, err := jobspec.MemoryNeeds(spec)
+	if err != nil {
+		return nil
+	}
+	out := make([]coordinator.Need, len(needs))
+	for i, n := range needs {
+		out[i] = coordinator.Need{Bytes: n.Bytes, What: n.What}
+	}
+	return out
 }
 
 func (s *Server) jobLocked(id string) (*jobEntry, error) {

@@ -28,7 +28,7 @@ import (
 
 func newLocalCmd(g *globals) *cobra.Command {
 	var sf specFlags
-	var stateDir, runsDir, metricsAddr, linkRate string
+	var stateDir, runsDir, metricsAddr, linkRate, memLimit string
 	var heartbeatTimeout time.Duration
 	var threads int
 	c := &cobra.Command{
@@ -65,6 +65,9 @@ func newLocalCmd(g *globals) *cobra.Command {
 			wcfg := worker.Config{Logger: log, Insecure: g.sec.insecure, Threads: threads, AllowEntrypoints: true, RunsDir: runsDir}
 			if wcfg.Link, err = netem.ParseRate(linkRate); err != nil {
 				return fmt.Errorf("--link-rate: %w", err)
+			}
+			if wcfg.MemoryLimit, err = parseMemory(memLimit); err != nil {
+				return fmt.Errorf("--memory-limit: %w", err)
 			}
 			clientOpts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 			if !g.sec.insecure {
@@ -132,6 +135,7 @@ func newLocalCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&runsDir, "runs-dir", "runs", "where run directories (runs/<job-id>) are written")
 	c.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics of the server and workers on this address (/metrics)")
 	c.Flags().StringVar(&linkRate, "link-rate", "", linkRateHelp)
+	c.Flags().StringVar(&memLimit, "memory-limit", "", memoryLimitHelp)
 	c.Flags().IntVar(&threads, "threads", 1, threadsHelp)
 	c.Flags().DurationVar(&heartbeatTimeout, "heartbeat-timeout", 5*time.Second,
 		"silence after which a worker is lost (raise it when the machine is starved, e.g. a long run under nice -n 19)")
@@ -230,7 +234,7 @@ func newServerCmd(g *globals) *cobra.Command {
 
 func newWorkerCmd(g *globals) *cobra.Command {
 	var cfg worker.Config
-	var metricsAddr, linkRate string
+	var metricsAddr, linkRate, memLimit string
 	c := &cobra.Command{
 		Use:   "worker",
 		Short: "Run a worker that trains what the coordinator assigns",
@@ -246,6 +250,9 @@ func newWorkerCmd(g *globals) *cobra.Command {
 				return err
 			}
 			cfg.Insecure = g.sec.insecure
+			if cfg.MemoryLimit, err = parseMemory(memLimit); err != nil {
+				return fmt.Errorf("--memory-limit: %w", err)
+			}
 			if cfg.Link, err = netem.ParseRate(linkRate); err != nil {
 				return fmt.Errorf("--link-rate: %w", err)
 			}
@@ -268,6 +275,7 @@ func newWorkerCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.Name, "name", "", "human-readable name (default host/address)")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics), e.g. :9091")
 	f.StringVar(&linkRate, "link-rate", "", linkRateHelp)
+	f.StringVar(&memLimit, "memory-limit", "", memoryLimitHelp)
 	f.StringVar(&cfg.DataDir, "data-dir", "", "folder holding this worker's data (the IDX files of mnist or fashion-mnist, an ImageFolder, the CIFAR files); overrides the job's dataset.data_dir here, so each real federated client trains on its own data")
 	f.IntVar(&cfg.Threads, "threads", 1, threadsHelp)
 	f.BoolVar(&cfg.AllowEntrypoints, "allow-entrypoints", false, "run the commands of entrypoint jobs (users' scripts, as this worker's user); off, such jobs are refused and not placed here")
