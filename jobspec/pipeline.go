@@ -205,9 +205,11 @@ type MemoryNeed struct {
 // the activations of the samples it has in flight — a micro-batch
 // (batch_size / micro_batches, or / grad_accum_steps) times the
 // micro-batches a stage holds at once (M under GPipe, min(M, S−s) under
-// 1F1B), at models.Footprints' bytes per sample (which counts each
-// layer's scratch as if it grew with the samples: an upper estimate).
-// Data, the runtime and the transport's buffers come on top.
+// 1F1B; each in-flight micro-batch runs on its own copy of the layers),
+// at models.Footprints' bytes (fixed, and per sample). Data, the runtime
+// and the transport's buffers come on top. It runs a 1- and a 2-sample
+// training step of the model (on placeholder weights): not free for
+// large models.
 func MemoryNeeds(s *pb.JobSpec) ([]MemoryNeed, error) {
 	S := max(PipelineStages(s), 1)
 	c, h, w, classes := InputShape(s)
@@ -238,7 +240,7 @@ func MemoryNeeds(s *pb.JobSpec) ([]MemoryNeed, error) {
 	for st, f := range fps {
 		params := int64(4 * copies * f.Params)
 		bufs := int64(4 * f.Buffers)
-		acts := f.ActivationBytesPerSample * max(micro, 1) * inFlight(st)
+		acts := (f.ActivationBytesFixed + f.ActivationBytesPerSample*max(micro, 1)) * inFlight(st)
 		what := "the whole model"
 		if S > 1 {
 			blocks := f.First

@@ -11,11 +11,13 @@ type Footprint struct {
 	// Params and Buffers are the stage's parameter and buffer values
 	// (its gradients are as many as Params).
 	Params, Buffers int
-	// ActivationBytesPerSample is the activation memory the stage's
-	// layers hold for one sample of a training step (a forward and a
-	// backward), as ActivationBytes counts it; it grows with the samples
-	// in flight.
-	ActivationBytesPerSample int64
+	// ActivationBytesPerSample and ActivationBytesFixed are the
+	// activation memory the stage's layers hold for a training step (a
+	// forward and a backward) of n samples, as ActivationBytes counts it:
+	// Fixed + n·PerSample (Fixed is what does not grow with the batch,
+	// such as a convolution's transformed weights), measured at 1 and 2
+	// samples.
+	ActivationBytesPerSample, ActivationBytesFixed int64
 	// First and Last name the stage's first and last blocks.
 	First, Last string
 }
@@ -55,26 +57,38 @@ func Footprints(name string, opt Options, stages int, bal Balance) ([]Footprint,
 		*b.bufViews[i] = scratch[:g.Len:g.Len]
 	}
 	n := &Network{name: name, opt: opt, layers: layers, dropouts: b.dropouts, bns: b.bns}
-	in := make([]float32, n.InputSize())
+	// The layers' buffers only grow: measure 1 sample, then 2.
+	one := n.stageActivations(parts, 1, scratch)
+	two := n.stageActivations(parts, 2, scratch)
+	out := make([]Footprint, len(parts))
+	for s, st := range parts {
+		per := max(two[s]-one[s], 0)
+		out[s] = Footprint{Params: st.ParamLen, Buffers: st.BufferLen,
+			ActivationBytesPerSample: per, ActivationBytesFixed: max(one[s]-per, 0),
+			First: st.Blocks[0].Name, Last: st.Blocks[len(st.Blocks)-1].Name}
+	}
+	return out, nil
+}
+
+// stageActivations runs a training step of batch samples through every
+// stage of n (whose views all point at scratch) and returns what each
+// stage's layers hold.
+func (n *Network) stageActivations(parts []Stage, batch int, scratch []float32) []int64 {
+	in := make([]float32, batch*n.InputSize())
 	x := in
 	for _, st := range parts {
-		x = n.ForwardStage(st, x, 1, true)
+		x = n.ForwardStage(st, x, batch, true)
 	}
 	dy := make([]float32, len(x))
-	for s := len(parts) - 1; s >= 0; s-- {
+	for s := len(parts) - 1; s >= 0 && dy != nil; s-- {
 		dy = n.BackwardStage(parts[s], dy)
-		if dy == nil {
-			break
-		}
 	}
 	// not activations: the placeholder weights and the caller's input
 	not := appendSpans(appendSpans(nil, reflect.ValueOf(scratch), nil), reflect.ValueOf(in), nil)
-	out := make([]Footprint, len(parts))
+	out := make([]int64, len(parts))
 	for s, st := range parts {
-		spans := appendSpans(nil, reflect.ValueOf(layers[st.First:st.End]), map[uintptr]bool{})
-		out[s] = Footprint{Params: st.ParamLen, Buffers: st.BufferLen,
-			ActivationBytesPerSample: unionBytes(spans) - overlapBytes(spans, not),
-			First:                    st.Blocks[0].Name, Last: st.Blocks[len(st.Blocks)-1].Name}
+		spans := appendSpans(nil, reflect.ValueOf(n.layers[st.First:st.End]), map[uintptr]bool{})
+		out[s] = unionBytes(spans) - overlapBytes(spans, not)
 	}
-	return out, nil
+	return out
 }

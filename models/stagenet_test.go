@@ -212,8 +212,17 @@ func TestFootprints(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		x2 := make([]float32, 2*whole.InputSize())
+		whole2, err := New(arch, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole2.Backward(make([]float32, len(whole2.Forward(x2, 2, true))))
+		if got := 2*one[0].ActivationBytesPerSample + one[0].ActivationBytesFixed; got != whole2.ActivationBytes() {
+			t.Errorf("%s: 2 samples hold %d activation bytes; Footprints says %d", arch, whole2.ActivationBytes(), got)
+		}
 		if len(one) != 1 || one[0].Params != whole.NumParams() || one[0].Buffers != len(whole.Buffers()) ||
-			one[0].ActivationBytesPerSample != whole.ActivationBytes() {
+			one[0].ActivationBytesPerSample+one[0].ActivationBytesFixed != whole.ActivationBytes() {
 			t.Errorf("%s whole: %+v; want %d parameters, %d buffer values, %d activation bytes", arch, one, whole.NumParams(), len(whole.Buffers()), whole.ActivationBytes())
 		}
 		cut, err := Partition(whole, 3, Balance{})
@@ -231,6 +240,6 @@ func TestFootprints(t *testing.T) {
 			}
 			acts += f.ActivationBytesPerSample
 		}
-		t.Logf("%s: activation bytes per sample %d whole, %d summed over 3 stages", arch, one[0].ActivationBytesPerSample, acts)
+		t.Logf("%s: activation bytes per sample %d (+%d fixed) whole, %d summed over 3 stages", arch, one[0].ActivationBytesPerSample, one[0].ActivationBytesFixed, acts)
 	}
 }

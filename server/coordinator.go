@@ -95,6 +95,9 @@ func (s *Server) Connect(stream pb.Coordinator_ConnectServer) error {
 		}
 	}
 	c := &conn{id: id, out: make(chan *pb.ConnectResponse, outboxSize), stop: cancel, closeOnce: &sync.Once{}}
+	if hello.GetMemoryBytes() > 0 {
+		s.memoryOffered.Store(true)
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()

@@ -69,6 +69,7 @@ func newLocalCmd(g *globals) *cobra.Command {
 			if wcfg.MemoryLimit, err = parseMemory(memLimit); err != nil {
 				return fmt.Errorf("--memory-limit: %w", err)
 			}
+			scfg.PlaceByMemory = wcfg.MemoryLimit > 0
 			clientOpts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 			if !g.sec.insecure {
 				pki, err := security.EphemeralPKI([]string{"localhost", "127.0.0.1"})
