@@ -40,7 +40,10 @@ type Worker struct {
 	// Resources are what the worker reported in its hello (shared, read
 	// only).
 	Resources *pb.Resources
-	State     pb.WorkerState
+	// Memory is the memory it offers to a task, in bytes (0: not
+	// reported).
+	Memory uint64
+	State  pb.WorkerState
 	// Job is the job whose task the worker holds ("" when none).
 	Job string
 	// Connected is when its current connection said hello, Seen when it
@@ -57,6 +60,7 @@ type Hello struct {
 	Worker, Name string
 	Address      string
 	Resources    *pb.Resources
+	Memory       uint64 // the memory it offers, bytes (0: not reported)
 }
 
 // Heard: a message (heartbeat, progress, anything) arrived from a worker.
@@ -95,6 +99,9 @@ type Submit struct {
 	// ranks sit on the mesh pipeline.Place gives, and a lost rank is
 	// named by its stage and replica too.
 	Stages int
+	// Memory is what each rank needs of its worker's memory (see
+	// Pending.Memory); nil: nothing stated.
+	Memory []Need
 }
 
 // Shutdown: the server is stopping; nothing is placed any more.
@@ -171,7 +178,7 @@ func (c *Core) Step(in Input) ([]Action, error) {
 		if old := c.workers[in.Worker]; old != nil && old.State != pb.WorkerState_WORKER_STATE_LOST {
 			return nil, &ConnectedError{Worker: in.Worker, Address: old.Address}
 		}
-		c.workers[in.Worker] = &Worker{ID: in.Worker, Name: in.Name, Address: in.Address, Resources: in.Resources,
+		c.workers[in.Worker] = &Worker{ID: in.Worker, Name: in.Name, Address: in.Address, Resources: in.Resources, Memory: in.Memory,
 			State: pb.WorkerState_WORKER_STATE_IDLE, Connected: in.At, Seen: in.At}
 		out = append(out, Welcome{Worker: in.Worker})
 	case Heard:
@@ -197,7 +204,7 @@ func (c *Core) Step(in Input) ([]Action, error) {
 				realClients: in.RealClients, minIdle: in.StepTimeoutSeconds / 2, resumeFrom: in.ResumeFrom, stages: in.Stages}
 		}
 		if !slices.ContainsFunc(c.queue, func(p Pending) bool { return p.Job == in.Job }) {
-			c.queue = append(c.queue, Pending{Job: in.Job, Workers: in.Workers, Entrypoint: in.Entrypoint})
+			c.queue = append(c.queue, Pending{Job: in.Job, Workers: in.Workers, Entrypoint: in.Entrypoint, Memory: in.Memory})
 		}
 	case Shutdown:
 		c.closed = true
@@ -236,13 +243,46 @@ func (c *Core) lose(out []Action, w *Worker, now time.Time, reason string, timeo
 	return out
 }
 
-// schedule places every queued job the FIFO gang scheduler can start.
+// schedule places every queued job the FIFO gang scheduler can start,
+// and fails the job at the queue's head when the connected workers could
+// never hold it (a rank's memory need that no worker left meets), so
+// that it does not block the queue for ever.
 func (c *Core) schedule(out []Action) []Action {
 	if c.closed {
 		return out
 	}
 	runsCommands := func(id string) bool { return c.workers[id].Resources.GetAllowsEntrypoints() }
-	for _, p := range Schedule(c.queue, c.Idle(), runsCommands) {
+	memory := func(id string) uint64 { return c.workers[id].Memory }
+	out = c.place(out, runsCommands, memory)
+	for len(c.queue) > 0 {
+		head := c.queue[0]
+		why := Unplaceable(head, c.connected(), runsCommands, memory)
+		j := c.jobs[head.Job]
+		if why == "" || j == nil {
+			break
+		}
+		out = c.end(out, j, pb.JobState_JOB_STATE_FAILED, why, nil)
+		c.queue = slices.DeleteFunc(c.queue, func(p Pending) bool { return p.Job == head.Job })
+		out = c.place(out, runsCommands, memory)
+	}
+	return out
+}
+
+// connected lists the workers not lost, in the order idle ones are
+// picked.
+func (c *Core) connected() []string {
+	var ids []string
+	for _, w := range c.sorted() {
+		if w.State != pb.WorkerState_WORKER_STATE_LOST {
+			ids = append(ids, w.ID)
+		}
+	}
+	return ids
+}
+
+// place starts every queued job the FIFO gang scheduler can start now.
+func (c *Core) place(out []Action, runsCommands func(string) bool, memory func(string) uint64) []Action {
+	for _, p := range Schedule(c.queue, c.Idle(), runsCommands, memory) {
 		c.queue = c.queue[1:]
 		for _, id := range p.Workers {
 			w := c.workers[id]

@@ -2,7 +2,11 @@
 // state machine for who runs what: the worker registry (address,
 // resources, state, job, last heartbeat), liveness (a worker silent past
 // the heartbeat timeout is lost), the queue of pending jobs and the FIFO
-// gang scheduler's placements, and the job table (jobs.go): each job's
+// gang scheduler's placements (memory-aware: a rank goes only to a
+// worker whose offered memory holds what the rank needs — its pipeline
+// stage, or the whole model — and a job that no connected worker can
+// hold fails, naming the rank's stage, its need and the offers), and the
+// job table (jobs.go): each job's
 // lifecycle (PENDING → RUNNING → SUCCEEDED | FAILED | CANCELLED), its
 // generation and members, which ranks finished or failed, a cancel's
 // CancelTasks and the tasks an ended job still waits for, and the

@@ -25,7 +25,7 @@ func TestSchedule(t *testing.T) {
 		{"second blocks third", []pj{{Job: "j1", Workers: 1}, {Job: "j2", Workers: 5}, {Job: "j3", Workers: 1}}, []string{"a", "b"}, []pl{{"j1", []string{"a"}}}},
 	}
 	for _, c := range cases {
-		got := coordinator.Schedule(c.queue, c.idle, nil)
+		got := coordinator.Schedule(c.queue, c.idle, nil, nil)
 		if diff := cmp.Diff(c.want, got); diff != "" {
 			t.Errorf("%s: (-want +got)\n%s", c.name, diff)
 		}
@@ -39,13 +39,13 @@ func TestSchedule(t *testing.T) {
 func TestScheduleEntrypoints(t *testing.T) {
 	runs := func(id string) bool { return id == "b" || id == "d" }
 	queue := []coordinator.Pending{{Job: "torch", Workers: 2, Entrypoint: true}, {Job: "go", Workers: 2}}
-	if got := coordinator.Schedule(queue, []string{"a", "b", "c"}, runs); got != nil {
+	if got := coordinator.Schedule(queue, []string{"a", "b", "c"}, runs, nil); got != nil {
 		t.Fatalf("one command-running worker idle: placed %v; want nothing (FIFO)", got)
 	}
-	if got := coordinator.Schedule(queue, []string{"a", "b", "c"}, nil); got != nil {
+	if got := coordinator.Schedule(queue, []string{"a", "b", "c"}, nil, nil); got != nil {
 		t.Fatalf("no worker runs commands: placed %v; want nothing", got)
 	}
-	got := coordinator.Schedule(queue, []string{"a", "b", "c", "d"}, runs)
+	got := coordinator.Schedule(queue, []string{"a", "b", "c", "d"}, runs, nil)
 	want := []coordinator.Placement{{Job: "torch", Workers: []string{"b", "d"}}, {Job: "go", Workers: []string{"a", "c"}}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("(-want +got)\n%s", diff)
@@ -60,18 +60,18 @@ func TestScheduleQueuedWhileGangIncomplete(t *testing.T) {
 	var idle []string
 	for _, w := range []string{"w0", "w1"} {
 		idle = append(idle, w)
-		if got := coordinator.Schedule(queue, idle, nil); got != nil {
+		if got := coordinator.Schedule(queue, idle, nil, nil); got != nil {
 			t.Fatalf("with %v idle: placed %v; want nothing until the gang of 3 is complete", idle, got)
 		}
 	}
 	idle = append(idle, "w2")
-	got := coordinator.Schedule(queue, idle, nil)
+	got := coordinator.Schedule(queue, idle, nil, nil)
 	want := []coordinator.Placement{{Job: "big", Workers: []string{"w0", "w1", "w2"}}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("gang complete (-want +got)\n%s", diff)
 	}
 	idle = append(idle, "w3")
-	got = coordinator.Schedule(queue, idle, nil)
+	got = coordinator.Schedule(queue, idle, nil, nil)
 	want = append(want, coordinator.Placement{Job: "small", Workers: []string{"w3"}})
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("one more worker (-want +got)\n%s", diff)

@@ -35,7 +35,13 @@ func PipelinePlan(s *pb.JobSpec) (pipeline.Plan, error) {
 
 // PipelinePartition cuts net into a normalized spec's stages.
 func PipelinePartition(s *pb.JobSpec, net *models.Network) ([]models.Stage, error) {
-	return models.Partition(net, PipelineStages(s), models.Balance{Boundaries: s.GetParallelism().GetPipeline().GetBoundaries()})
+	return models.Partition(net, PipelineStages(s), PipelineBalance(s))
+}
+
+// PipelineBalance is how a pipeline job's model is cut (models.Partition,
+// models.NewStage): at the spec's boundaries, else by parameter count.
+func PipelineBalance(s *pb.JobSpec) models.Balance {
+	return models.Balance{Boundaries: s.GetParallelism().GetPipeline().GetBoundaries()}
 }
 
 // pipelineMode is the mode a spec that leaves it empty gets: pipeline
@@ -183,3 +189,71 @@ func StageCost(s string) (fwd, bwd time.Duration, err error) {
 	}
 	return fwd, bwd, nil
 }
+
+// MemoryNeed is an estimate of what one rank of a job needs of its
+// worker's memory, and what it is made of (for messages).
+type MemoryNeed struct {
+	Bytes uint64
+	What  string
+}
+
+// MemoryNeeds estimates what the ranks of a normalized spec need of their
+// workers' memory: one entry per pipeline stage (rank r holds stage r mod
+// S), or one for every rank of other jobs, which hold the whole model.
+// A rank holds its part's parameters, gradients, optimiser state
+// (momentum: one more copy; Adam: two) and buffers, 4 bytes a value, and
+// the activations of the samples it has in flight — a micro-batch
+// (batch_size / micro_batches, or / grad_accum_steps) times the
+// micro-batches a stage holds at once (M under GPipe, min(M, S−s) under
+// 1F1B; each in-flight micro-batch runs on its own copy of the layers),
+// at models.Footprints' bytes (fixed, and per sample). Data, the runtime
+// and the transport's buffers come on top. It runs a 1- and a 2-sample
+// training step of the model (on placeholder weights): not free for
+// large models.
+func MemoryNeeds(s *pb.JobSpec) ([]MemoryNeed, error) {
+	S := max(PipelineStages(s), 1)
+	c, h, w, classes := InputShape(s)
+	fps, err := models.Footprints(s.Model, models.Options{Channels: c, Height: h, Width: w, Classes: classes, Seed: s.GetSeed()}, S, PipelineBalance(s))
+	if err != nil {
+		return nil, err
+	}
+	copies := 2 // parameters and gradients
+	switch o := s.GetOptimizer(); {
+	case o.GetName() == "adam" || o.GetName() == "adamw":
+		copies += 2
+	case o.GetMomentum() != 0:
+		copies++
+	}
+	batch := int64(max(s.GetBatchSize(), 1))
+	micro, inFlight := batch/int64(max(s.GetGradAccumSteps(), 1)), func(int) int64 { return 1 }
+	if S > 1 {
+		M := int64(max(s.GetParallelism().GetPipeline().GetMicroBatches(), 1))
+		micro = batch / M
+		inFlight = func(st int) int64 {
+			if s.GetParallelism().GetPipeline().GetSchedule() == string(pipeline.ScheduleGPipe) {
+				return M
+			}
+			return min(M, int64(S-st))
+		}
+	}
+	out := make([]MemoryNeed, len(fps))
+	for st, f := range fps {
+		params := int64(4 * copies * f.Params)
+		bufs := int64(4 * f.Buffers)
+		acts := (f.ActivationBytesFixed + f.ActivationBytesPerSample*max(micro, 1)) * inFlight(st)
+		what := "the whole model"
+		if S > 1 {
+			blocks := f.First
+			if f.Last != f.First {
+				blocks += " … " + f.Last
+			}
+			what = fmt.Sprintf("pipeline stage %d of %d (%s)", st, S, blocks)
+		}
+		out[st] = MemoryNeed{Bytes: uint64(params + bufs + acts),
+			What: fmt.Sprintf("%s: parameters, gradients and optimiser state %s, buffers %s, activations %s",
+				what, mib(params), mib(bufs), mib(acts))}
+	}
+	return out, nil
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -126,5 +127,61 @@ func TestCollectiveTransport(t *testing.T) {
 		if !errors.As(err, &fe) || fe.Field != "collective.transport" || !strings.Contains(fe.Msg, c.msg) {
 			t.Errorf("%s: %v; want a collective.transport error saying %q", name, err, c.msg)
 		}
+	}
+}
+
+// MemoryNeeds: one need per stage, each the stage's parameters, gradients
+// and optimiser state plus its in-flight activations; the stages' state
+// sums to the whole model's; a whole-model job has one need.
+func TestMemoryNeeds(t *testing.T) {
+	spec := func(stages int32, opt string) *pb.JobSpec {
+		s := &pb.JobSpec{Model: "mlp", Workers: proto.Int32(max(stages, 1)), BatchSize: proto.Int32(32), MaxSteps: 1,
+			Dataset: &pb.DatasetSpec{Name: "synthetic"}, Optimizer: &pb.OptimizerSpec{Name: opt, Lr: proto.Float64(0.01)}}
+		if stages > 1 {
+			s.Parallelism = &pb.ParallelismSpec{Pipeline: &pb.PipelineSpec{Stages: stages, MicroBatches: 4, Schedule: "gpipe"}}
+		}
+		n, err := Normalize(s, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	whole, err := MemoryNeeds(spec(1, "adam"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	net, err := models.New("mlp", models.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stateBytes := uint64(4 * 4 * net.NumParams()) // parameters, gradients, Adam's two moments
+	if len(whole) != 1 || whole[0].Bytes <= stateBytes || !strings.Contains(whole[0].What, "the whole model") {
+		t.Fatalf("whole model: %+v; want one need above %d bytes of state", whole, stateBytes)
+	}
+	staged, err := MemoryNeeds(spec(3, "adam"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(staged) != 3 || !strings.Contains(staged[2].What, "pipeline stage 2 of 3 (fc3)") {
+		t.Fatalf("3 stages: %+v", staged)
+	}
+	var largest uint64
+	for _, n := range staged {
+		largest = max(largest, n.Bytes)
+	}
+	if largest >= whole[0].Bytes {
+		t.Errorf("the largest stage needs %d bytes, the whole model %d", largest, whole[0].Bytes)
+	}
+	sgdSpec := spec(1, "sgd")
+	sgd, err := MemoryNeeds(sgdSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra := 2 // Adam's two moments
+	if sgdSpec.GetOptimizer().GetMomentum() != 0 {
+		extra-- // against SGD's momentum buffer
+	}
+	if d := whole[0].Bytes - sgd[0].Bytes; d != uint64(4*extra*net.NumParams()) {
+		t.Errorf("Adam needs %d bytes more than SGD (momentum %v); want %d", d, sgdSpec.GetOptimizer().GetMomentum(), 4*extra*net.NumParams())
 	}
 }

@@ -76,6 +76,9 @@ type Network struct {
 	prec Precision
 	// forwardHook is SetForwardHook's (nil: none).
 	forwardHook func(layer int, done bool)
+	// part is the pipeline stage a network built by NewStage holds (nil:
+	// the whole network).
+	part *stagePart
 }
 
 // builder lays out the flat buffers: layers declare their parameters, then
@@ -267,6 +270,9 @@ func (n *Network) Forward(x []float32, batch int, train bool) []float32 {
 	if batch < 1 || len(x) != batch*n.InputSize() {
 		panic(fmt.Sprintf("models: %s.Forward: len(x)=%d, want batch %d × %d×%d×%d",
 			n.name, len(x), batch, n.opt.Channels, n.opt.Height, n.opt.Width))
+	}
+	if n.part != nil {
+		panic(fmt.Sprintf("models: %s.Forward on a network that holds stage %d alone (use ForwardStage)", n.name, n.part.index))
 	}
 	n.batch, n.lastInput = batch, x
 	if n.reps != nil {

@@ -55,16 +55,24 @@ func blockName(name string) string {
 // in exactly one; their parameter and buffer ranges are contiguous and in
 // order, so a run of blocks owns one contiguous range of each flat buffer.
 func (n *Network) Blocks() []Block {
-	params := segmentAddrs(n.params, n.segs)
-	bufs := segmentAddrs(n.bufs, n.bufSegs)
+	if n.part != nil {
+		return slices.Clone(n.part.blocks)
+	}
+	return blocksOf(n.name, n.layers, n.segs, n.bufSegs, segmentAddrs(n.params, n.segs), segmentAddrs(n.bufs, n.bufSegs))
+}
+
+// blocksOf finds the blocks of layers, whose parameter and buffer views
+// are the segments segs and bufSegs; params and bufs map the address of
+// each segment's view (its first element) to the segment's index.
+func blocksOf(name string, layers []Layer, segs, bufSegs []Segment, params, bufs map[uintptr]int) []Block {
 	var blocks []Block
 	paramEnd, bufEnd := 0, 0 // where the next layer's parameters and buffers must start
-	for i, l := range n.layers {
+	for i, l := range layers {
 		ps, bs := layerSegments(l, params), layerSegments(l, bufs)
-		pOff, pLen := segRange(n.segs, ps)
-		bOff, bLen := segRange(n.bufSegs, bs)
+		pOff, pLen := segRange(segs, ps)
+		bOff, bLen := segRange(bufSegs, bs)
 		if pLen > 0 && pOff != paramEnd || bLen > 0 && bOff != bufEnd {
-			panic(fmt.Sprintf("models: %s: layer %d's parameters or buffers are not next in the flat buffers", n.name, i))
+			panic(fmt.Sprintf("models: %s: layer %d's parameters or buffers are not next in the flat buffers", name, i))
 		}
 		paramEnd, bufEnd = paramEnd+pLen, bufEnd+bLen
 		k := len(blocks) - 1
@@ -72,9 +80,9 @@ func (n *Network) Blocks() []Block {
 		case len(ps) == 0 && k < 0:
 			// Leading layers without parameters (Flatten) join the first block.
 			if bLen > 0 {
-				panic(fmt.Sprintf("models: %s: layer %d has buffers but no parameters", n.name, i))
+				panic(fmt.Sprintf("models: %s: layer %d has buffers but no parameters", name, i))
 			}
-		case k >= 0 && (len(ps) == 0 || blocks[k].Name == blockName(n.segs[ps[0]].Name)):
+		case k >= 0 && (len(ps) == 0 || blocks[k].Name == blockName(segs[ps[0]].Name)):
 			blocks[k].End = i + 1
 			blocks[k].ParamLen += pLen
 			blocks[k].BufferLen += bLen
@@ -83,7 +91,7 @@ func (n *Network) Blocks() []Block {
 			if k < 0 {
 				first = 0
 			}
-			blocks = append(blocks, Block{Name: blockName(n.segs[ps[0]].Name), First: first, End: i + 1,
+			blocks = append(blocks, Block{Name: blockName(segs[ps[0]].Name), First: first, End: i + 1,
 				ParamOffset: pOff, ParamLen: pLen, BufferOffset: bufEnd - bLen, BufferLen: bLen})
 		}
 	}
@@ -222,7 +230,16 @@ const pipelineField = "parallelism.pipeline."
 // the cuts that reach that minimum takes the one whose earlier stages are
 // as large as possible. Errors are *PartitionError.
 func Partition(n *Network, stages int, bal Balance) ([]Stage, error) {
-	blocks := n.Blocks()
+	segs := n.segs
+	if n.part != nil {
+		segs = n.part.segs
+	}
+	return partition(n.name, n.Blocks(), segs, stages, bal)
+}
+
+// partition is Partition of the blocks of the architecture name, whose
+// parameters are the segments segs (the whole network's).
+func partition(name string, blocks []Block, segs []Segment, stages int, bal Balance) ([]Stage, error) {
 	names := make([]string, len(blocks))
 	for i, b := range blocks {
 		names[i] = b.Name
@@ -231,7 +248,7 @@ func Partition(n *Network, stages int, bal Balance) ([]Stage, error) {
 		return nil, partErr(pipelineField+"stages", "must be at least 1, got %d", stages)
 	}
 	if stages > len(blocks) {
-		return nil, partErr(pipelineField+"stages", "%d stages but %s has %d blocks (%s)", stages, n.name, len(blocks), strings.Join(names, ", "))
+		return nil, partErr(pipelineField+"stages", "%d stages but %s has %d blocks (%s)", stages, name, len(blocks), strings.Join(names, ", "))
 	}
 	var starts []int // the first block of each stage
 	if len(bal.Boundaries) > 0 {
@@ -239,7 +256,7 @@ func Partition(n *Network, stages int, bal Balance) ([]Stage, error) {
 			return nil, partErr(pipelineField+"boundaries", "boundaries and balance are exclusive")
 		}
 		var err error
-		if starts, err = resolveBoundaries(n, blocks, stages, bal.Boundaries); err != nil {
+		if starts, err = resolveBoundaries(name, blocks, segs, stages, bal.Boundaries); err != nil {
 			return nil, err
 		}
 	} else {
@@ -251,7 +268,7 @@ func Partition(n *Network, stages int, bal Balance) ([]Stage, error) {
 			}
 		case ByTime:
 			if len(bal.Times) != len(blocks) {
-				return nil, partErr(pipelineField+"balance", "%d times for the %d blocks of %s (%s)", len(bal.Times), len(blocks), n.name, strings.Join(names, ", "))
+				return nil, partErr(pipelineField+"balance", "%d times for the %d blocks of %s (%s)", len(bal.Times), len(blocks), name, strings.Join(names, ", "))
 			}
 			for i, t := range bal.Times {
 				if math.IsNaN(t) || math.IsInf(t, 0) || t < 0 {
@@ -277,7 +294,7 @@ func Partition(n *Network, stages int, bal Balance) ([]Stage, error) {
 
 // resolveBoundaries turns the S−1 boundaries into the first block of each
 // of the S stages.
-func resolveBoundaries(n *Network, blocks []Block, stages int, bounds []string) ([]int, error) {
+func resolveBoundaries(arch string, blocks []Block, segs []Segment, stages int, bounds []string) ([]int, error) {
 	if len(bounds) != stages-1 {
 		return nil, partErr(pipelineField+"boundaries", "%d boundaries for %d stages, want %d", len(bounds), stages, stages-1)
 	}
@@ -292,7 +309,7 @@ func resolveBoundaries(n *Network, blocks []Block, stages int, bounds []string) 
 	starts := []int{0}
 	for i, name := range bounds {
 		field := fmt.Sprintf("%sboundaries[%d]", pipelineField, i)
-		k, err := findBlock(n, blocks, name)
+		k, err := findBlock(arch, blocks, segs, name)
 		if err != nil {
 			return nil, partErr(field, "%v; %s", err, allowedMsg)
 		}
@@ -316,7 +333,7 @@ func sequentialNames(blocks []Block) bool {
 }
 
 // findBlock returns the index of the block a boundary names.
-func findBlock(n *Network, blocks []Block, name string) (int, error) {
+func findBlock(arch string, blocks []Block, segs []Segment, name string) (int, error) {
 	if k, err := strconv.Atoi(name); err == nil && !sequentialNames(blocks) {
 		if k < 0 || k >= len(blocks) {
 			return 0, fmt.Errorf("block index %d is out of range", k)
@@ -330,14 +347,14 @@ func findBlock(n *Network, blocks []Block, name string) (int, error) {
 	}
 	for _, b := range blocks {
 		if strings.HasPrefix(name, b.Name+".") {
-			for _, s := range n.segs {
+			for _, s := range segs {
 				if strings.HasPrefix(s.Name, name+".") {
 					return 0, fmt.Errorf("%q is inside block %s", name, b.Name)
 				}
 			}
 		}
 	}
-	return 0, fmt.Errorf("%q is not a block boundary of %s", name, n.name)
+	return 0, fmt.Errorf("%q is not a block boundary of %s", name, arch)
 }
 
 // balance returns the first block of each of stages runs of blocks that
@@ -395,6 +412,9 @@ func (n *Network) ForwardStage(st Stage, x []float32, batch int, train bool) []f
 		panic(fmt.Sprintf("models: %s.ForwardStage: layers [%d, %d) out of [0, %d)", n.name, st.First, st.End, len(n.layers)))
 	}
 	n.noCheckpointing("ForwardStage")
+	if train {
+		n.part.holds("ForwardStage in training", st)
+	}
 	for _, l := range n.layers[st.First:st.End] {
 		x = l.Forward(x, batch, train)
 	}
@@ -411,6 +431,7 @@ func (n *Network) BackwardStage(st Stage, dy []float32) []float32 {
 		panic(fmt.Sprintf("models: %s.BackwardStage: layers [%d, %d) out of [0, %d)", n.name, st.First, st.End, len(n.layers)))
 	}
 	n.noCheckpointing("BackwardStage")
+	n.part.holds("BackwardStage", st)
 	for i := st.End - 1; i >= st.First && dy != nil; i-- {
 		dy = n.layers[i].Backward(dy)
 	}
@@ -429,7 +450,11 @@ func (n *Network) BackwardStage(st Stage, dy []float32) []float32 {
 func (n *Network) Twin() *Network {
 	b := builder{seed: uint64(n.opt.Seed)}
 	layers, _ := archs[n.name](&b, n.opt) // no initialiser: the parameters are n's
-	b.bind(n.params, n.grads, n.bufs)
+	if n.part != nil {
+		n.part.bind(&b, n.params, n.grads, n.bufs)
+	} else {
+		b.bind(n.params, n.grads, n.bufs)
+	}
 	return &Network{name: n.name, opt: n.opt, layers: layers, params: n.params, grads: n.grads, segs: n.segs,
-		bufs: n.bufs, bufSegs: n.bufSegs, dropouts: b.dropouts, bns: b.bns}
+		bufs: n.bufs, bufSegs: n.bufSegs, dropouts: b.dropouts, bns: b.bns, part: n.part}
 }

@@ -86,7 +86,7 @@ func (n *Network) SetThreads(t int) error {
 	if t < 1 {
 		return fmt.Errorf("models: %s: %d threads, want at least 1", n.name, t)
 	}
-	if t == len(n.reps)+1 {
+	if t == len(n.reps)+1 || n.part != nil {
 		return nil
 	}
 	n.stopThreads()

@@ -104,14 +104,19 @@
 // workers = D × S, mode ring (the default for such jobs). Place gives
 // every rank its coordinates from the ring job's assignment alone (rank
 // r is stage r mod S of replica r / S), so the coordinator needs no
-// pipeline-specific path. On the worker (worker/pipesync.go) a stage's
-// Executor runs over peerrpc links to its replica's neighbours; the D
-// replicas of a stage all-reduce its gradients over a ring of their own
-// and every stage steps its own optimiser on its part of the flat
-// buffers; after each epoch, after the last step and for checkpoints the
-// ranks all-gather the stages' parts, so rank 0 evaluates, checksums and
-// checkpoints the whole model (one model.safetensors with PyTorch names,
-// whatever the cut). Not composed with stages yet, and refused: ps and
+// pipeline-specific path. On the worker (worker/pipesync.go) each rank
+// builds its stage alone (models.NewStage: flat parameter, gradient,
+// optimiser and batch-norm buffers of that stage, with the whole model's
+// initial values of it) and a stage's Executor runs over peerrpc links
+// to its replica's neighbours; the D replicas of a stage all-reduce its
+// gradients over a ring of their own and every stage steps its own
+// optimiser. No rank holds the whole model: the test split runs through
+// replica 0's stages (Executor.Infer) and the last stage's figures reach
+// rank 0; the result's checksum is fed stage by stage, each stage's
+// parameters broadcast in turn; checkpoints are assembled on rank 0 the
+// same way, stage by stage, into one model.safetensors with PyTorch
+// names whatever the cut (rank 0 holds the serialised tensors while it
+// writes them). Not composed with stages yet, and refused: ps and
 // fedavg modes, grad_accum_steps (micro_batches is the accumulation),
 // compression, grad_clip_norm (a norm over all stages), fp16/bf16,
 // activation checkpointing, streamed data sets, elastic bounds, timed

@@ -95,6 +95,9 @@ func (s *Server) Connect(stream pb.Coordinator_ConnectServer) error {
 		}
 	}
 	c := &conn{id: id, out: make(chan *pb.ConnectResponse, outboxSize), stop: cancel, closeOnce: &sync.Once{}}
+	if hello.GetMemoryBytes() > 0 {
+		s.memoryOffered.Store(true)
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -104,7 +107,8 @@ func (s *Server) Connect(stream pb.Coordinator_ConnectServer) error {
 	// jobs that were waiting for a worker.
 	old := s.conns[id]
 	s.conns[id] = c
-	if err := s.stepLocked(coordinator.Hello{At: s.cfg.Now(), Worker: id, Name: name, Address: hello.Address, Resources: hello.Resources}); err != nil {
+	if err := s.stepLocked(coordinator.Hello{At: s.cfg.Now(), Worker: id, Name: name, Address: hello.Address, Resources: hello.Resources,
+		Memory: hello.GetMemoryBytes()}); err != nil {
 		s.conns[id] = old
 		s.mu.Unlock()
 		return status.Error(codes.AlreadyExists, err.Error())

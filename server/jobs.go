@@ -301,6 +301,10 @@ func (s *Server) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*pb.S
 	now := s.cfg.Now()
 	j := &pb.Job{Id: newJobID(now), Spec: spec, State: pb.JobState_JOB_STATE_PENDING, CreatedAt: tsNow(now), ResumeFrom: resumeFrom}
 	j.RunDir = s.runDir(j.Id)
+	var needs []coordinator.Need // off the lock: it runs a small step of the model
+	if s.cfg.PlaceByMemory || s.memoryOffered.Load() {
+		needs = memoryNeeds(spec)
+	}
 	// Stored before anyone can see it, so off the lock.
 	if err := s.putJob(j, 0); err != nil {
 		return nil, status.Errorf(codes.Internal, "storing job: %v", err)
@@ -314,17 +318,37 @@ func (s *Server) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*pb.S
 	s.jobs[j.Id] = e
 	s.emitLocked(e, pb.EventKind_EVENT_KIND_STATE, "submitted", nil)
 	s.log.Info("job submitted", "job", j.Id, "model", spec.Model, "dataset", spec.Dataset.Name, "mode", spec.Mode, "workers", spec.GetWorkers())
-	s.mustStepLocked(submitInput(j, now))
+	s.mustStepLocked(submitInput(j, now, needs))
 	return &pb.SubmitJobResponse{Job: proto.Clone(e.job).(*pb.Job)}, nil
 }
 
 // submitInput is what the core needs to know of a submitted (or
-// requeued) job.
-func submitInput(j *pb.Job, now time.Time) coordinator.Submit {
+// requeued) job; needs is what its ranks need of their workers' memory
+// (nil: nothing stated).
+func submitInput(j *pb.Job, now time.Time, needs []coordinator.Need) coordinator.Submit {
 	spec := j.Spec
 	return coordinator.Submit{At: now, Job: j.Id, Workers: int(spec.GetWorkers()), MinWorkers: int(spec.GetMinWorkers()), Mode: spec.GetMode(), Stages: jobspec.PipelineStages(spec),
 		RealClients: jobspec.RealClients(spec), StepTimeoutSeconds: spec.GetStepTimeoutSeconds(), ResumeFrom: j.ResumeFrom,
-		Entrypoint: jobspec.IsEntrypoint(spec)}
+		Entrypoint: jobspec.IsEntrypoint(spec), Memory: needs}
+}
+
+// memoryNeeds is what each rank of spec's job needs of its worker's
+// memory (jobspec.MemoryNeeds); nil, which places anywhere, when it
+// cannot be told (an entrypoint's own model, a model that does not build:
+// preparing the job reports that).
+func memoryNeeds(spec *pb.JobSpec) []coordinator.Need {
+	if jobspec.IsEntrypoint(spec) || spec.GetMode() == "fedavg" {
+		return nil
+	}
+	needs, err := jobspec.MemoryNeeds(spec)
+	if err != nil {
+		return nil
+	}
+	out := make([]coordinator.Need, len(needs))
+	for i, n := range needs {
+		out[i] = coordinator.Need{Bytes: n.Bytes, What: n.What}
+	}
+	return out
 }
 
 func (s *Server) jobLocked(id string) (*jobEntry, error) {

@@ -20,6 +20,7 @@ import (
 	"net"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -52,6 +53,11 @@ type Config struct {
 	// HeartbeatTimeout is how long a silent worker is kept before it is
 	// declared lost and its job fails. Default 5s.
 	HeartbeatTimeout time.Duration
+	// PlaceByMemory has every job submitted with what its ranks need of
+	// their workers' memory, even before a worker has said what it
+	// offers (which turns that on anyway): gradsync local sets it with
+	// --memory-limit, whose workers may say hello after the job arrives.
+	PlaceByMemory bool
 	// StopTimeout bounds how long CancelJob (and a resume of a job that
 	// has just ended) waits for the job's tasks to say they stopped,
 	// after which a ring job's final checkpoint is on disk. Default 20s.
@@ -126,6 +132,11 @@ type Server struct {
 	store  *store
 	grpc   *grpc.Server
 	health *health.Server
+	// memoryOffered is set once a worker has said how much memory it
+	// offers (--memory-limit): from then on jobs are submitted with what
+	// their ranks need (jobspec.MemoryNeeds, which runs a small training
+	// step of the model, so it is not paid where no worker is limited).
+	memoryOffered atomic.Bool
 
 	// mu guards everything below; the effects decided under it (sends,
 	// disk work) are carried out, in order, once it is released
@@ -230,7 +241,7 @@ func New(cfg Config) (*Server, error) {
 	// nothing is placed).
 	s.mu.Lock()
 	for _, j := range queue {
-		s.mustStepLocked(submitInput(j, cfg.Now()))
+		s.mustStepLocked(submitInput(j, cfg.Now(), nil)) // no worker has said hello yet
 	}
 	for _, e := range s.jobs {
 		if e.final() { // the core refuses to cancel them

@@ -10,6 +10,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gradsync/gradsync/jobspec"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
 // pipeResult is what TestPipelineMatchesGradAccum reads of a local run's
@@ -141,4 +146,56 @@ func TestKillPipelineStage(t *testing.T) {
 		t.Errorf("after kill -9 of stage-b: state %s, message %q; want FAILED naming stage-b and its pipeline stage 1 of 2", sum.State, sum.Message)
 	}
 	s.waitWorker(ctx, t, "stage-a", "IDLE")
+}
+
+// TestPipelineMemoryLimit: with every worker's --memory-limit between
+// what vit-tiny's largest pipeline stage needs and what the whole model
+// needs (jobspec.MemoryNeeds), the job on one worker is refused at
+// placement, naming the whole model, its need and the worker's offer; on
+// 4 stages it trains.
+func TestPipelineMemoryLimit(t *testing.T) {
+	spec := func(stages int32) *pb.JobSpec {
+		s := &pb.JobSpec{Model: "vit-tiny", Workers: proto.Int32(stages), MaxSteps: 5, Seed: proto.Int64(1),
+			Dataset: &pb.DatasetSpec{Name: "synthetic"}}
+		if stages > 1 {
+			s.Parallelism = &pb.ParallelismSpec{Pipeline: &pb.PipelineSpec{Stages: stages, MicroBatches: 4}}
+		}
+		n, err := jobspec.Normalize(s, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	whole, err := jobspec.MemoryNeeds(spec(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	staged, err := jobspec.MemoryNeeds(spec(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var largest uint64
+	for _, n := range staged {
+		largest = max(largest, n.Bytes)
+	}
+	if largest >= whole[0].Bytes {
+		t.Fatalf("vit-tiny's largest of 4 stages needs %d bytes, the whole model %d: no limit tells them apart", largest, whole[0].Bytes)
+	}
+	limit := fmt.Sprint((largest + whole[0].Bytes) / 2)
+	run := func(args ...string) summary {
+		ctx := testCtx(t, 3*time.Minute)
+		base := []string{"local", "--json", "--model", "vit-tiny", "--dataset", "synthetic", "--max-steps", "5", "--seed", "1",
+			"--runs-dir", t.TempDir(), "--memory-limit", limit}
+		out, _ := gradsync(ctx, t, append(base, args...)...)
+		return parseSummary(t, out)
+	}
+	one := run("--workers", "1")
+	if one.State != "FAILED" || !strings.Contains(one.Message, "cannot be placed: rank 0 holds the whole model") ||
+		!strings.Contains(one.Message, "local-0") {
+		t.Errorf("one worker with --memory-limit %s: %s %q; want FAILED at placement naming the whole model and the worker", limit, one.State, one.Message)
+	}
+	four := run("--workers", "4", "--pipeline-stages", "4", "--micro-batches", "4")
+	if four.State != "SUCCEEDED" {
+		t.Errorf("4 stages with --memory-limit %s: %s %q", limit, four.State, four.Message)
+	}
 }

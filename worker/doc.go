@@ -1,5 +1,6 @@
 // Package worker is a gradsync worker process: it connects to the
-// coordinator (reconnecting with backoff), reports its resources, serves its
+// coordinator (reconnecting with backoff), reports its resources (and
+// the memory it offers, with --memory-limit), serves its
 // peer Collective endpoint, and runs the training task it is assigned for
 // its rank, reporting progress, evaluations and the result.
 //
@@ -28,6 +29,14 @@
 //	ps*.go              ps mode: psclient.go the streams to the shards,
 //	                    pscompress.go one step's pushes and pulls,
 //	                    pssync.go the synchronizer
+//	pipe*.go            pipeline stages: pipesync.go the synchronizer
+//	                    (each rank builds its stage alone; its executor,
+//	                    links, replica ring; the checksum fed stage by
+//	                    stage), pipeeval.go evaluation through the
+//	                    stages, pipeckpt.go checkpoints assembled stage
+//	                    by stage, pipestats.go each stage's summary,
+//	                    pipemem.go the memory a worker offers
+//	                    (--memory-limit)
 //	fed*.go             fedavg: fedsim.go all clients simulated here,
 //	                    fedclient.go this worker as one real client
 //	entry*.go           entrypoint jobs: entry.go the ring, the agent

@@ -25,7 +25,16 @@ type objective interface {
 	// and writes d(loss)/d(logits) into dlogits.
 	loss(logits []float32, n int, dlogits []float32) float32
 	// evaluate runs the model over the test split and fills res.
-	evaluate(ctx context.Context, net *models.Network, res *pb.JobResult) error
+	evaluate(ctx context.Context, net forwarder, res *pb.JobResult) error
+}
+
+// forwarder is what an evaluation runs the test split through: a whole
+// *models.Network, or a pipeline's stages together (pipeTask.evaluate).
+type forwarder interface {
+	InputSize() int
+	// Forward returns the logits of x's batch samples, valid until the
+	// next call (see models.Network.Forward).
+	Forward(x []float32, batch int, train bool) []float32
 }
 
 // evalBatch is the batch size used for evaluation (forward only).
@@ -33,7 +42,7 @@ const evalBatch = 500
 
 // forEachTestBatch runs net forward over n test examples in batches; fill
 // writes batch [lo, lo+k) into x and see receives the logits.
-func forEachTestBatch(ctx context.Context, net *models.Network, n int, fill func(idx []int, x []float32), see func(idx []int, logits []float32)) error {
+func forEachTestBatch(ctx context.Context, net forwarder, n int, fill func(idx []int, x []float32), see func(idx []int, logits []float32)) error {
 	inSize := net.InputSize()
 	x := make([]float32, evalBatch*inSize)
 	idx := make([]int, evalBatch)
@@ -91,7 +100,7 @@ func (c *classification) loss(logits []float32, n int, dlogits []float32) float3
 	return models.SoftmaxCrossEntropy(logits, c.y[:n], c.train.Classes, dlogits)
 }
 
-func (c *classification) evaluate(ctx context.Context, net *models.Network, res *pb.JobResult) error {
+func (c *classification) evaluate(ctx context.Context, net forwarder, res *pb.JobResult) error {
 	classes := c.test.Classes
 	conf := eval.NewConfusion(classes)
 	y := make([]uint8, evalBatch)
@@ -154,7 +163,7 @@ func (m *multiLabel) loss(logits []float32, n int, dlogits []float32) float32 {
 	return models.BCEWithLogits(logits, m.y[:n*m.train.Classes], m.posWeight, dlogits)
 }
 
-func (m *multiLabel) evaluate(ctx context.Context, net *models.Network, res *pb.JobResult) error {
+func (m *multiLabel) evaluate(ctx context.Context, net forwarder, res *pb.JobResult) error {
 	classes := m.test.Classes
 	ml := eval.NewMultiLabel(classes)
 	y := make([]float32, evalBatch*classes)

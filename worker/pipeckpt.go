@@ -3,22 +3,28 @@ package worker
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/gradsync/gradsync/aggregator"
 	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/jobspec"
+	"github.com/gradsync/gradsync/models"
 )
 
 // A pipeline job's checkpoint is the same as a whole-model job's: the
 // whole model's tensors with PyTorch names (model.safetensors) and the
-// whole optimiser state, written by rank 0 after every rank has
-// all-gathered the stages' parts (replica 0's) — so PyTorch loads it as
-// if one worker had trained, and a job resumes from it on any cut. Every
-// rank decides alike when one is due (steps and epochs only: jobspec
-// refuses every_seconds for pipeline jobs, which would need rank 0's
-// clock).
+// whole optimiser state, so PyTorch loads it as if one worker had
+// trained, and a job resumes from it on any cut. No rank builds the
+// whole network or optimiser for it: stage after stage, replica 0's rank
+// of the stage broadcasts its parameters, buffers and optimiser state
+// over the job's ring, and rank 0 turns each stage's part into tensors
+// as it arrives, then writes them. (Rank 0 does hold every stage's
+// tensors, serialised, while it writes: checkpoint.Save takes them all
+// at once.) Every rank decides alike when one is due (steps and epochs
+// only: jobspec refuses every_seconds for pipeline jobs, which would
+// need rank 0's clock).
 
 // optimParts is how many buffers of the stage's length the optimiser
 // keeps: SGD's momentum, Adam's two moments (0: none yet).
@@ -36,107 +42,154 @@ func optimParts(o optim.Stepper) [][]float32 {
 	return nil
 }
 
-// wholeOptimizer all-gathers every stage's optimiser state (replica 0's)
-// into an optimiser of the spec's kind over the whole flat buffer; every
-// rank calls it at the same step.
-func (p *pipeTask) wholeOptimizer(ctx context.Context) (optim.Stepper, error) {
-	whole := optim.FromSpec(p.spec)
-	parts := optimParts(p.optim)
-	k := len(parts)
-	// Every stage has taken the same steps, so all agree on k; checked.
-	chunk := 0
-	for _, s := range p.stages {
-		chunk = max(chunk, s.ParamLen)
+// stageSegments are the whole network's segments (parameters, or
+// buffers with bufs) of stage st, with offsets into the stage's part.
+func stageSegments(net *models.Network, st models.Stage, bufs bool) []models.Segment {
+	segs, lo, n := net.WholeSegments(), st.ParamOffset, st.ParamLen
+	if bufs {
+		segs, lo, n = net.WholeBufferSegments(), st.BufferOffset, st.BufferLen
 	}
-	src := make([]float32, 1+k*chunk)
-	src[0] = float32(k)
-	for i, b := range parts {
-		copy(src[1+i*chunk:], b)
-	}
-	n := p.coord.Stages * p.coord.Replicas
-	if k == 0 {
-		// A 1-value gather tells every rank that no stage has state yet.
-		src = src[:1]
-		chunk = 0
-	}
-	all := make([]float32, n*len(src))
-	if err := p.worldCollective(ctx, func(ctx context.Context, seq int64) error {
-		return aggregator.AllGather(ctx, p.world, all, src, seq, p.opt)
-	}); err != nil {
-		return nil, fmt.Errorf("gathering the stages' optimiser state: %w", err)
-	}
-	for r := range n {
-		if all[r*len(src)] != float32(k) {
-			return nil, fmt.Errorf("pipeline: rank %d keeps %v optimiser buffers, rank %d %d", r, all[r*len(src)], p.coord.Rank, k)
+	var out []models.Segment
+	for _, g := range segs {
+		if g.Offset >= lo && g.Offset+g.Len <= lo+n {
+			g.Offset -= lo
+			out = append(out, g)
 		}
 	}
-	if k == 0 {
-		return whole, nil
-	}
-	full := make([][]float32, k)
-	for i := range full {
-		full[i] = make([]float32, p.net.NumParams())
-	}
-	for s, st := range p.stages {
-		base := p.coord.RankOf(0, s) * len(src)
-		for i := range full {
-			copy(full[i][st.ParamOffset:st.ParamOffset+st.ParamLen], all[base+1+i*chunk:][:st.ParamLen])
-		}
-	}
-	switch o := whole.(type) {
-	case *optim.SGD:
-		o.SetState(full[0])
-	case *optim.Adam:
-		_, _, t := p.optim.(*optim.Adam).State()
-		o.SetState(full[0], full[1], t)
-	}
-	return whole, nil
+	return out
 }
 
-// restoreStage loads a whole-model checkpoint into the network and this
-// stage's part of its optimiser state.
-func (p *pipeTask) restoreStage(st *checkpoint.State) error {
-	whole := optim.FromSpec(p.spec)
-	if err := restoreCheckpoint(st, p.a.ResumeFrom, p.spec, p.net, whole); err != nil {
-		return err
+// optimKinds agrees over the job's ring on how many optimiser buffers
+// every stage keeps (every stage has taken the same steps: checked).
+func (p *pipeTask) optimKinds(ctx context.Context) (int, error) {
+	k := len(optimParts(p.optim))
+	n := p.coord.Stages * p.coord.Replicas
+	all := make([]float32, n)
+	if err := p.worldCollective(ctx, func(ctx context.Context, seq int64) error {
+		return aggregator.AllGather(ctx, p.world, all, []float32{float32(k)}, seq, p.opt)
+	}); err != nil {
+		return 0, fmt.Errorf("agreeing on the stages' optimiser state: %w", err)
 	}
-	lo, hi := p.st.ParamOffset, p.st.ParamOffset+p.st.ParamLen
-	cut := func(b []float32) []float32 {
-		if b == nil {
-			return nil
+	for r, v := range all {
+		if v != float32(k) {
+			return 0, fmt.Errorf("pipeline: rank %d keeps %v optimiser buffers, rank %d %d", r, v, p.coord.Rank, k)
 		}
-		return append([]float32(nil), b[lo:hi]...)
 	}
-	switch o := p.optim.(type) {
-	case *optim.SGD:
-		o.SetState(cut(whole.(*optim.SGD).State()))
-	case *optim.Adam:
-		m, v, t := whole.(*optim.Adam).State()
-		o.SetState(cut(m), cut(v), t)
+	return k, nil
+}
+
+// checkpointState assembles the whole model's checkpoint state on rank
+// 0 (nil on the other ranks, which only take part in the broadcasts).
+func (p *pipeTask) checkpointState(ctx context.Context, at position) (*checkpoint.State, error) {
+	k, err := p.optimKinds(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	var st *checkpoint.State
+	if p.coord.Rank == 0 {
+		st = &checkpoint.State{
+			Meta: checkpoint.Meta{JobID: p.ckpt.jobID, SpecHash: specHash(p.spec), Step: at.step, Epoch: at.epoch,
+				EpochConsumed: at.consumed, WorldSize: p.ckpt.world, Seed: p.spec.GetSeed()},
+			Tensors:   map[string]models.Tensor{},
+			ModelMeta: p.ckpt.meta,
+		}
+	}
+	longest := 0
+	for _, s := range p.stages {
+		longest = max(longest, (1+k)*s.ParamLen+s.BufferLen)
+	}
+	buf := make([]float32, longest)
+	for s, sg := range p.stages {
+		// [params | buffers | optimiser buffer 1 | … | k]
+		pl, bl := sg.ParamLen, sg.BufferLen
+		b := buf[:(1+k)*pl+bl]
+		root := p.coord.RankOf(0, s)
+		if root == p.coord.Rank {
+			copy(b, p.net.Params())
+			copy(b[pl:], p.net.Buffers())
+			for i, o := range optimParts(p.optim) {
+				copy(b[pl+bl+i*pl:], o)
+			}
+		}
+		if err := p.worldCollective(ctx, func(ctx context.Context, seq int64) error {
+			return aggregator.Broadcast(ctx, p.world, b, root, seq, p.opt)
+		}); err != nil {
+			return nil, fmt.Errorf("sharing stage %d's state for the checkpoint: %w", s, err)
+		}
+		if st == nil {
+			continue
+		}
+		for _, g := range stageSegments(p.net, sg, false) {
+			st.Tensors[g.Name] = models.F32Tensor(g.Shape, b[g.Offset:g.Offset+g.Len])
+		}
+		for _, g := range stageSegments(p.net, sg, true) {
+			st.Tensors[g.Name] = models.F32Tensor(g.Shape, b[pl+g.Offset:pl+g.Offset+g.Len])
+		}
+		// An optimiser of the job's kind over this stage's part, to name
+		// its state as a whole-model job's checkpoint does.
+		o := optim.FromSpec(p.spec)
+		part := func(i int) []float32 { return b[pl+bl+i*pl : pl+bl+(i+1)*pl] }
+		switch o := o.(type) {
+		case *optim.SGD:
+			if k > 0 {
+				o.SetState(part(0))
+			}
+		case *optim.Adam:
+			_, _, t := p.optim.(*optim.Adam).State()
+			if k > 0 {
+				o.SetState(part(0), part(1), t)
+			} else {
+				o.SetState(nil, nil, t)
+			}
+		}
+		st.CaptureOptimizer(o, stageSegments(p.net, sg, false))
+	}
+	return st, nil
+}
+
+// restoreStage loads this stage's part of a whole-model checkpoint into
+// the stage's network and optimiser.
+func (p *pipeTask) restoreStage(st *checkpoint.State) error {
+	params, bufs := map[string]bool{}, map[string]bool{}
+	for _, g := range p.net.Segments() {
+		params[g.Name] = true
+	}
+	for _, g := range p.net.BufferSegments() {
+		bufs[g.Name] = true
+	}
+	part := *st
+	part.Tensors = map[string]models.Tensor{}
+	for name, t := range st.Tensors {
+		if params[name] || bufs[name] {
+			part.Tensors[name] = t
+		}
+	}
+	part.Optim = map[string]models.Tensor{}
+	for name, t := range st.Optim {
+		for _, prefix := range []string{checkpoint.MomentumPrefix, checkpoint.AdamMPrefix, checkpoint.AdamVPrefix} {
+			if strings.HasPrefix(name, prefix) && params[strings.TrimPrefix(name, prefix)] {
+				part.Optim[name] = t
+			}
+		}
+	}
+	return restoreCheckpoint(&part, p.a.ResumeFrom, p.spec, p.net, p.optim)
 }
 
 // checkpoint writes the job's checkpoint of the state at at when one is
-// due; every rank takes part in gathering it.
-func (p *pipeTask) checkpoint(ctx context.Context, epoch int, at position) (gathered bool, err error) {
+// due; every rank takes part in assembling it.
+func (p *pipeTask) checkpoint(ctx context.Context, epoch int, at position) error {
 	if p.ckpt == nil || !jobspec.CheckpointDue(p.spec, at.step, at.epoch > epoch, epoch, 0) {
-		return false, nil
+		return nil
 	}
-	if err := p.gather(ctx); err != nil {
-		return false, err
+	st, err := p.checkpointState(ctx, at)
+	if err != nil || st == nil {
+		return err
 	}
-	whole, err := p.wholeOptimizer(ctx)
+	path, err := checkpoint.Save(p.ckpt.dir, st, int(p.spec.GetCheckpoint().GetKeep()))
 	if err != nil {
-		return true, err
+		return fmt.Errorf("writing a checkpoint: %w", err)
 	}
-	if p.coord.Rank != 0 {
-		return true, nil
-	}
-	path, err := p.ckpt.save(p.net, whole, at.step, at.epoch, at.consumed, nil, time.Now())
-	if err != nil {
-		return true, fmt.Errorf("writing a checkpoint: %w", err)
-	}
+	p.ckpt.lastSave = time.Now()
 	p.env.log.Debug("checkpoint written", "job", p.a.JobId, "path", path)
-	return true, nil
+	return nil
 }

@@ -40,6 +40,13 @@ type stageSummary struct {
 	// boundary tensors hold at the peak: PeakInFlight micro-batches of
 	// the stage's output activation (models keep more inside a stage).
 	PeakActivationBytes int64 `json:"peak_activation_bytes"`
+	// ParamsHeld and BufferValuesHeld are the lengths of the flat
+	// parameter (and gradient) and buffer arrays the stage's worker
+	// allocated: its stage's alone (models.NewStage); ScratchValues the
+	// one tensor the other stages' layers point at, for their shapes.
+	ParamsHeld       int `json:"params_held"`
+	BufferValuesHeld int `json:"buffer_values_held"`
+	ScratchValues    int `json:"scratch_values"`
 }
 
 func (p *pipeTask) summary() stageSummary {
@@ -52,7 +59,8 @@ func (p *pipeTask) summary() stageSummary {
 		ExpectedBubble: pipeline.Bubble(p.coord.Stages, p.plan.MicroBatches), PeakInFlight: s.peakInFlight,
 		BytesToPrevPerStep: s.bytesToPrev / n, BytesFromPrevPerStep: s.bytesFromPrev / n,
 		BytesToNextPerStep: s.bytesToNext / n, BytesFromNextPerStep: s.bytesFromN / n,
-		PeakActivationBytes: int64(s.peakInFlight) * int64(out[0]*out[1]) * 4}
+		PeakActivationBytes: int64(s.peakInFlight) * int64(out[0]*out[1]) * 4,
+		ParamsHeld:          p.net.NumParams(), BufferValuesHeld: len(p.net.Buffers()), ScratchValues: p.net.ScratchLen()}
 }
 
 // report logs the stage's figures and writes them to its worker's run

@@ -35,6 +35,22 @@ func dataShard(a *pb.Assignment) (rank, world int, err error) {
 	return c.Replica, c.Replicas, nil
 }
 
+// newNetwork builds what a rank holds of its job's model: the whole
+// network, or, on a pipeline stage's rank, that stage alone
+// (models.NewStage: its parameters, gradients and buffers, with the whole
+// model's initial values of the stage).
+func newNetwork(a *pb.Assignment, opt models.Options) (*models.Network, error) {
+	if !jobspec.Pipelined(a.Spec) {
+		return models.New(a.Spec.Model, opt)
+	}
+	c, err := pipeline.Place(int(a.Rank), int(a.WorldSize), jobspec.PipelineStages(a.Spec))
+	if err != nil {
+		return nil, err
+	}
+	net, _, err := models.NewStage(a.Spec.Model, opt, c.Stages, jobspec.PipelineBalance(a.Spec), c.Stage)
+	return net, err
+}
+
 // imageShare is how many ranks train on each of a rank's images: the
 // stages of a pipeline job's replica (1 otherwise), so that the ranks'
 // throughputs, which the coordinator sums, count each image once.
@@ -44,13 +60,16 @@ func imageShare(spec *pb.JobSpec) float64 { return float64(jobspec.PipelineStage
 // replica and stage from the ring job's assignment). Every step its
 // stage.Executor runs the stage's plan over peerrpc links to the
 // neighbouring stages of its replica, adding the stage's gradient into
-// its part of the flat gradient buffer; with D > 1 replicas the ranks of
-// a stage all-reduce that part over a ring of their own (one per stage)
-// and divide by D; then each stage steps its own optimiser on its part.
-// When the job's whole model is needed — after an epoch (evaluation) and
-// after the last step (the result's checksum) — every rank all-gathers
-// the stages' parts over the job's ring, so every rank holds the whole
-// model, bit for bit.
+// its gradient buffer, which holds that stage alone (the rank's network
+// is built by models.NewStage); with D > 1 replicas the ranks of a stage
+// all-reduce it over a ring of their own (one per stage) and divide by D;
+// then each stage steps its own optimiser. No rank ever holds the whole
+// model: evaluation runs the test split through the stages
+// (stage.Executor.Infer) and the last stage's figures reach rank 0; the
+// result's checksum is fed one stage at a time, each stage's parameters
+// broadcast over the job's ring from replica 0 in turn (which also
+// checks that the other replicas hold the same); checkpoints are
+// assembled on rank 0 likewise (pipeckpt.go).
 type pipeTask struct {
 	a       *pb.Assignment
 	env     *taskEnv
@@ -82,6 +101,8 @@ type pipeTask struct {
 	seq    int64 // tags the world ring's collectives
 	lossv  []float32
 	ps     pipeStats
+	sum    uint64 // the whole model's checksum when last computed (wholeChecksum)
+	pass   int64  // numbers the evaluation passes (Infer), one per test batch
 }
 
 // pipeStats are a stage's cumulative figures.
@@ -119,6 +140,9 @@ func newPipeTask(ctx context.Context, a *pb.Assignment, env *taskEnv, net *model
 	stages, err := jobspec.PipelinePartition(spec, net)
 	if err != nil {
 		return nil, err
+	}
+	if held, _, ok := net.HeldStage(); !ok || held != c.Stage {
+		return nil, fmt.Errorf("pipeline: rank %d runs stage %d but its network holds stage %d (whole: %v)", c.Rank, c.Stage, held, !ok)
 	}
 	p := &pipeTask{a: a, env: env, net: net, obj: obj, spec: spec, coord: c, stages: stages, st: stages[c.Stage], plan: plan,
 		batch: int(spec.GetBatchSize()), total: totalSteps, optim: optim.FromSpec(spec), opt: aggregator.Options{Generation: a.Generation},
@@ -209,8 +233,10 @@ func (p *pipeTask) start(ctx context.Context, from resumeFrom) (origin, error) {
 		p.steps = from.at.step
 		source = fromCheckpoint
 	}
-	// Every rank built (or loaded) the same model: check they agree.
-	if err := p.gather(ctx); err != nil {
+	// Every replica of a stage built (or loaded) the same part of the
+	// model: check they agree (and know the checksum, should training
+	// already be over).
+	if err := p.wholeChecksum(ctx); err != nil {
 		return origin{}, err
 	}
 	return origin{at: from.at, source: source}, nil
@@ -283,10 +309,10 @@ func (p *pipeTask) forwardBackward(ctx context.Context, step int64, epoch int, b
 }
 
 // step averages the stage's gradient over its replicas and steps the
-// stage's optimiser on its part of the parameters.
+// stage's optimiser on the stage's parameters (grads and params hold the
+// stage alone).
 func (p *pipeTask) step(ctx context.Context, grads, params []float32) error {
-	lo, hi := p.st.ParamOffset, p.st.ParamOffset+p.st.ParamLen
-	g := grads[lo:hi]
+	g := grads
 	if p.group != nil {
 		sctx, cancel := context.WithTimeout(ctx, p.timeout)
 		defer cancel()
@@ -304,24 +330,28 @@ func (p *pipeTask) step(ctx context.Context, grads, params []float32) error {
 		}
 	}
 	p.optim.SetLR(float32(optim.LearningRate(p.spec, p.steps, p.total)))
-	p.optim.Step(params[lo:hi], g)
+	p.optim.Step(params, g)
 	p.steps++
 	return nil
 }
 
-// completed gathers the whole model on every rank after an epoch (rank 0
-// evaluates it) and after the last step (every rank's result holds its
-// checksum).
+// completed writes a checkpoint when one is due, and after an epoch and
+// after the last step computes the whole model's checksum with the other
+// stages (every rank's result holds it).
 func (p *pipeTask) completed(ctx context.Context, epoch int, at position) error {
-	gathered, err := p.checkpoint(ctx, epoch, at)
-	if err != nil || gathered {
+	if err := p.checkpoint(ctx, epoch, at); err != nil {
 		return err
 	}
 	if at.epoch > epoch || at.step >= p.total {
-		return p.gather(ctx)
+		return p.wholeChecksum(ctx)
 	}
 	return nil
 }
+
+// checksum implements synchronizer: the whole model's checksum, computed
+// with the other stages after the last step (params hold this stage
+// alone).
+func (p *pipeTask) checksum([]float32) uint64 { return p.sum }
 
 func (p *pipeTask) stopped(context.Context, position) {}
 
@@ -365,36 +395,40 @@ func (p *pipeTask) worldCollective(ctx context.Context, f func(ctx context.Conte
 	return err
 }
 
-// gather all-gathers every stage's parameters and buffers from replica 0
-// onto every rank, bit for bit (an all-gather copies; no sum touches
-// them), and checks that the other replicas hold the same.
-func (p *pipeTask) gather(ctx context.Context) error {
-	chunk := 0
-	for _, s := range p.stages {
-		chunk = max(chunk, s.ParamLen+s.BufferLen)
+// wholeChecksum computes the whole model's parameter checksum
+// (models.Checksum of the whole flat buffer) into p.sum without any rank
+// holding the whole model: stage after stage, replica 0's rank of the
+// stage broadcasts its parameters over the job's ring and every rank
+// feeds them to its Checksummer (a broadcast copies: the bits arrive
+// unchanged). The stage's other replicas check that they hold the same.
+func (p *pipeTask) wholeChecksum(ctx context.Context) error {
+	c := models.NewChecksummer()
+	longest := 0
+	for _, st := range p.stages {
+		longest = max(longest, st.ParamLen)
 	}
-	params, bufs := p.net.Params(), p.net.Buffers()
-	src := make([]float32, chunk)
-	n := copy(src, params[p.st.ParamOffset:p.st.ParamOffset+p.st.ParamLen])
-	copy(src[n:], bufs[p.st.BufferOffset:p.st.BufferOffset+p.st.BufferLen])
-	all := make([]float32, chunk*p.coord.Stages*p.coord.Replicas)
-	if err := p.worldCollective(ctx, func(ctx context.Context, seq int64) error {
-		return aggregator.AllGather(ctx, p.world, all, src, seq, p.opt)
-	}); err != nil {
-		return fmt.Errorf("gathering the stages' parameters: %w", err)
-	}
+	buf := make([]float32, longest)
+	own := p.net.Params()
 	for s, st := range p.stages {
-		part := all[p.coord.RankOf(0, s)*chunk:]
-		for d := 1; d < p.coord.Replicas; d++ {
-			other := all[p.coord.RankOf(d, s)*chunk:]
-			for i := range st.ParamLen {
-				if math.Float32bits(part[i]) != math.Float32bits(other[i]) {
-					return fmt.Errorf("pipeline: stage %d's parameters differ between replicas 0 and %d after step %d", s, d, p.steps)
+		b := buf[:st.ParamLen]
+		root := p.coord.RankOf(0, s)
+		if root == p.coord.Rank {
+			copy(b, own)
+		}
+		if err := p.worldCollective(ctx, func(ctx context.Context, seq int64) error {
+			return aggregator.Broadcast(ctx, p.world, b, root, seq, p.opt)
+		}); err != nil {
+			return fmt.Errorf("sharing stage %d's parameters for the checksum: %w", s, err)
+		}
+		if s == p.coord.Stage && root != p.coord.Rank {
+			for i := range b {
+				if math.Float32bits(b[i]) != math.Float32bits(own[i]) {
+					return fmt.Errorf("pipeline: stage %d's parameters differ between replicas 0 and %d after step %d", s, p.coord.Replica, p.steps)
 				}
 			}
 		}
-		copy(params[st.ParamOffset:st.ParamOffset+st.ParamLen], part[:st.ParamLen])
-		copy(bufs[st.BufferOffset:st.BufferOffset+st.BufferLen], part[st.ParamLen:st.ParamLen+st.BufferLen])
+		c.Add(b)
 	}
+	p.sum = c.Sum()
 	return nil
 }

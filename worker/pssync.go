@@ -14,6 +14,7 @@ type psTask struct {
 	*psClient
 	localGradient
 	unscaled
+	wholeModel
 	log *slog.Logger
 }
 

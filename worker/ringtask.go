@@ -19,6 +19,7 @@ import (
 type ringTask struct {
 	*ringSync
 	localGradient
+	wholeModel
 	a     *pb.Assignment
 	net   *models.Network
 	rep   *reporter

@@ -270,7 +270,7 @@ func (s *streamed) loss(logits []float32, n int, dlogits []float32) float32 {
 }
 
 // evaluate runs net over the test split, streamed in file order.
-func (s *streamed) evaluate(ctx context.Context, net *models.Network, res *pb.JobResult) error {
+func (s *streamed) evaluate(ctx context.Context, net forwarder, res *pb.JobResult) error {
 	order := make([]int, s.test.N)
 	for i := range order {
 		order[i] = i

@@ -75,6 +75,18 @@ type synchronizer interface {
 	// Trainer's own forward and backward; a pipeline stage runs its part
 	// of the step across the stages' workers instead.
 	gradient(ctx context.Context, step int64, epoch int, batch []int, local func() (float32, error)) (float32, error)
+	// evaluate runs the test split's evaluation into res, through run
+	// (the objective's evaluation of a network), and reports whether this
+	// rank's res now holds it (the rank that reports the figures: rank
+	// 0). Every rank calls it at the same point. Most synchronizers have
+	// rank 0 run it on own, the Trainer's whole network, and the others
+	// skip it; a pipeline's stages run it through the pipeline together.
+	evaluate(ctx context.Context, rank int32, own forwarder, res *pb.JobResult, run func(net forwarder, into *pb.JobResult) error) (bool, error)
+	// checksum is the job's parameter checksum (models.Checksum of the
+	// whole flat parameter buffer) after the last step; params are the
+	// Trainer's. A pipeline stage, which holds its stage alone, returns
+	// the one it computed with the other stages after the last step.
+	checksum(params []float32) uint64
 	// stats returns the synchronizer's cumulative figures.
 	stats() syncStats
 	close()
@@ -87,6 +99,20 @@ type localGradient struct{}
 func (localGradient) gradient(_ context.Context, _ int64, _ int, _ []int, local func() (float32, error)) (float32, error) {
 	return local()
 }
+
+// wholeModel is the evaluate and checksum of the synchronizers whose
+// every rank holds the whole model (ring and ps): rank 0 evaluates its
+// own network, and the checksum is that of its parameters.
+type wholeModel struct{}
+
+func (wholeModel) evaluate(_ context.Context, rank int32, own forwarder, res *pb.JobResult, run func(forwarder, *pb.JobResult) error) (bool, error) {
+	if rank != 0 {
+		return false, nil
+	}
+	return true, run(own, res)
+}
+
+func (wholeModel) checksum(params []float32) uint64 { return models.Checksum(params) }
 
 // unscaled is the lossScale of the synchronizers without a loss scaler.
 type unscaled struct{}

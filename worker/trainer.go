@@ -20,8 +20,9 @@ import (
 // rank its share of the epoch's sample order; every step computes the
 // gradient of its batch, hands it to the synchronizer for the job's next
 // parameters and tells the synchronizer the step is complete; progress
-// goes to the coordinator every log_every_steps, and rank 0 evaluates on
-// the test split after every epoch (eval_every_epoch) and at the end. It
+// goes to the coordinator every log_every_steps, and the job evaluates on
+// the test split (rank 0, or a pipeline's stages together: the
+// synchronizer decides) after every epoch (eval_every_epoch) and at the end. It
 // holds no mode-specific code: that is all behind the synchronizer.
 //
 // A Trainer is used by the one goroutine that runs its task.
@@ -51,7 +52,7 @@ type Trainer struct {
 	lossSum    float64 // since the last progress report
 	lossN      int
 	images     int
-	evaluated  bool             // rank 0 has evaluated the parameters after the last step
+	evaluated  bool             // the parameters after the last step have been evaluated
 	lastLoader data.LoaderStats // streamed data: the loader's totals at the last report
 	layers     *layerTrace      // records the steps' timeline (env.trace); nil: none
 }
@@ -62,12 +63,13 @@ func newTrainer(a *pb.Assignment, env *taskEnv, obj objective) (*Trainer, error)
 	spec := a.Spec
 	opt := obj.shape()
 	opt.Seed = spec.GetSeed()
-	net, err := models.New(spec.Model, opt)
+	net, err := newNetwork(a, opt) // a pipeline stage's rank builds its stage alone
 	if err != nil {
 		return nil, err
 	}
-	if int64(net.NumParams()) != a.NumParams {
-		return nil, fmt.Errorf("model %s has %d parameters here but %d on the coordinator", spec.Model, net.NumParams(), a.NumParams)
+	if int64(net.WholeParams()) != a.NumParams {
+		net.Close()
+		return nil, fmt.Errorf("model %s has %d parameters here but %d on the coordinator", spec.Model, net.WholeParams(), a.NumParams)
 	}
 	rank, world, err := dataShard(a)
 	if err != nil {
@@ -226,7 +228,7 @@ func (t *Trainer) epoch(ctx context.Context, epoch int) error {
 	}
 	t.res.Epochs = int32(epoch + 1)
 	t.res.TrainLoss = epochLoss / float64(max(epochN, 1))
-	if t.a.Rank == 0 && t.spec.GetEvalEveryEpoch() && epochN == nb {
+	if t.spec.GetEvalEveryEpoch() && epochN == nb {
 		if err := t.evaluate(ctx); err != nil {
 			return err
 		}
@@ -337,7 +339,7 @@ func (t *Trainer) finish(ctx context.Context) (*pb.JobResult, error) {
 	if t.env.trace != nil {
 		res.CommOverlapRatio = overlapRatio(t.env.trace)
 	}
-	res.ParameterChecksum = models.Checksum(t.net.Params())
+	res.ParameterChecksum = t.sync.checksum(t.net.Params())
 	wall := time.Since(t.start).Seconds()
 	res.ImagesPerSecond = float64(step-t.from.step) * float64(t.plan.batch) / wall / imageShare(t.spec)
 	if sd, ok := t.obj.(*streamed); ok {
@@ -348,7 +350,7 @@ func (t *Trainer) finish(ctx context.Context) (*pb.JobResult, error) {
 			"copy_us_per_step", float64(st.snapshotCopying.Microseconds())/float64(st.snapshots),
 			"share_of_step_time", st.snapshotCopying.Seconds()/wall)
 	}
-	if t.a.Rank == 0 && !t.evaluated {
+	if !t.evaluated {
 		if err := t.evaluate(ctx); err != nil {
 			return nil, err
 		}
@@ -357,10 +359,14 @@ func (t *Trainer) finish(ctx context.Context) (*pb.JobResult, error) {
 }
 
 // evaluate runs the model over the test split into the result and
-// reports it.
+// reports it (every rank calls it; the synchronizer says which ranks take
+// part and which one reports).
 func (t *Trainer) evaluate(ctx context.Context) error {
 	res := t.res
-	if err := t.obj.evaluate(ctx, t.net, res); err != nil {
+	reported, err := t.sync.evaluate(ctx, t.a.Rank, t.net, res, func(net forwarder, into *pb.JobResult) error {
+		return t.obj.evaluate(ctx, net, into)
+	})
+	if err != nil {
 		if ctx.Err() != nil {
 			// Cancelled while evaluating (rank 0, after an epoch's last
 			// step or the job's): keep the state after the last step, as
@@ -368,6 +374,9 @@ func (t *Trainer) evaluate(ctx context.Context) error {
 			t.stopped(ctx)
 		}
 		return err
+	}
+	if !reported {
+		return nil
 	}
 	t.env.rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Eval{Eval: &pb.TaskEval{JobId: t.a.JobId, Rank: t.a.Rank,
 		Generation: t.a.Generation, Epoch: res.Epochs, Step: t.at.step, TestAccuracy: res.TestAccuracy, TestLoss: res.TestLoss,

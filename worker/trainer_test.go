@@ -25,6 +25,7 @@ import (
 type fakeSync struct {
 	localGradient
 	unscaled
+	wholeModel
 	origin   origin     // what start returns
 	from     resumeFrom // what start was given
 	steps    int64      // step calls

@@ -103,6 +103,11 @@ type Config struct {
 	// RunsDir is where an entrypoint command's output goes:
 	// <RunsDir>/<job-id>/rank-<r>.log. Default "runs".
 	RunsDir string
+	// MemoryLimit caps the memory, in bytes, this worker offers to a
+	// task (--memory-limit; the host's memory where that is less); 0:
+	// none stated, and any job is placed here. The coordinator places a
+	// rank here only if what it holds fits.
+	MemoryLimit uint64
 }
 
 // Validate fills defaults and checks the config.
@@ -140,6 +145,7 @@ type Worker struct {
 	log  *slog.Logger
 	addr string
 	res  *pb.Resources
+	mem  uint64            // the memory offered to a task (0: unknown)
 	ring *ringrpc.Endpoint // the peer endpoint's rings (ring mode)
 	pipe *peerrpc.Endpoint // the peer endpoint's pipeline links
 	// snaps are the in-memory snapshots of the ring job this worker ran
@@ -158,7 +164,7 @@ func New(cfg Config) (*Worker, error) {
 	}
 	return &Worker{cfg: cfg, log: cfg.Logger, res: &pb.Resources{
 		CpuCores: int32(runtime.NumCPU()), Gpus: gpus, GemmBackend: kernels.Backend(), AllowsEntrypoints: cfg.AllowEntrypoints,
-	}}, nil
+	}, mem: offeredMemory(cfg.MemoryLimit)}, nil
 }
 
 func (w *Worker) dialOptions() []grpc.DialOption {
@@ -289,7 +295,7 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 		return err
 	}
 	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Hello{Hello: &pb.Hello{
-		WorkerId: w.cfg.ID, Name: w.cfg.Name, Address: w.addr, Resources: w.res, Version: Version}}}); err != nil {
+		WorkerId: w.cfg.ID, Name: w.cfg.Name, Address: w.addr, Resources: w.res, Version: Version, MemoryBytes: w.mem}}}); err != nil {
 		return err
 	}
 	// No welcome within 10s: give up on this stream.

@@ -28,7 +28,7 @@ import (
 
 func newLocalCmd(g *globals) *cobra.Command {
 	var sf specFlags
-	var stateDir, runsDir, metricsAddr, linkRate string
+	var stateDir, runsDir, metricsAddr, linkRate, memLimit string
 	var heartbeatTimeout time.Duration
 	var threads int
 	var tracePath string
@@ -67,6 +67,10 @@ func newLocalCmd(g *globals) *cobra.Command {
 			if wcfg.Link, err = netem.ParseRate(linkRate); err != nil {
 				return fmt.Errorf("--link-rate: %w", err)
 			}
+			if wcfg.MemoryLimit, err = parseMemory(memLimit); err != nil {
+				return fmt.Errorf("--memory-limit: %w", err)
+			}
+			scfg.PlaceByMemory = wcfg.MemoryLimit > 0
 			clientOpts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 			if !g.sec.insecure {
 				pki, err := security.EphemeralPKI([]string{"localhost", "127.0.0.1"})
@@ -133,6 +137,7 @@ func newLocalCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&runsDir, "runs-dir", "runs", "where run directories (runs/<job-id>) are written")
 	c.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics of the server and workers on this address (/metrics)")
 	c.Flags().StringVar(&linkRate, "link-rate", "", linkRateHelp)
+	c.Flags().StringVar(&memLimit, "memory-limit", "", memoryLimitHelp)
 	c.Flags().IntVar(&threads, "threads", 1, threadsHelp)
 	c.Flags().StringVar(&tracePath, "trace", "", traceHelp)
 	c.Flags().DurationVar(&heartbeatTimeout, "heartbeat-timeout", 5*time.Second,
@@ -232,7 +237,7 @@ func newServerCmd(g *globals) *cobra.Command {
 
 func newWorkerCmd(g *globals) *cobra.Command {
 	var cfg worker.Config
-	var metricsAddr, linkRate string
+	var metricsAddr, linkRate, memLimit string
 	c := &cobra.Command{
 		Use:   "worker",
 		Short: "Run a worker that trains what the coordinator assigns",
@@ -248,6 +253,9 @@ func newWorkerCmd(g *globals) *cobra.Command {
 				return err
 			}
 			cfg.Insecure = g.sec.insecure
+			if cfg.MemoryLimit, err = parseMemory(memLimit); err != nil {
+				return fmt.Errorf("--memory-limit: %w", err)
+			}
 			if cfg.Link, err = netem.ParseRate(linkRate); err != nil {
 				return fmt.Errorf("--link-rate: %w", err)
 			}
@@ -270,6 +278,7 @@ func newWorkerCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.Name, "name", "", "human-readable name (default host/address)")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics), e.g. :9091")
 	f.StringVar(&linkRate, "link-rate", "", linkRateHelp)
+	f.StringVar(&memLimit, "memory-limit", "", memoryLimitHelp)
 	f.StringVar(&cfg.DataDir, "data-dir", "", "folder holding this worker's data (the IDX files of mnist or fashion-mnist, an ImageFolder, the CIFAR files); overrides the job's dataset.data_dir here, so each real federated client trains on its own data")
 	f.IntVar(&cfg.Threads, "threads", 1, threadsHelp)
 	f.StringVar(&cfg.TracePath, "trace", "", traceHelp)

@@ -12,7 +12,8 @@ import (
 
 // Config sets up one stage's Executor.
 type Config struct {
-	// Net is the whole network; the executor runs only the layers of
+	// Net is the whole network, or one that holds Stages[Stage] alone
+	// (models.NewStage); the executor runs only the layers of
 	// Stages[Stage] and touches only that stage's part of its gradient
 	// buffer. Stages is Net's partition (models.Partition).
 	Net    *models.Network

@@ -273,9 +273,14 @@ type Hello struct {
 	WorkerId string `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
 	Name     string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// host:port of this worker's Collective endpoint.
-	Address       string     `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
-	Resources     *Resources `protobuf:"bytes,4,opt,name=resources,proto3" json:"resources,omitempty"`
-	Version       string     `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
+	Address   string     `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	Resources *Resources `protobuf:"bytes,4,opt,name=resources,proto3" json:"resources,omitempty"`
+	Version   string     `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
+	// The memory this worker offers to a task, in bytes: its memory, or
+	// less when it was started with --memory-limit. The scheduler places a
+	// rank only where what it holds (its pipeline stage, or the whole
+	// model) fits. 0: not reported (fits anything).
+	MemoryBytes   uint64 `protobuf:"varint,162,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -343,6 +348,13 @@ func (x *Hello) GetVersion() string {
 		return x.Version
 	}
 	return ""
+}
+
+func (x *Hello) GetMemoryBytes() uint64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
 }
 
 type Welcome struct {
@@ -1255,13 +1267,14 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"assignment\x18\x02 \x01(\v2\x17.gradsync.v1.AssignmentH\x00R\n" +
 	"assignment\x121\n" +
 	"\x06cancel\x18\x03 \x01(\v2\x17.gradsync.v1.CancelTaskH\x00R\x06cancelB\x05\n" +
-	"\x03msg\"\xa2\x01\n" +
+	"\x03msg\"\xc6\x01\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x124\n" +
 	"\tresources\x18\x04 \x01(\v2\x16.gradsync.v1.ResourcesR\tresources\x12\x18\n" +
-	"\aversion\x18\x05 \x01(\tR\aversion\"d\n" +
+	"\aversion\x18\x05 \x01(\tR\aversion\x12\"\n" +
+	"\fmemory_bytes\x18\xa2\x01 \x01(\x04R\vmemoryBytes\"d\n" +
 	"\aWelcome\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12<\n" +
 	"\x1aheartbeat_interval_seconds\x18\x02 \x01(\x01R\x18heartbeatIntervalSeconds\"\v\n" +
