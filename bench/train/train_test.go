@@ -77,6 +77,26 @@ func BenchmarkTrain(b *testing.B) {
 	}
 }
 
+// BenchmarkTrainCIFAR is #15's speed measurement: mobilenet (α = 1 and
+// 0.5) and resnet18 on 3×32×32 inputs with 10 classes, batch 64, one
+// thread. Run with -benchtime 1x; with -cpuprofile it is the profile of
+// whole training steps:
+//
+//	go test ./bench/train -run XXX -bench TrainCIFAR/mobilenet$ -benchtime 1x -cpuprofile cpu.out
+func BenchmarkTrainCIFAR(b *testing.B) {
+	for _, m := range []string{"mobilenet", "mobilenet-0.5", "resnet18"} {
+		b.Run(m, func(b *testing.B) {
+			for b.Loop() {
+				res, err := Run(context.Background(), Options{Model: m, Seconds: 5, Channels: 3, Height: 32, Width: 32, Classes: 10})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(res.ImagesPerSecond, "img/s")
+			}
+		})
+	}
+}
+
 // TestTrainCheckpointing runs checkpointed steps and checks that they
 // report their mode and hold less activation memory on resnet8, and that
 // an unknown mode is an error.
