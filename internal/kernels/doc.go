@@ -4,6 +4,7 @@
 // convolutions, the Winograd F(2×2,3×3) transforms (winograd.go) for
 // 3×3 stride-1 ones, and direct depthwise convolutions (depthwise.go, with
 // AVX-512 kernels for MobileNet's 3×3 ones: depthwise_fast.go).
+// Batch norm's float64 lane sums and elementwise passes (bnorm.go).
 // Mixed precision: bf16/fp16 conversions (half.go), GemmBF16, KernelSet.
 //
 // All slices are plain row-major []float32 owned by the caller; kernels
