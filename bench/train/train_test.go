@@ -2,6 +2,7 @@ package train
 
 import (
 	"context"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -17,6 +18,10 @@ func TestTrain(t *testing.T) {
 		if res.Model != "lenet5" || res.BatchSize != 4 || res.Threads != 1 || res.Steps < 1 ||
 			res.ImagesPerSecond <= 0 || res.SecondsPerStep <= 0 || res.Backend == "" {
 			t.Fatalf("result %+v", res)
+		}
+		// the process's CPU time: measured on Linux, never negative
+		if res.CPUSecondsPerStep < 0 || runtime.GOOS == "linux" && res.CPUSecondsPerStep == 0 {
+			t.Fatalf("CPU seconds per step %v", res.CPUSecondsPerStep)
 		}
 		if be == "gonum" && res.Backend != "gonum" {
 			t.Fatalf("backend %q, want gonum", res.Backend)
