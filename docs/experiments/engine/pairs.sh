@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Interleaved training throughput, gradsync then PyTorch (tuned setup:
 # ../shared/anchors/README.md), one thread, batch 64, 3×32×32, 10 classes.
+# Both report wall-clock images/s and the process CPU seconds per step.
 # Usage: pairs.sh GRADSYNC_BINARY ROUNDS MODEL... (from the repository root)
 set -euo pipefail
 bin=$1 rounds=$2
@@ -12,6 +13,6 @@ for r in $(seq "$rounds"); do
 	for m in "$@"; do
 		echo "round $r $m load $(cut -d' ' -f1-3 /proc/loadavg)"
 		"$bin" bench train --model "$m" --input 3x32x32 --classes 10 --seconds 5 --json
-		"${torch_env[@]}" /usr/bin/python3 docs/experiments/data/torch_train_bench.py "$m" 10 5
+		"${torch_env[@]}" /usr/bin/python3 docs/experiments/engine/torch_train_cpu.py "$m" 10 5
 	done
 done
