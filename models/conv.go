@@ -317,16 +317,22 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 		clear(dxn)
 		kernels.Col2im(dxn, l.dcol, g)
 	}
+	l.addDWT(k)
+	if l.SkipInputGrad {
+		return nil
+	}
+	return l.dx
+}
+
+// addDWT adds dwt, the weight gradient accumulated transposed as (k,
+// Out), into DW (Out, k).
+func (l *Conv2D) addDWT(k int) {
 	for f := range l.Out {
 		dw := l.DW[f*k : (f+1)*k]
 		for i := range dw {
 			dw[i] += l.dwt[i*l.Out+f]
 		}
 	}
-	if l.SkipInputGrad {
-		return nil
-	}
-	return l.dx
 }
 
 // wholeBatchMaxP is the largest output plane (OutH·OutW) for which a
@@ -380,12 +386,7 @@ func (l *Conv2D) wholeBatchBackward(dy []float32) []float32 {
 	}
 	l.dwt = grow(l.dwt, c*l.Out)
 	l.lp.gemm(false, true, c, l.Out, bp, 1, l.dcol, bp, l.dmask, bp, 0, l.dwt, l.Out)
-	for f := range l.Out {
-		dw := l.DW[f*c : (f+1)*c]
-		for i := range dw {
-			dw[i] += l.dwt[i*l.Out+f]
-		}
-	}
+	l.addDWT(c)
 	if l.SkipInputGrad {
 		return nil
 	}
