@@ -269,6 +269,9 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 	if l.small {
 		return l.smallBackward(dy)
 	}
+	if l.wholeBatch() {
+		return l.wholeBatchBackward(dy)
+	}
 	if !l.SkipInputGrad {
 		l.dx = grow(l.dx, l.batch*in)
 		if !l.direct {
@@ -314,14 +317,82 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 		clear(dxn)
 		kernels.Col2im(dxn, l.dcol, g)
 	}
+	l.addDWT(k)
+	if l.SkipInputGrad {
+		return nil
+	}
+	return l.dx
+}
+
+// addDWT adds dwt, the weight gradient accumulated transposed as (k,
+// Out), into DW (Out, k).
+func (l *Conv2D) addDWT(k int) {
 	for f := range l.Out {
 		dw := l.DW[f*k : (f+1)*k]
 		for i := range dw {
 			dw[i] += l.dwt[i*l.Out+f]
 		}
 	}
+}
+
+// wholeBatchMaxP is the largest output plane (OutH·OutW) for which a
+// 1×1 stride-1 convolution sums its weight gradient with one GEMM over
+// the whole batch instead of one per sample. Per sample, dWᵀ += x_n·dy_nᵀ
+// is a thin product when p is small (MobileNet's 8×8, 4×4 and 2×2
+// blocks, squeeze-and-excitation's 1×1): it reads and writes all of the
+// (C, Out) gradient for a few columns, batch times over, and pays a BLAS
+// call each. Gathering the batch's planes into (C, batch·p) and (Out,
+// batch·p) matrices first costs a copy of x and dy, which is cheap next
+// to that at these sizes. Forward and dx stay per sample: a sample's
+// output must not depend on which other samples share its GEMM (one
+// thread's batch against T threads' slices), or batch norm over a
+// channel that is constant across the batch turns the rounding
+// difference into a different output (its x − mean is rounding noise
+// times 1/√eps).
+var wholeBatchMaxP = 64
+
+// wholeBatch reports whether the layer sums its weight gradient over the
+// whole batch in one GEMM (wholeBatchMaxP, a variable so that tests can
+// turn it off); a fused ReLU keeps the per-sample path.
+func (l *Conv2D) wholeBatch() bool {
+	return l.direct && !l.ReLU && l.Geom.ColCols() <= wholeBatchMaxP
+}
+
+// gatherPlanes sets dst (rows, batch·p) to src (batch, rows, p): row r of
+// dst holds plane r of every sample in turn.
+func gatherPlanes(dst, src []float32, batch, rows, p int) {
+	for n := range batch {
+		for r := range rows {
+			copy(dst[(r*batch+n)*p:(r*batch+n+1)*p], src[(n*rows+r)*p:(n*rows+r+1)*p])
+		}
+	}
+}
+
+// wholeBatchBackward is Backward's whole-batch path: dcol holds x and
+// dmask dy gathered as (C, batch·p) and (Out, batch·p); dW += dy·xᵀ
+// (accumulated transposed, as on the per-sample path) in one GEMM and
+// db += Σ dy; dx = Wᵀ·dy_n per sample.
+func (l *Conv2D) wholeBatchBackward(dy []float32) []float32 {
+	c, p := l.Geom.C, l.Geom.ColCols()
+	bp := l.batch * p
+	l.dmask = grow(l.dmask, l.Out*bp)
+	l.dcol = grow(l.dcol, c*bp)
+	gatherPlanes(l.dmask, dy, l.batch, l.Out, p)
+	gatherPlanes(l.dcol, l.x, l.batch, c, p)
+	if l.DB != nil {
+		for f := range l.Out {
+			l.DB[f] += sum32(l.dmask[f*bp : (f+1)*bp])
+		}
+	}
+	l.dwt = grow(l.dwt, c*l.Out)
+	l.lp.gemm(false, true, c, l.Out, bp, 1, l.dcol, bp, l.dmask, bp, 0, l.dwt, l.Out)
+	l.addDWT(c)
 	if l.SkipInputGrad {
 		return nil
+	}
+	l.dx = grow(l.dx, l.batch*c*p)
+	for n := range l.batch {
+		l.lp.gemm(true, false, c, p, l.Out, 1, l.W, c, dy[n*l.Out*p:(n+1)*l.Out*p], p, 0, l.dx[n*c*p:(n+1)*c*p], p)
 	}
 	return l.dx
 }

@@ -3,6 +3,8 @@ package models
 import (
 	"fmt"
 	"math"
+
+	"github.com/gradsync/gradsync/internal/kernels"
 )
 
 // BatchNorm2d is torch.nn.BatchNorm2d(C) with eps 1e-5, momentum 0.1 and
@@ -38,7 +40,13 @@ type BatchNorm2d struct {
 	// statistics alone; the threads' copies skip their group's barriers.
 	replay bool
 	stats  []float32 // owned (2C), not lent: mean, then 1/√(var+eps), of the last training Forward
-	xhat   []float32 // owned: normalised input of the last Forward
+	// xhat is the normalised input of the last Forward, kept only by
+	// the threads' copies (backwardGroup); one thread recomputes it in
+	// Backward from x, bit for bit, instead of writing and reading it
+	// back (a pass over memory each way).
+	xhat   []float32 // owned
+	x      []float32 // borrowed input of the last Forward
+	mean   []float32 // owned (C): the mean used by the last Forward
 	invStd []float32 // owned (C): 1/√(var+eps) used by the last Forward
 	y, dx  []float32 // owned
 }
@@ -75,9 +83,12 @@ func (l *BatchNorm2d) Forward(x []float32, batch int, train bool) []float32 {
 		panic(fmt.Sprintf("models: BatchNorm2d.Forward: len(x)=%d is not batch %d × C %d × H·W", len(x), batch, l.C))
 	}
 	hw := len(x) / (batch * l.C)
-	l.batch, l.hw, l.train = batch, hw, train
+	l.batch, l.hw, l.train, l.x = batch, hw, train, x
 	l.y = grow(l.y, len(x))
-	l.xhat = grow(l.xhat, len(x))
+	if l.group != nil {
+		l.xhat = grow(l.xhat, len(x))
+	}
+	l.mean = grow(l.mean, l.C)
 	l.invStd = grow(l.invStd, l.C)
 	if train && l.replay {
 		for c := range l.C {
@@ -96,21 +107,17 @@ func (l *BatchNorm2d) Forward(x []float32, batch int, train bool) []float32 {
 	for c := range l.C {
 		var mean, inv float32
 		if train {
-			// Two passes in float64: mean, then the centred sum of squares.
-			var s float64
+			// Two passes in float64: mean, then the centred sum of
+			// squares, each in kernels.Acc64's sixteen lanes.
+			var s, sq kernels.Acc64
 			for n := range batch {
-				for _, v := range x[(n*l.C+c)*hw : (n*l.C+c+1)*hw] {
-					s += float64(v)
-				}
+				s.AddF32(x[(n*l.C+c)*hw : (n*l.C+c+1)*hw])
 			}
-			mu := s / float64(m)
-			var ss float64
+			mu := s.Sum() / float64(m)
 			for n := range batch {
-				for _, v := range x[(n*l.C+c)*hw : (n*l.C+c+1)*hw] {
-					d := float64(v) - mu
-					ss += d * d
-				}
+				sq.AddSqDev(x[(n*l.C+c)*hw:(n*l.C+c+1)*hw], mu)
 			}
+			ss := sq.Sum()
 			variance := ss / float64(m)
 			mean = float32(mu)
 			inv = float32(1 / math.Sqrt(variance+float64(l.Eps)))
@@ -135,17 +142,15 @@ func (l *BatchNorm2d) Forward(x []float32, batch int, train bool) []float32 {
 // recording inv; x is (batch, C, HW) as in the last Forward.
 func (l *BatchNorm2d) normalize(x []float32, c int, mean, inv float32) {
 	hw := l.hw
-	l.invStd[c] = inv
+	l.mean[c], l.invStd[c] = mean, inv
 	g, b := l.Weight[c], l.Bias[c]
 	for n := range l.batch {
 		off := (n*l.C + c) * hw
-		xh := l.xhat[off : off+hw]
-		y := l.y[off : off+hw]
-		for i, v := range x[off : off+hw] {
-			h := (v - mean) * inv
-			xh[i] = h
-			y[i] = h*g + b
+		var xh []float32
+		if l.group != nil {
+			xh = l.xhat[off : off+hw]
 		}
+		kernels.BNNormalize(xh, l.y[off:off+hw], x[off:off+hw], mean, inv, g, b)
 	}
 }
 
@@ -165,15 +170,13 @@ func (l *BatchNorm2d) Backward(dy []float32) []float32 {
 	}
 	m := float64(batch * hw)
 	for c := range l.C {
-		var sdy, sdyx float64
+		var ady, adyx kernels.Acc64
+		mean, inv := l.mean[c], l.invStd[c]
 		for n := range batch {
 			off := (n*l.C + c) * hw
-			xh := l.xhat[off : off+hw]
-			for i, d := range dy[off : off+hw] {
-				sdy += float64(d)
-				sdyx += float64(d) * float64(xh[i])
-			}
+			ady.AddDotNorm(&adyx, dy[off:off+hw], l.x[off:off+hw], mean, inv)
 		}
+		sdy, sdyx := ady.Sum(), adyx.Sum()
 		l.DWeight[c] += float32(sdyx)
 		l.DBias[c] += float32(sdy)
 		k := l.Weight[c] * l.invStd[c]
@@ -183,11 +186,7 @@ func (l *BatchNorm2d) Backward(dy []float32) []float32 {
 		}
 		for n := range batch {
 			off := (n*l.C + c) * hw
-			xh := l.xhat[off : off+hw]
-			dx := l.dx[off : off+hw]
-			for i, d := range dy[off : off+hw] {
-				dx[i] = k * (d - meanDy - xh[i]*meanDyx)
-			}
+			kernels.BNInputGradNorm(l.dx[off:off+hw], dy[off:off+hw], l.x[off:off+hw], mean, inv, k, meanDy, meanDyx)
 		}
 	}
 	return l.dx

@@ -62,6 +62,12 @@ type Result struct {
 	ImagesPerSecond float64 `json:"images_per_second"`
 	Steps           int     `json:"steps"`
 	SecondsPerStep  float64 `json:"seconds_per_step"`
+	// CPUSecondsPerStep is the process's CPU time (user + system, all
+	// threads) per timed step, where the system reports it: on a machine
+	// shared with other processes it moves much less than the wall time,
+	// so two programs can be compared by it when the cores are not
+	// theirs alone (PyTorch's time.process_time() is the same measure).
+	CPUSecondsPerStep float64 `json:"cpu_seconds_per_step,omitempty"`
 	// Precision is the arithmetic the steps ran in.
 	Precision string `json:"precision"`
 	// ActivationCheckpointing is the mode the steps ran with.
@@ -187,7 +193,7 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 		step()
 	}
 	budget := time.Duration(opt.Seconds * float64(time.Second))
-	start := time.Now()
+	start, cpu0 := time.Now(), processCPU()
 	steps := 0
 	var elapsed time.Duration
 	for {
@@ -199,6 +205,7 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 		}
 	}
 	sec := elapsed.Seconds()
+	cpu := processCPU() - cpu0
 	return Result{
 		Model:           opt.Model,
 		Input:           fmt.Sprintf("%dx%dx%d/%d", o.Channels, o.Height, o.Width, o.Classes),
@@ -209,6 +216,8 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 		ImagesPerSecond: float64(steps*opt.BatchSize) / sec,
 		Steps:           steps,
 		SecondsPerStep:  sec / float64(steps),
+
+		CPUSecondsPerStep: max(cpu, 0) / float64(steps),
 
 		Precision:               prec.String(),
 		ActivationCheckpointing: ck.String(),

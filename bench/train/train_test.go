@@ -2,6 +2,7 @@ package train
 
 import (
 	"context"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -17,6 +18,10 @@ func TestTrain(t *testing.T) {
 		if res.Model != "lenet5" || res.BatchSize != 4 || res.Threads != 1 || res.Steps < 1 ||
 			res.ImagesPerSecond <= 0 || res.SecondsPerStep <= 0 || res.Backend == "" {
 			t.Fatalf("result %+v", res)
+		}
+		// the process's CPU time: measured on Linux, never negative
+		if res.CPUSecondsPerStep < 0 || runtime.GOOS == "linux" && res.CPUSecondsPerStep == 0 {
+			t.Fatalf("CPU seconds per step %v", res.CPUSecondsPerStep)
 		}
 		if be == "gonum" && res.Backend != "gonum" {
 			t.Fatalf("backend %q, want gonum", res.Backend)
@@ -68,6 +73,26 @@ func BenchmarkTrain(b *testing.B) {
 		b.Run(m, func(b *testing.B) {
 			for b.Loop() {
 				res, err := Run(context.Background(), Options{Model: m, Seconds: 2})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(res.ImagesPerSecond, "img/s")
+			}
+		})
+	}
+}
+
+// BenchmarkTrainCIFAR is #15's speed measurement: mobilenet (α = 1 and
+// 0.5) and resnet18 on 3×32×32 inputs with 10 classes, batch 64, one
+// thread. Run with -benchtime 1x; with -cpuprofile it is the profile of
+// whole training steps:
+//
+//	go test ./bench/train -run XXX -bench TrainCIFAR/mobilenet$ -benchtime 1x -cpuprofile cpu.out
+func BenchmarkTrainCIFAR(b *testing.B) {
+	for _, m := range []string{"mobilenet", "mobilenet-0.5", "resnet18"} {
+		b.Run(m, func(b *testing.B) {
+			for b.Loop() {
+				res, err := Run(context.Background(), Options{Model: m, Seconds: 5, Channels: 3, Height: 32, Width: 32, Classes: 10})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -30,6 +30,9 @@ func checkDepthwise(op string, g ConvGeom, batch, nx, ny, nw int) {
 // Depthwise sets dst = the depthwise convolution of x with w (no bias).
 func Depthwise(dst, x, w []float32, g ConvGeom, batch int) {
 	checkDepthwise("Depthwise", g, batch, len(x), len(dst), len(w))
+	if depthwiseFast(dst, x, w, g, batch) {
+		return
+	}
 	hw, ohw, k := g.H*g.W, g.OutH()*g.OutW(), g.KH*g.KW
 	cols := g.colRanges()
 	for p := range batch * g.C {
@@ -130,6 +133,9 @@ const maxFlip = 49
 // weight, to each input value its window read.
 func DepthwiseInputGrad(dx, dy, w []float32, g ConvGeom, batch int) {
 	checkDepthwise("DepthwiseInputGrad", g, batch, len(dx), len(dy), len(w))
+	if depthwiseInputGradFast(dx, dy, w, g, batch) {
+		return
+	}
 	oh, ow := g.OutH(), g.OutW()
 	hw, ohw, k := g.H*g.W, oh*ow, g.KH*g.KW
 	if g.StrideH == 1 && g.StrideW == 1 && g.PadH < g.KH && g.PadW < g.KW && k <= maxFlip {
@@ -183,6 +189,9 @@ func DepthwiseInputGrad(dx, dy, w []float32, g ConvGeom, batch int) {
 // batch and output positions of dy·(the input value that tap read).
 func DepthwiseFilterGrad(dw, dy, x []float32, g ConvGeom, batch int) {
 	checkDepthwise("DepthwiseFilterGrad", g, batch, len(x), len(dy), len(dw))
+	if depthwiseFilterGradFast(dw, dy, x, g, batch) {
+		return
+	}
 	oh, ow := g.OutH(), g.OutW()
 	hw, ohw, k := g.H*g.W, oh*ow, g.KH*g.KW
 	cols := g.colRanges()

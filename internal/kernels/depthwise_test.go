@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -64,6 +65,41 @@ func depthwiseGeoms() []ConvGeom {
 		g(3, 16, 17, 3, 1, 1),
 		{C: 2, H: 6, W: 7, KH: 3, KW: 2, StrideH: 2, StrideW: 3, PadH: 1, PadW: 2},
 		{C: 2, H: 5, W: 9, KH: 2, KW: 3, StrideH: 1, StrideW: 1, PadH: 0, PadW: 4},
+		// the vector path's (3×3, padding 1, stride 1 or 2): planes
+		// smaller than, equal to and larger than a vector, odd sizes,
+		// one row or column, widths past 16, channel counts not a
+		// multiple of 16
+		g(3, 1, 1, 3, 2, 1),
+		g(2, 1, 5, 3, 1, 1),
+		g(2, 5, 1, 3, 2, 1),
+		g(17, 4, 4, 3, 1, 1),
+		g(5, 2, 2, 3, 2, 1),
+		g(3, 3, 7, 3, 2, 1),
+		g(2, 17, 17, 3, 1, 1),
+		g(2, 17, 17, 3, 2, 1),
+		g(1, 33, 5, 3, 1, 1),
+		g(1, 6, 35, 3, 2, 1),
+		g(2, 3, 5, 3, 1, 0),
+		g(2, 9, 9, 3, 3, 1),
+	}
+}
+
+// withDepthwiseSIMD runs f with the vector kernels on and, where the CPU
+// has them, off, naming the subtests.
+func withDepthwiseSIMD(t *testing.T, f func(t *testing.T)) {
+	saved := dwSIMD
+	defer func() { dwSIMD = saved }()
+	for _, on := range []bool{false, true} {
+		if on && !dwAVX512 {
+			t.Log("no AVX-512: vector depthwise kernels not tested")
+			continue
+		}
+		dwSIMD = on
+		name := "go"
+		if on {
+			name = "avx512"
+		}
+		t.Run(name, f)
 	}
 }
 
@@ -71,6 +107,10 @@ func depthwiseGeoms() []ConvGeom {
 // definition on every boundary geometry, with batches of one and three,
 // and that the filter gradient accumulates.
 func TestDepthwiseMatchesNaive(t *testing.T) {
+	withDepthwiseSIMD(t, testDepthwiseMatchesNaive)
+}
+
+func testDepthwiseMatchesNaive(t *testing.T) {
 	r := rand.New(rand.NewPCG(11, 12))
 	for _, g := range depthwiseGeoms() {
 		for _, batch := range []int{1, 3} {
@@ -136,11 +176,16 @@ func TestDepthwisePanicsOnShape(t *testing.T) {
 }
 
 // BenchmarkDepthwise measures MobileNet's 3×3 depthwise layers on 32×32
-// inputs (forward, input gradient and filter gradient at batch 64).
+// inputs (forward, input gradient and filter gradient at batch 64): the
+// first block's 32×32 planes, a stride-2 block's and the middle blocks'
+// 4×4 planes, on the Go code and the vector kernels.
 func BenchmarkDepthwise(b *testing.B) {
+	saved := dwSIMD
+	defer func() { dwSIMD = saved }()
 	for _, g := range []ConvGeom{
 		{C: 32, H: 32, W: 32, KH: 3, KW: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1},
 		{C: 128, H: 16, W: 16, KH: 3, KW: 3, StrideH: 2, StrideW: 2, PadH: 1, PadW: 1},
+		{C: 512, H: 4, W: 4, KH: 3, KW: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1},
 	} {
 		const batch = 64
 		r := rand.New(rand.NewPCG(1, 1))
@@ -148,21 +193,29 @@ func BenchmarkDepthwise(b *testing.B) {
 		w := randSlice(r, g.C*9)
 		y := make([]float32, batch*g.C*g.OutH()*g.OutW())
 		dx := make([]float32, len(x))
-		name := func(s string) string { return s + "/" + string(rune('0'+g.StrideH)) }
-		b.Run(name("forward"), func(b *testing.B) {
-			for b.Loop() {
-				Depthwise(y, x, w, g, batch)
+		for _, path := range []string{"go", "avx512"} {
+			if path == "avx512" && !dwAVX512 {
+				continue
 			}
-		})
-		b.Run(name("inputgrad"), func(b *testing.B) {
-			for b.Loop() {
-				DepthwiseInputGrad(dx, y, w, g, batch)
+			dwSIMD = path == "avx512"
+			name := func(s string) string {
+				return fmt.Sprintf("%s/%s/c%d_%dx%d_s%d", path, s, g.C, g.H, g.W, g.StrideH)
 			}
-		})
-		b.Run(name("filtergrad"), func(b *testing.B) {
-			for b.Loop() {
-				DepthwiseFilterGrad(w, y, x, g, batch)
-			}
-		})
+			b.Run(name("forward"), func(b *testing.B) {
+				for b.Loop() {
+					Depthwise(y, x, w, g, batch)
+				}
+			})
+			b.Run(name("inputgrad"), func(b *testing.B) {
+				for b.Loop() {
+					DepthwiseInputGrad(dx, y, w, g, batch)
+				}
+			})
+			b.Run(name("filtergrad"), func(b *testing.B) {
+				for b.Loop() {
+					DepthwiseFilterGrad(w, y, x, g, batch)
+				}
+			})
+		}
 	}
 }

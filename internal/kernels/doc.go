@@ -2,7 +2,9 @@
 // row-major float32 GEMM with interchangeable backends (OpenBLAS loaded at
 // run time through purego, or pure-Go gonum), im2col/col2im for NCHW
 // convolutions, the Winograd F(2×2,3×3) transforms (winograd.go) for
-// 3×3 stride-1 ones, and direct depthwise convolutions (depthwise.go).
+// 3×3 stride-1 ones, and direct depthwise convolutions (depthwise.go, with
+// AVX-512 kernels for MobileNet's 3×3 ones: depthwise_fast.go).
+// Batch norm's float64 lane sums and elementwise passes (bnorm.go).
 // Mixed precision: bf16/fp16 conversions (half.go), GemmBF16, KernelSet.
 //
 // All slices are plain row-major []float32 owned by the caller; kernels

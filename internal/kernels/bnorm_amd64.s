@@ -1,0 +1,240 @@
+//go:build amd64
+
+#include "textflag.h"
+
+// The AVX-512 batch-norm kernels (bnorm.go): lanes 0–7 of an Acc64 in
+// one register, 8–15 in another; VCVTPS2PD widens eight float32s.
+
+// func accSumAVX(a *Acc64, x *float32, n int)
+TEXT ·accSumAVX(SB), NOSPLIT, $0-24
+	MOVQ a+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ n+16(FP), CX
+	VMOVUPD 0(DI), Z0
+	VMOVUPD 64(DI), Z1
+
+sumloop:
+	VCVTPS2PD 0(SI), Z2
+	VCVTPS2PD 32(SI), Z3
+	VADDPD Z2, Z0, Z0
+	VADDPD Z3, Z1, Z1
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JNZ sumloop
+
+	VMOVUPD Z0, 0(DI)
+	VMOVUPD Z1, 64(DI)
+	VZEROUPPER
+	RET
+
+// func accSqDevAVX(a *Acc64, x *float32, n int, mu float64)
+TEXT ·accSqDevAVX(SB), NOSPLIT, $0-32
+	MOVQ a+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSD mu+24(FP), Z4
+	VMOVUPD 0(DI), Z0
+	VMOVUPD 64(DI), Z1
+
+sqloop:
+	VCVTPS2PD 0(SI), Z2
+	VCVTPS2PD 32(SI), Z3
+	VSUBPD Z4, Z2, Z2
+	VSUBPD Z4, Z3, Z3
+	VMULPD Z2, Z2, Z2
+	VMULPD Z3, Z3, Z3
+	VADDPD Z2, Z0, Z0
+	VADDPD Z3, Z1, Z1
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JNZ sqloop
+
+	VMOVUPD Z0, 0(DI)
+	VMOVUPD Z1, 64(DI)
+	VZEROUPPER
+	RET
+
+// func accDotAVX(a, b *Acc64, dy, x *float32, n int)
+TEXT ·accDotAVX(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), DI
+	MOVQ b+8(FP), DX
+	MOVQ dy+16(FP), SI
+	MOVQ x+24(FP), R8
+	MOVQ n+32(FP), CX
+	VMOVUPD 0(DI), Z0
+	VMOVUPD 64(DI), Z1
+	VMOVUPD 0(DX), Z6
+	VMOVUPD 64(DX), Z7
+
+dotloop:
+	VCVTPS2PD 0(SI), Z2
+	VCVTPS2PD 32(SI), Z3
+	VCVTPS2PD 0(R8), Z4
+	VCVTPS2PD 32(R8), Z5
+	VADDPD Z2, Z0, Z0
+	VADDPD Z3, Z1, Z1
+	VMULPD Z2, Z4, Z4
+	VMULPD Z3, Z5, Z5
+	VADDPD Z4, Z6, Z6
+	VADDPD Z5, Z7, Z7
+	ADDQ $64, SI
+	ADDQ $64, R8
+	SUBQ $16, CX
+	JNZ dotloop
+
+	VMOVUPD Z0, 0(DI)
+	VMOVUPD Z1, 64(DI)
+	VMOVUPD Z6, 0(DX)
+	VMOVUPD Z7, 64(DX)
+	VZEROUPPER
+	RET
+
+// func bnNormalizeAVX(xhat, y, x *float32, n int, mean, inv, gamma, beta float32)
+TEXT ·bnNormalizeAVX(SB), NOSPLIT, $0-48
+	MOVQ xhat+0(FP), DI
+	MOVQ y+8(FP), DX
+	MOVQ x+16(FP), SI
+	MOVQ n+24(FP), CX
+	VBROADCASTSS mean+32(FP), Z4
+	VBROADCASTSS inv+36(FP), Z5
+	VBROADCASTSS gamma+40(FP), Z6
+	VBROADCASTSS beta+44(FP), Z7
+
+normloop:
+	VMOVUPS 0(SI), Z0
+	VSUBPS Z4, Z0, Z0
+	VMULPS Z5, Z0, Z0
+	VMOVUPS Z0, 0(DI)
+	VMULPS Z6, Z0, Z0
+	VADDPS Z7, Z0, Z0
+	VMOVUPS Z0, 0(DX)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	ADDQ $64, DX
+	SUBQ $16, CX
+	JNZ normloop
+	VZEROUPPER
+	RET
+
+// func bnInputGradAVX(dx, dy, xhat *float32, n int, k, meanDy, meanDyx float32)
+TEXT ·bnInputGradAVX(SB), NOSPLIT, $0-44
+	MOVQ dx+0(FP), DI
+	MOVQ dy+8(FP), SI
+	MOVQ xhat+16(FP), DX
+	MOVQ n+24(FP), CX
+	VBROADCASTSS k+32(FP), Z4
+	VBROADCASTSS meanDy+36(FP), Z5
+	VBROADCASTSS meanDyx+40(FP), Z6
+
+gradloop:
+	VMOVUPS 0(SI), Z0
+	VMOVUPS 0(DX), Z1
+	VSUBPS Z5, Z0, Z0
+	VMULPS Z6, Z1, Z1
+	VSUBPS Z1, Z0, Z0
+	VMULPS Z4, Z0, Z0
+	VMOVUPS Z0, 0(DI)
+	ADDQ $64, SI
+	ADDQ $64, DX
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JNZ gradloop
+	VZEROUPPER
+	RET
+
+// func bnNormalizeYAVX(y, x *float32, n int, mean, inv, gamma, beta float32)
+TEXT ·bnNormalizeYAVX(SB), NOSPLIT, $0-40
+	MOVQ y+0(FP), DX
+	MOVQ x+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS mean+24(FP), Z4
+	VBROADCASTSS inv+28(FP), Z5
+	VBROADCASTSS gamma+32(FP), Z6
+	VBROADCASTSS beta+36(FP), Z7
+
+normyloop:
+	VMOVUPS 0(SI), Z0
+	VSUBPS Z4, Z0, Z0
+	VMULPS Z5, Z0, Z0
+	VMULPS Z6, Z0, Z0
+	VADDPS Z7, Z0, Z0
+	VMOVUPS Z0, 0(DX)
+	ADDQ $64, SI
+	ADDQ $64, DX
+	SUBQ $16, CX
+	JNZ normyloop
+	VZEROUPPER
+	RET
+
+// func accDotNormAVX(a, b *Acc64, dy, x *float32, n int, mean, inv float32)
+//
+// accDotAVX with x̂ = (x − mean)·inv (float32) in place of x.
+TEXT ·accDotNormAVX(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), DI
+	MOVQ b+8(FP), DX
+	MOVQ dy+16(FP), SI
+	MOVQ x+24(FP), R8
+	MOVQ n+32(FP), CX
+	VBROADCASTSS mean+40(FP), Z8
+	VBROADCASTSS inv+44(FP), Z9
+	VMOVUPD 0(DI), Z0
+	VMOVUPD 64(DI), Z1
+	VMOVUPD 0(DX), Z6
+	VMOVUPD 64(DX), Z7
+
+dotnloop:
+	VMOVUPS 0(R8), Z10
+	VSUBPS Z8, Z10, Z10
+	VMULPS Z9, Z10, Z10
+	VCVTPS2PD Y10, Z4
+	VEXTRACTF32X8 $1, Z10, Y11
+	VCVTPS2PD Y11, Z5
+	VCVTPS2PD 0(SI), Z2
+	VCVTPS2PD 32(SI), Z3
+	VADDPD Z2, Z0, Z0
+	VADDPD Z3, Z1, Z1
+	VMULPD Z2, Z4, Z4
+	VMULPD Z3, Z5, Z5
+	VADDPD Z4, Z6, Z6
+	VADDPD Z5, Z7, Z7
+	ADDQ $64, SI
+	ADDQ $64, R8
+	SUBQ $16, CX
+	JNZ dotnloop
+
+	VMOVUPD Z0, 0(DI)
+	VMOVUPD Z1, 64(DI)
+	VMOVUPD Z6, 0(DX)
+	VMOVUPD Z7, 64(DX)
+	VZEROUPPER
+	RET
+
+// func bnInputGradNormAVX(dx, dy, x *float32, n int, mean, inv, k, meanDy, meanDyx float32)
+TEXT ·bnInputGradNormAVX(SB), NOSPLIT, $0-52
+	MOVQ dx+0(FP), DI
+	MOVQ dy+8(FP), SI
+	MOVQ x+16(FP), DX
+	MOVQ n+24(FP), CX
+	VBROADCASTSS mean+32(FP), Z2
+	VBROADCASTSS inv+36(FP), Z3
+	VBROADCASTSS k+40(FP), Z4
+	VBROADCASTSS meanDy+44(FP), Z5
+	VBROADCASTSS meanDyx+48(FP), Z6
+
+gradnloop:
+	VMOVUPS 0(SI), Z0
+	VMOVUPS 0(DX), Z1
+	VSUBPS Z2, Z1, Z1
+	VMULPS Z3, Z1, Z1
+	VSUBPS Z5, Z0, Z0
+	VMULPS Z6, Z1, Z1
+	VSUBPS Z1, Z0, Z0
+	VMULPS Z4, Z0, Z0
+	VMOVUPS Z0, 0(DI)
+	ADDQ $64, SI
+	ADDQ $64, DX
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JNZ gradnloop
+	VZEROUPPER
+	RET
