@@ -8,7 +8,13 @@
 // script may keep several buckets in flight while its backward pass runs.
 //
 // Bulk data goes through the socket as raw little-endian float32 bytes
-// (at most MaxElements values a call); shared memory is not used yet.
+// (at most MaxElements values a call), or through a shared-memory region
+// of the registered layout's size (shm.go).
+//
+// With the job's compression (Config.Compression) the all-reduces of
+// shared-memory ranges are gradient buckets, compressed by the worker with
+// a compress.Reducer per bucket that keeps its error feedback and
+// PowerSGD state between steps (compress.go).
 package agent
 
 import (
@@ -26,6 +32,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/compress"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -52,6 +59,11 @@ type Config struct {
 	Report func(*pb.ReportRequest)
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// Compression is the job's gradient compression (jobspec.
+	// CompressionScheme): applied to every all-reduce of a shared-memory
+	// range, each range a bucket with its own state. The zero value
+	// compresses nothing.
+	Compression compress.Scheme
 }
 
 // Server implements pb.AgentServer for one rank of one job.
@@ -59,7 +71,7 @@ type Server struct {
 	pb.UnimplementedAgentServer
 	cfg Config
 
-	// mu protects next, wake, failed and shm.
+	// mu protects next, wake, failed, shm and buckets.
 	mu sync.Mutex
 	// next is the sequence number of the collective whose turn it is.
 	next int64
@@ -75,6 +87,10 @@ type Server struct {
 	shm *region
 	// closed: Close was called; no region is made after it.
 	closed bool
+	// buckets are the compressed buckets of the registered layout (nil
+	// before a layout is registered). Replaced by RegisterLayout in its
+	// turn; used by AllReduce in its turn.
+	buckets *bucketSet
 }
 
 // New returns a Server for cfg.
@@ -110,7 +126,16 @@ func (s *Server) Close() {
 // Init implements pb.AgentServer.
 func (s *Server) Init(context.Context, *pb.AgentInitRequest) (*pb.AgentInitResponse, error) {
 	return &pb.AgentInitResponse{JobId: s.cfg.JobID, Generation: s.cfg.Generation, Rank: int32(s.cfg.Ring.Rank()),
-		WorldSize: int32(s.cfg.Ring.Size()), StepTimeoutSeconds: s.cfg.StepTimeout.Seconds(), MaxElements: MaxElements}, nil
+		WorldSize: int32(s.cfg.Ring.Size()), StepTimeoutSeconds: s.cfg.StepTimeout.Seconds(), MaxElements: MaxElements,
+		Compression: s.compressionType()}, nil
+}
+
+// compressionType names the job's compression for Init.
+func (s *Server) compressionType() string {
+	if !compressing(s.cfg.Compression) {
+		return "none"
+	}
+	return s.cfg.Compression.Type
 }
 
 // RegisterLayout implements pb.AgentServer: it checks the layout and that
@@ -124,7 +149,15 @@ func (s *Server) RegisterLayout(ctx context.Context, req *pb.RegisterLayoutReque
 	all := make([]float32, 2*world)
 	mine := []float32{float32(sum >> 16), float32(sum & 0xffff)} // exact in float32
 	err = s.collective(ctx, req.GetSeq(), "register_layout", func(ctx context.Context) error {
-		return aggregator.AllGather(ctx, s.cfg.Ring, all, mine, req.GetSeq(), s.opt())
+		if err := aggregator.AllGather(ctx, s.cfg.Ring, all, mine, req.GetSeq(), s.opt()); err != nil {
+			return err
+		}
+		// The new layout's buckets start empty, in this call's turn.
+		bs := newBucketSet(req.GetTensors())
+		s.mu.Lock()
+		s.buckets = bs
+		s.mu.Unlock()
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -197,6 +230,10 @@ func (s *Server) AllReduce(ctx context.Context, req *pb.AllReduceRequest) (*pb.A
 	if rng != nil && len(req.GetData()) > 0 {
 		return nil, status.Error(codes.InvalidArgument, "give data or a shared-memory range, not both")
 	}
+	compressed := rng != nil && compressing(s.cfg.Compression)
+	if compressed && !req.GetAverage() {
+		return nil, status.Errorf(codes.InvalidArgument, "the job compresses gradients (%s): an all-reduce of a shared-memory range averages; set average", s.cfg.Compression.Type)
+	}
 	var buf []float32
 	if rng == nil {
 		var err error
@@ -220,12 +257,15 @@ func (s *Server) AllReduce(ctx context.Context, req *pb.AllReduceRequest) (*pb.A
 				return status.Error(codes.InvalidArgument, err.Error())
 			}
 		}
+		if compressed {
+			return s.reduceBucket(ctx, rng.GetOffset(), buf)
+		}
 		return aggregator.AllReduce(ctx, s.cfg.Ring, buf, req.GetSeq(), s.opt())
 	})
 	if err != nil {
 		return nil, err
 	}
-	if req.GetAverage() {
+	if req.GetAverage() && !compressed {
 		inv := float32(s.cfg.Ring.Size())
 		for i := range buf {
 			buf[i] /= inv

@@ -79,6 +79,9 @@ class Agent:
         self.rank = info.rank
         self.size = info.world_size
         self.max_elements = info.max_elements
+        # The job's gradient compression: applied by the worker to the all-reduces of
+        # shared-memory ranges (gradient buckets); "none" without.
+        self.compression = info.compression or "none"
         # A collective may wait for its turn and then for the ring, each
         # bounded by the step timeout on the worker's side.
         self._timeout = 2 * info.step_timeout_seconds + 10

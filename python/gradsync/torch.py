@@ -16,6 +16,12 @@ is accumulated, while backward goes on, as DDP's reducer does); step()
 waits for them and then steps the wrapped optimiser. The all-reduce runs in
 the Go worker over the job's ring. CUDA tensors are copied to host memory
 bucket by bucket; the code path is the same on CPU.
+
+Compression is the job's (``gradsync local/submit --compress powersgd:rank=2``):
+the worker compresses each bucket with its own state (error feedback, PowerSGD's
+warm-start Q) kept between steps; PowerSGD compresses the tensors of two or more
+dimensions of a bucket and sends 1-D ones as they are, as PyTorch's powerSGD_hook
+does. The script does nothing differently; gradsync.torch.compression() names it.
 """
 
 import io
@@ -48,6 +54,11 @@ def rank():
 
 def size():
     return _a().size
+
+
+def compression():
+    """The job's gradient compression: "none", "powersgd", "topk", "int8", "fp16" or "bf16"."""
+    return _a().compression
 
 
 def local_rank():
@@ -173,6 +184,14 @@ class _DistributedOptimizer:
         else:
             named = [(f"param.{i}", p) for g in optimizer.param_groups for i, p in enumerate(g["params"])]
         named = [(n, p) for n, p in named if p.requires_grad]
+        if self._a.compression != "none":
+            # The worker compresses the all-reduces of shared-memory ranges only, and they average.
+            if not shared_memory:
+                raise ValueError(f"gradsync: the job compresses gradients ({self._a.compression}), which needs "
+                                 "shared_memory=True in DistributedOptimizer")
+            if not average:
+                raise ValueError(f"gradsync: the job compresses gradients ({self._a.compression}); compressed "
+                                 "all-reduces average: average=False is not available")
         if len({id(p) for _, p in named}) != len(named):
             raise ValueError("named_parameters lists a parameter twice")
         for _, p in named:
@@ -314,7 +333,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, bucket_cap_mb=4.0, ba
     message; larger buckets go as several). backward_passes_per_step: backward passes accumulated
     locally per step (the gradient is their mean). shared_memory: gradients go to the worker through
     a shared-memory region (no copy through the socket); False sends them in the messages.
-    Compression is not available here yet.
+    Compression is the job's (see the module's documentation); it needs shared_memory=True.
     """
     return _DistributedOptimizer(optimizer, named_parameters, bucket_cap_mb, backward_passes_per_step, average,
                                  shared_memory)
