@@ -36,7 +36,7 @@ var errEntrypointsOff = errors.New("this worker does not run entrypoint commands
 const entryTermGrace = 10 * time.Second
 
 // runEntrypoint runs rank a.Rank of an entrypoint job to its end.
-func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult, error) {
+func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb.JobResult, err error) {
 	if !env.allowEntrypoints {
 		return nil, errEntrypointsOff
 	}
@@ -51,6 +51,14 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.Job
 		return nil, err
 	}
 	defer func() {
+		if err != nil {
+			// This rank failed: its peers (whose scripts may still
+			// run) need nothing more from it, and an orderly shutdown
+			// would wait for them. Break the ring at once, so the
+			// failure is reported now, not after the shutdown timeout.
+			_ = ring.Close()
+			return
+		}
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := ring.Shutdown(sctx); err != nil {
@@ -121,7 +129,7 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.Job
 		}
 		return nil, errors.New(msg)
 	}
-	res := rep.result()
+	res = rep.result()
 	res.WallSeconds = time.Since(start).Seconds()
 	return res, nil
 }

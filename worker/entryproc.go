@@ -51,6 +51,7 @@ func (p *entryProcess) run(ctx context.Context) error {
 	cmd.Stdout = logf
 	cmd.Stderr = io.MultiWriter(logf, &p.tail)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	dieWithWorker(cmd.SysProcAttr)
 	// A grandchild that keeps stderr open must not keep Wait waiting.
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Start(); err != nil {
