@@ -59,6 +59,9 @@ type Config struct {
 	Report func(*pb.ReportRequest)
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// Peers are the ranks' addresses (optional): a collective that times
+	// out names the rank that never joined it with its address.
+	Peers []string
 	// Compression is the job's gradient compression (jobspec.
 	// CompressionScheme): applied to every all-reduce of a shared-memory
 	// range, each range a bucket with its own state. The zero value
@@ -339,11 +342,13 @@ func (s *Server) collective(ctx context.Context, seq int64, what string, fn func
 	if err := s.waitTurn(ctx, seq, what); err != nil {
 		return err
 	}
+	recv0, counted := s.received()
 	err := fn(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
-		st := s.explain(ctx, seq, what, err)
+		recv1, _ := s.received()
+		st := s.explain(ctx, seq, what, err, counted && recv1 == recv0)
 		s.failed = st.Err()
 		s.cfg.Logger.Warn("agent collective failed", "job", s.cfg.JobID, "rank", s.cfg.Ring.Rank(), "seq", seq, "op", what, "err", err)
 	} else {
@@ -379,8 +384,31 @@ func (s *Server) waitTurn(ctx context.Context, seq int64, what string) error {
 	}
 }
 
-// explain maps a failed collective to a status naming the call.
-func (s *Server) explain(ctx context.Context, seq int64, what string, err error) *status.Status {
+// trafficker is a ring that counts the bytes it takes from its left
+// neighbour (ringrpc's does).
+type trafficker interface {
+	Traffic() (sent, received int64, right, left string)
+}
+
+// received is what the ring has taken from the left neighbour so far, if
+// it counts it.
+func (s *Server) received() (int64, bool) {
+	t, ok := s.cfg.Ring.(trafficker)
+	if !ok {
+		return 0, false
+	}
+	_, recv, _, _ := t.Traffic()
+	return recv, true
+}
+
+// explain maps a failed collective to a status naming the call. silent:
+// the left neighbour sent nothing of this collective (as far as the ring
+// counts), so at a timeout it is the rank that never joined: its script
+// made no such call within the step timeout (it hangs, or computes far
+// slower), while this rank's did. (The ring's other ranks got frames
+// from their left neighbours, which had joined; only the right
+// neighbour of a rank that never joined sees nothing at all.)
+func (s *Server) explain(ctx context.Context, seq int64, what string, err error, silent bool) *status.Status {
 	var pe *aggregator.PeerError
 	if st, ok := status.FromError(err); ok {
 		return st // the agent's own refusal
@@ -390,6 +418,14 @@ func (s *Server) explain(ctx context.Context, seq int64, what string, err error)
 		return status.Newf(codes.Unavailable, "%s %d: peer rank %d is gone: %v", what, seq, pe.Rank, err)
 	case errors.Is(err, aggregator.ErrUnexpectedFrame):
 		return status.Newf(codes.FailedPrecondition, "%s %d: the ranks disagree about this call (another kind, length or root at the same number): %v", what, seq, err)
+	case ctx.Err() != nil && silent:
+		left := (s.cfg.Ring.Rank() + s.cfg.Ring.Size() - 1) % s.cfg.Ring.Size()
+		at := ""
+		if left < len(s.cfg.Peers) {
+			at = " (" + s.cfg.Peers[left] + ")"
+		}
+		return status.Newf(codes.DeadlineExceeded, "%s %d: rank %d%s never joined it within the step timeout of %v: its script made no such call (hung, or far slower than rank %d's): %v",
+			what, seq, left, at, s.cfg.StepTimeout, s.cfg.Ring.Rank(), err)
 	case ctx.Err() != nil:
 		return status.Newf(codes.DeadlineExceeded, "%s %d did not complete within the step timeout of %v: %v", what, seq, s.cfg.StepTimeout, err)
 	}

@@ -72,7 +72,7 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 	}
 	rep := newEntryReports(a, env.rep)
 	srv, err := agent.New(agent.Config{Ring: ring, JobID: a.JobId, Generation: a.Generation, StepTimeout: timeout,
-		Report: rep.report, Logger: log, Compression: sc})
+		Report: rep.report, Logger: log, Compression: sc, Peers: a.Peers})
 	if err != nil {
 		return nil, err
 	}

@@ -89,6 +89,17 @@ class TestThroughWorkers(unittest.TestCase):
                          if line.startswith("{") and '"compression_ratio"' in line]
                 self.assertTrue(ratio and ratio[-1] > 1.5, "no compression ratio in the result: " + p.stdout)
 
+    def test_hung_rank_named(self):
+        # Rank 1 stops calling; rank 0's all-reduce fails at the step timeout naming rank 1.
+        p, logs = run_local("hang_entry.py", args=("--step-timeout", "3"))
+        self.assertNotEqual(p.returncode, 0)
+        out = p.stdout + p.stderr
+        self.assertIn("FAILED", out)
+        self.assertIn("rank 1 (", out)
+        self.assertIn("never joined it within the step timeout", out)
+        self.assertIn("hanging on purpose", logs.get("rank-1.log", ""))
+        self.assertNotIn("completed", logs.get("rank-0.log", ""))
+
     def test_crash_names_rank_and_stderr(self):
         p, logs = run_local("crash_entry.py")
         self.assertNotEqual(p.returncode, 0)
