@@ -44,6 +44,10 @@ class Future:
         except grpc.RpcError as e:
             raise AgentError(self._what, e) from None
 
+    def add_done_callback(self, fn):
+        """Calls fn(self) once the call has ended (at once if it has), on a gRPC thread."""
+        self._fut.add_done_callback(lambda _: fn(self))
+
 
 def _f32(a):
     a = np.ascontiguousarray(a, dtype="<f4")

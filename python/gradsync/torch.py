@@ -25,6 +25,7 @@ does. The script does nothing differently; gradsync.torch.compression() names it
 """
 
 import io
+import threading
 
 import numpy as np
 import torch
@@ -158,6 +159,62 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
             raise ValueError("gradsync: broadcast_optimizer_state: rank %d's optimiser has other parameter "
                              "groups than rank %d's" % (a.rank, root_rank))
         opt.load_state_dict(sd)
+
+
+def init_ddp_process_group():
+    """Initialises torch.distributed with a process group of this process alone (gloo, an
+    in-memory store), for DDP under gradsync: DDP then communicates nothing itself, and
+    comm_hook averages each gradient bucket over gradsync's ranks. As DDP's own broadcast at
+    construction then reaches no other rank, call broadcast_parameters(model.state_dict()) too;
+    buffers (BatchNorm's running statistics) stay each rank's own."""
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+def comm_hook(state, bucket):
+    """A DDP communication hook that averages a gradient bucket over gradsync's ranks:
+
+        gs.init(); gs.init_ddp_process_group()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        gs.broadcast_parameters(model.state_dict(), root_rank=0)
+        ddp.register_comm_hook(None, gs.comm_hook)
+
+    state is ignored (pass None). DDP hands the buckets over in the same order on every rank;
+    each goes to the worker through the socket (in pieces of at most max_elements values) while
+    backward goes on, and the returned future completes with the average. float32 buckets
+    only. The job's compression does not apply here (it needs DistributedOptimizer's registered
+    layout): the buckets are reduced as they are."""
+    a = _a()
+    buf = bucket.buffer()
+    if buf.dtype != torch.float32:
+        raise TypeError(f"gradsync.torch.comm_hook reduces float32 buckets; got {buf.dtype}")
+    src = buf.detach().to("cpu").contiguous().view(-1).numpy()
+    n, step = src.size, a.max_elements
+    out = torch.futures.Future()
+    if n == 0:
+        out.set_result(buf)
+        return out
+    pieces = [(off, a.allreduce_async(src[off:off + step], True)) for off in range(0, n, step)]
+    res = np.empty(n, dtype=np.float32)
+    left = [len(pieces)]
+    lock = threading.Lock()
+
+    def done(_):
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        try:
+            for off, f in pieces:
+                res[off:off + step] = f.result()
+            out.set_result(torch.from_numpy(res).view_as(buf).to(buf.device))
+        except Exception as e:  # an AgentError: DDP's backward raises it
+            out.set_exception(e)
+
+    for _, f in pieces:
+        f.add_done_callback(done)
+    return out
 
 
 class _Bucket:

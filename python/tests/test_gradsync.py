@@ -69,6 +69,12 @@ class TestThroughWorkers(unittest.TestCase):
                 for r in (0, 1):
                     self.assertIn("EQUIVALENCE OK", logs.get(f"rank-{r}.log", ""), logs)
 
+    def test_ddp_comm_hook(self):
+        p, logs = run_local("ddphook_entry.py")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr + str(logs))
+        for r in (0, 1):
+            self.assertIn("DDPHOOK OK", logs.get(f"rank-{r}.log", ""), logs)
+
     def test_broadcast_optimizer_state(self):
         p, logs = run_local("optstate_entry.py")
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr + str(logs))
