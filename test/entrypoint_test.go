@@ -16,11 +16,12 @@ import (
 // script killed with kill -9, and a worker process killed with kill -9,
 // end a non-elastic job FAILED within 10 s, naming the rank.
 
-// startEntryWorker starts a worker that runs entrypoint commands and waits
-// until the server lists it idle.
+// startEntryWorker starts a worker that runs entrypoint commands (their
+// logs under the server's runs directory) and waits until the server
+// lists it idle.
 func (s *server) startEntryWorker(ctx context.Context, t *testing.T, id string) *proc {
 	t.Helper()
-	p := start(t, "worker "+id, append([]string{"worker", "--server", s.addr, "--id", id, "--allow-entrypoints"}, s.sec...)...)
+	p := start(t, "worker "+id, append([]string{"worker", "--server", s.addr, "--id", id, "--allow-entrypoints", "--runs-dir", s.runsDir}, s.sec...)...)
 	s.waitWorker(ctx, t, id, "IDLE")
 	return p
 }
