@@ -8,7 +8,13 @@
 // script may keep several buckets in flight while its backward pass runs.
 //
 // Bulk data goes through the socket as raw little-endian float32 bytes
-// (at most MaxElements values a call); shared memory is not used yet.
+// (at most MaxElements values a call), or through a shared-memory region
+// of the registered layout's size (shm.go).
+//
+// With the job's compression (Config.Compression) the all-reduces of
+// shared-memory ranges are gradient buckets, compressed by the worker with
+// a compress.Reducer per bucket that keeps its error feedback and
+// PowerSGD state between steps (compress.go).
 package agent
 
 import (
@@ -26,6 +32,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/compress"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -52,6 +59,14 @@ type Config struct {
 	Report func(*pb.ReportRequest)
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// Peers are the ranks' addresses (optional): a collective that times
+	// out names the rank that never joined it with its address.
+	Peers []string
+	// Compression is the job's gradient compression (jobspec.
+	// CompressionScheme): applied to every all-reduce of a shared-memory
+	// range, each range a bucket with its own state. The zero value
+	// compresses nothing.
+	Compression compress.Scheme
 }
 
 // Server implements pb.AgentServer for one rank of one job.
@@ -59,7 +74,7 @@ type Server struct {
 	pb.UnimplementedAgentServer
 	cfg Config
 
-	// mu protects next, wake, failed and shm.
+	// mu protects next, wake, failed, shm and buckets.
 	mu sync.Mutex
 	// next is the sequence number of the collective whose turn it is.
 	next int64
@@ -75,6 +90,10 @@ type Server struct {
 	shm *region
 	// closed: Close was called; no region is made after it.
 	closed bool
+	// buckets are the compressed buckets of the registered layout (nil
+	// before a layout is registered). Replaced by RegisterLayout in its
+	// turn; used by AllReduce in its turn.
+	buckets *bucketSet
 }
 
 // New returns a Server for cfg.
@@ -110,7 +129,16 @@ func (s *Server) Close() {
 // Init implements pb.AgentServer.
 func (s *Server) Init(context.Context, *pb.AgentInitRequest) (*pb.AgentInitResponse, error) {
 	return &pb.AgentInitResponse{JobId: s.cfg.JobID, Generation: s.cfg.Generation, Rank: int32(s.cfg.Ring.Rank()),
-		WorldSize: int32(s.cfg.Ring.Size()), StepTimeoutSeconds: s.cfg.StepTimeout.Seconds(), MaxElements: MaxElements}, nil
+		WorldSize: int32(s.cfg.Ring.Size()), StepTimeoutSeconds: s.cfg.StepTimeout.Seconds(), MaxElements: MaxElements,
+		Compression: s.compressionType()}, nil
+}
+
+// compressionType names the job's compression for Init.
+func (s *Server) compressionType() string {
+	if !compressing(s.cfg.Compression) {
+		return "none"
+	}
+	return s.cfg.Compression.Type
 }
 
 // RegisterLayout implements pb.AgentServer: it checks the layout and that
@@ -124,7 +152,15 @@ func (s *Server) RegisterLayout(ctx context.Context, req *pb.RegisterLayoutReque
 	all := make([]float32, 2*world)
 	mine := []float32{float32(sum >> 16), float32(sum & 0xffff)} // exact in float32
 	err = s.collective(ctx, req.GetSeq(), "register_layout", func(ctx context.Context) error {
-		return aggregator.AllGather(ctx, s.cfg.Ring, all, mine, req.GetSeq(), s.opt())
+		if err := aggregator.AllGather(ctx, s.cfg.Ring, all, mine, req.GetSeq(), s.opt()); err != nil {
+			return err
+		}
+		// The new layout's buckets start empty, in this call's turn.
+		bs := newBucketSet(req.GetTensors())
+		s.mu.Lock()
+		s.buckets = bs
+		s.mu.Unlock()
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -197,6 +233,10 @@ func (s *Server) AllReduce(ctx context.Context, req *pb.AllReduceRequest) (*pb.A
 	if rng != nil && len(req.GetData()) > 0 {
 		return nil, status.Error(codes.InvalidArgument, "give data or a shared-memory range, not both")
 	}
+	compressed := rng != nil && compressing(s.cfg.Compression)
+	if compressed && !req.GetAverage() {
+		return nil, status.Errorf(codes.InvalidArgument, "the job compresses gradients (%s): an all-reduce of a shared-memory range averages; set average", s.cfg.Compression.Type)
+	}
 	var buf []float32
 	if rng == nil {
 		var err error
@@ -220,12 +260,15 @@ func (s *Server) AllReduce(ctx context.Context, req *pb.AllReduceRequest) (*pb.A
 				return status.Error(codes.InvalidArgument, err.Error())
 			}
 		}
+		if compressed {
+			return s.reduceBucket(ctx, rng.GetOffset(), buf)
+		}
 		return aggregator.AllReduce(ctx, s.cfg.Ring, buf, req.GetSeq(), s.opt())
 	})
 	if err != nil {
 		return nil, err
 	}
-	if req.GetAverage() {
+	if req.GetAverage() && !compressed {
 		inv := float32(s.cfg.Ring.Size())
 		for i := range buf {
 			buf[i] /= inv
@@ -299,11 +342,13 @@ func (s *Server) collective(ctx context.Context, seq int64, what string, fn func
 	if err := s.waitTurn(ctx, seq, what); err != nil {
 		return err
 	}
+	recv0, counted := s.received()
 	err := fn(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
-		st := s.explain(ctx, seq, what, err)
+		recv1, _ := s.received()
+		st := s.explain(ctx, seq, what, err, counted && recv1 == recv0)
 		s.failed = st.Err()
 		s.cfg.Logger.Warn("agent collective failed", "job", s.cfg.JobID, "rank", s.cfg.Ring.Rank(), "seq", seq, "op", what, "err", err)
 	} else {
@@ -339,8 +384,31 @@ func (s *Server) waitTurn(ctx context.Context, seq int64, what string) error {
 	}
 }
 
-// explain maps a failed collective to a status naming the call.
-func (s *Server) explain(ctx context.Context, seq int64, what string, err error) *status.Status {
+// trafficker is a ring that counts the bytes it takes from its left
+// neighbour (ringrpc's does).
+type trafficker interface {
+	Traffic() (sent, received int64, right, left string)
+}
+
+// received is what the ring has taken from the left neighbour so far, if
+// it counts it.
+func (s *Server) received() (int64, bool) {
+	t, ok := s.cfg.Ring.(trafficker)
+	if !ok {
+		return 0, false
+	}
+	_, recv, _, _ := t.Traffic()
+	return recv, true
+}
+
+// explain maps a failed collective to a status naming the call. silent:
+// the left neighbour sent nothing of this collective (as far as the ring
+// counts), so at a timeout it is the rank that never joined: its script
+// made no such call within the step timeout (it hangs, or computes far
+// slower), while this rank's did. (The ring's other ranks got frames
+// from their left neighbours, which had joined; only the right
+// neighbour of a rank that never joined sees nothing at all.)
+func (s *Server) explain(ctx context.Context, seq int64, what string, err error, silent bool) *status.Status {
 	var pe *aggregator.PeerError
 	if st, ok := status.FromError(err); ok {
 		return st // the agent's own refusal
@@ -350,6 +418,14 @@ func (s *Server) explain(ctx context.Context, seq int64, what string, err error)
 		return status.Newf(codes.Unavailable, "%s %d: peer rank %d is gone: %v", what, seq, pe.Rank, err)
 	case errors.Is(err, aggregator.ErrUnexpectedFrame):
 		return status.Newf(codes.FailedPrecondition, "%s %d: the ranks disagree about this call (another kind, length or root at the same number): %v", what, seq, err)
+	case ctx.Err() != nil && silent:
+		left := (s.cfg.Ring.Rank() + s.cfg.Ring.Size() - 1) % s.cfg.Ring.Size()
+		at := ""
+		if left < len(s.cfg.Peers) {
+			at = " (" + s.cfg.Peers[left] + ")"
+		}
+		return status.Newf(codes.DeadlineExceeded, "%s %d: rank %d%s never joined it within the step timeout of %v: its script made no such call (hung, or far slower than rank %d's): %v",
+			what, seq, left, at, s.cfg.StepTimeout, s.cfg.Ring.Rank(), err)
 	case ctx.Err() != nil:
 		return status.Newf(codes.DeadlineExceeded, "%s %d did not complete within the step timeout of %v: %v", what, seq, s.cfg.StepTimeout, err)
 	}

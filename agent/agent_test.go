@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/compress"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -27,13 +28,19 @@ type world struct {
 
 func newWorld(t *testing.T, n int, timeout time.Duration) *world {
 	t.Helper()
+	return newWorldWith(t, n, timeout, compress.Scheme{})
+}
+
+// newWorldWith is newWorld with the job's compression sc.
+func newWorldWith(t *testing.T, n int, timeout time.Duration, sc compress.Scheme) *world {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	w := &world{reports: make(chan *pb.ReportRequest, 16)}
 	rings := aggregator.NewMemRing(n, 4)
 	for r := range n {
 		s, err := New(Config{Ring: rings[r], JobID: "job-1", Generation: 3, StepTimeout: timeout,
-			Report: func(m *pb.ReportRequest) { w.reports <- m }})
+			Report: func(m *pb.ReportRequest) { w.reports <- m }, Compression: sc})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,6 +7,19 @@ environment); gradients are averaged over the ranks by gradsync.torch.Distribute
 bucket by bucket while backward runs, over the job's ring of workers. Rank 0 reports the
 test accuracy, which is the job's result.
 
+The same script runs as a plain torch.distributed DDP script with --ddp (gloo), for a
+side-by-side comparison on the same model, data, seed and global batch
+(scripts/ddp_vs_gradsync.sh):
+
+    python3 -m torch.distributed.run --standalone --nproc_per_node 2 examples/torch_mnist.py --ddp
+
+(Debian's torch 1.13 under Python 3.11 needs `--redirects 1 --tee 1` there; the comparison
+script starts the processes itself.)
+
+Rank 0 ends with one line `torch_mnist result: mode=... test_accuracy=... images_per_second=...`
+(images_per_second: every rank's training images per second of training time, evaluation
+left out).
+
 The data are the MNIST IDX files gradsync itself reads: the GoMNIST Go module's (found in
 the Go module cache) or --data-dir. Needs torch and numpy: Debian's python3-torch. If the
 `python3` found first on PATH lacks torch (a pyenv one, say), the script runs itself again
@@ -127,10 +140,24 @@ def main():
     ap.add_argument("--device", default="auto", help="auto (cuda when there is one), cpu or cuda")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--ddp", action="store_true",
+                    help="run under torch.distributed (DDP, gloo) instead of gradsync: start it with "
+                         "python3 -m torch.distributed.run --nproc_per_node N")
+    ap.add_argument("--ddp-powersgd-rank", type=int, default=0,
+                    help="with --ddp: PyTorch's powerSGD_hook with this matrix_approximation_rank (0: none); "
+                         "under gradsync the job's --compress does this")
+    ap.add_argument("--ddp-powersgd-start", type=int, default=10, help="with --ddp: start_powerSGD_iter")
     args = ap.parse_args()
 
-    gs.init()
-    rank, size = gs.rank(), gs.size()
+    if args.ddp:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        rank, size = dist.get_rank(), dist.get_world_size()
+        report = _no_report
+    else:
+        gs.init()
+        rank, size = gs.rank(), gs.size()
+        report = gs.report
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
     if args.threads > 0:
@@ -140,9 +167,22 @@ def main():
     xtr, ytr = load(d, "train")
     xte, yte = load(d, "test")
     model = Net().to(device)
-    gs.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = gs.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr),
-                                  named_parameters=model.named_parameters())
+    if args.ddp:
+        # DDP broadcasts rank 0's parameters at construction and averages the gradients in
+        # backward (buckets of 25 MiB); the optimiser is the plain one.
+        net = torch.nn.parallel.DistributedDataParallel(model)
+        if args.ddp_powersgd_rank > 0:
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+            state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=args.ddp_powersgd_rank,
+                                       start_powerSGD_iter=args.ddp_powersgd_start, min_compression_rate=2,
+                                       use_error_feedback=True, warm_start=True, random_seed=args.seed)
+            net.register_comm_hook(state, psgd.powerSGD_hook)
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    else:
+        net = model
+        gs.broadcast_parameters(model.state_dict(), root_rank=0)
+        opt = gs.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr),
+                                      named_parameters=model.named_parameters())
     if args.batch_size % size:
         raise SystemExit(f"torch_mnist: --batch-size {args.batch_size} is not a multiple of the {size} ranks")
     per = args.batch_size // size
@@ -151,40 +191,52 @@ def main():
     if args.max_steps:
         total = min(total, args.max_steps)
     if rank == 0:
-        print(f"torch_mnist: {size} rank(s), device {device}, global batch {args.batch_size}, "
-              f"{total} steps, data {d}", flush=True)
-    step, t0, seen = 0, time.time(), 0
+        print(f"torch_mnist: {'DDP/gloo' if args.ddp else 'gradsync'}, {size} rank(s), device {device}, "
+              f"global batch {args.batch_size}, {total} steps, data {d}", flush=True)
+    step, seen, train_s = 0, 0, 0.0
     for epoch in range(args.epochs):
         # The same permutation on every rank (seed + epoch); rank r takes its slice of each batch.
         perm = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(args.seed + epoch))
+        t0 = time.time()
         for b in range(steps_per_epoch):
             if step >= total:
                 break
             idx = perm[b * args.batch_size + rank * per: b * args.batch_size + (rank + 1) * per]
             xb, yb = xtr[idx].to(device), ytr[idx].to(device)
             opt.zero_grad()
-            loss = F.cross_entropy(model(xb), yb)
+            loss = F.cross_entropy(net(xb), yb)
             loss.backward()
             opt.step()
             step += 1
             seen += per
             if step % args.log_every == 0:
-                ips = seen / (time.time() - t0)
-                gs.report(epoch=epoch + 1, step=step, total_steps=total, loss=float(loss), images_per_second=ips,
+                ips = seen / (train_s + time.time() - t0)
+                report(epoch=epoch + 1, step=step, total_steps=total, loss=float(loss), images_per_second=ips,
                           learning_rate=args.lr)
                 if rank == 0:
                     print(f"epoch {epoch + 1} step {step}/{total} loss {float(loss):.4f} {ips:.0f} img/s (this rank)",
                           flush=True)
+        train_s += time.time() - t0
         acc, tl = evaluate(model, xte, yte, device)
-        gs.report(eval=True, epoch=epoch + 1, step=step, test_accuracy=acc, test_loss=tl, train_loss=float(loss))
+        report(eval=True, epoch=epoch + 1, step=step, test_accuracy=acc, test_loss=tl, train_loss=float(loss))
         if rank == 0:
             print(f"epoch {epoch + 1}: test accuracy {100 * acc:.2f}%  test loss {tl:.4f}", flush=True)
         if step >= total:
             break
-    ips = seen / (time.time() - t0)
-    gs.report(final=True, epoch=epoch + 1, step=step, test_accuracy=acc, test_loss=tl, train_loss=float(loss),
-              images_per_second=ips)
+    ips = seen / train_s
+    report(final=True, epoch=epoch + 1, step=step, test_accuracy=acc, test_loss=tl, train_loss=float(loss),
+           images_per_second=ips)
     print(f"rank {rank}: done: {step} steps, test accuracy {100 * acc:.2f}%, {ips:.0f} img/s", flush=True)
+    if rank == 0:
+        print(f"torch_mnist result: mode={'ddp' if args.ddp else 'gradsync'} ranks={size} steps={step} "
+              f"global_batch={args.batch_size} test_accuracy={acc:.4f} images_per_second={ips * size:.1f} "
+              f"train_seconds={train_s:.2f}", flush=True)
+    if args.ddp:
+        torch.distributed.destroy_process_group()
+
+
+def _no_report(**fields):
+    """gradsync.torch.report's stand-in under DDP: there is no coordinator to report to."""
 
 
 if __name__ == "__main__":

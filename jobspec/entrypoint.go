@@ -24,8 +24,10 @@ func IsEntrypoint(s *pb.JobSpec) bool { return s.GetEntrypoint() != nil }
 
 // normalizeEntrypoint checks an entrypoint job, before the mode's default
 // is filled in (it is ring for such jobs). Only the ring path exists so
-// far: the other modes, elastic sizes, compression and checkpoints are
-// refused as not implemented yet.
+// far: the other modes, elastic sizes and checkpoints are refused as not
+// implemented yet. Compression (any type) applies to the script's
+// gradient buckets (the agent's shared-memory all-reduces), checked as
+// for any ring job.
 func normalizeEntrypoint(s *pb.JobSpec) error {
 	e := s.GetEntrypoint()
 	if e == nil {
@@ -71,9 +73,6 @@ func normalizeEntrypoint(s *pb.JobSpec) error {
 	}
 	if s.MinWorkers != 0 && s.MinWorkers != s.GetWorkers() {
 		return errf("min_workers", "elastic entrypoint jobs %s", notImplementedSuffix)
-	}
-	if t := s.GetCompression().GetType(); t != "" && t != defaultCompression {
-		return errf("compression.type", "%s compression of entrypoint jobs %s", t, notImplementedSuffix)
 	}
 	if CheckpointsOn(s) {
 		return errf("checkpoint", "checkpoints of entrypoint jobs %s (the script saves its own)", notImplementedSuffix)

@@ -20,6 +20,14 @@ func TestEntrypoint(t *testing.T) {
 	if s.Mode != "ring" || !IsEntrypoint(s) {
 		t.Fatalf("mode %q: entrypoint jobs default to ring", s.Mode)
 	}
+	// Every compression type applies to a script's gradient buckets.
+	for _, typ := range []string{"powersgd", "topk", "int8", "fp16", "bf16"} {
+		s := ok()
+		s.Compression = &pb.CompressionSpec{Type: typ}
+		if _, err := Normalize(s, nil); err != nil {
+			t.Errorf("compression %s: %v", typ, err)
+		}
+	}
 	for _, c := range []struct {
 		edit  func(*pb.JobSpec)
 		field string
@@ -32,7 +40,7 @@ func TestEntrypoint(t *testing.T) {
 		{func(s *pb.JobSpec) { s.Entrypoint.Env["A=B"] = "3" }, "entrypoint.env", "not a variable name"},
 		{func(s *pb.JobSpec) { s.Mode = "ps" }, "mode", notImplementedSuffix},
 		{func(s *pb.JobSpec) { s.MinWorkers = 1 }, "min_workers", notImplementedSuffix},
-		{func(s *pb.JobSpec) { s.Compression = &pb.CompressionSpec{Type: "powersgd"} }, "compression.type", notImplementedSuffix},
+		{func(s *pb.JobSpec) { s.Compression = &pb.CompressionSpec{Type: "zip"} }, "compression", "allowed"},
 		{func(s *pb.JobSpec) { s.Checkpoint = &pb.CheckpointSpec{EverySteps: 10} }, "checkpoint", notImplementedSuffix},
 	} {
 		s := ok()

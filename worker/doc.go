@@ -40,7 +40,9 @@
 //	fed*.go             fedavg: fedsim.go all clients simulated here,
 //	                    fedclient.go this worker as one real client
 //	entry*.go           entrypoint jobs: entry.go the ring, the agent
-//	                    socket (package agent) and the reports of a
-//	                    user's command, entryproc.go its process
-//	                    (process group, log, SIGTERM then SIGKILL)
+//	                    socket (package agent, with the job's
+//	                    compression per gradient bucket) and the
+//	                    reports of a user's command, entryproc.go its
+//	                    process (process group, log, SIGTERM then
+//	                    SIGKILL; on Linux it dies with the worker)
 package worker

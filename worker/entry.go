@@ -16,6 +16,8 @@ import (
 
 	"github.com/gradsync/gradsync/agent"
 	"github.com/gradsync/gradsync/aggregator/ringrpc"
+	"github.com/gradsync/gradsync/internal/metrics"
+	"github.com/gradsync/gradsync/jobspec"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -34,7 +36,7 @@ var errEntrypointsOff = errors.New("this worker does not run entrypoint commands
 const entryTermGrace = 10 * time.Second
 
 // runEntrypoint runs rank a.Rank of an entrypoint job to its end.
-func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.JobResult, error) {
+func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb.JobResult, err error) {
 	if !env.allowEntrypoints {
 		return nil, errEntrypointsOff
 	}
@@ -49,6 +51,14 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.Job
 		return nil, err
 	}
 	defer func() {
+		if err != nil {
+			// This rank failed: its peers (whose scripts may still
+			// run) need nothing more from it, and an orderly shutdown
+			// would wait for them. Break the ring at once, so the
+			// failure is reported now, not after the shutdown timeout.
+			_ = ring.Close()
+			return
+		}
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := ring.Shutdown(sctx); err != nil {
@@ -56,11 +66,20 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.Job
 		}
 	}()
 	timeout := time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second))
-	rep := newEntryReports(a, env.rep)
-	srv, err := agent.New(agent.Config{Ring: ring, JobID: a.JobId, Generation: a.Generation, StepTimeout: timeout,
-		Report: rep.report, Logger: log})
+	sc, err := jobspec.CompressionScheme(spec.GetCompression(), spec.GetSeed())
 	if err != nil {
 		return nil, err
+	}
+	rep := newEntryReports(a, env.rep)
+	srv, err := agent.New(agent.Config{Ring: ring, JobID: a.JobId, Generation: a.Generation, StepTimeout: timeout,
+		Report: rep.report, Logger: log, Compression: sc, Peers: a.Peers})
+	if err != nil {
+		return nil, err
+	}
+	rep.compression = func() agent.CompressionStats {
+		st := srv.CompressionStats()
+		env.metrics.ObserveCompression(a.JobId, metrics.CompressionTotals{RawBytes: st.RawBytes, SentBytes: st.SentBytes, Seconds: st.CompressSeconds})
+		return st
 	}
 	sock, err := agent.Listen("")
 	if err != nil {
@@ -110,7 +129,7 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.Job
 		}
 		return nil, errors.New(msg)
 	}
-	res := rep.result()
+	res = rep.result()
 	res.WallSeconds = time.Since(start).Seconds()
 	return res, nil
 }
@@ -172,6 +191,8 @@ type entryReports struct {
 	a     *pb.Assignment
 	rep   *reporter
 	start time.Time
+	// compression returns the agent's compression counters (nil: none).
+	compression func() agent.CompressionStats
 	// mu protects last.
 	mu   sync.Mutex
 	last pb.JobResult
@@ -207,16 +228,38 @@ func (e *entryReports) report(m *pb.ReportRequest) {
 		return
 	}
 	if !m.GetFinal() {
+		p := &pb.Progress{Epoch: m.GetEpoch(), Step: m.GetStep(), TotalSteps: m.GetTotalSteps(), Loss: m.GetLoss(),
+			ImagesPerSecond: m.GetImagesPerSecond(), LearningRate: m.GetLearningRate(), ElapsedSeconds: time.Since(e.start).Seconds()}
+		if c := e.compressionStats(); c.Steps > 0 && c.SentBytes > 0 {
+			p.SentBytesPerStep = float64(c.SentBytes) / float64(c.Steps)
+			p.CompressionRatio = float64(c.RawBytes) / float64(c.SentBytes)
+		}
 		e.rep.trySend(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Progress{Progress: &pb.TaskProgress{JobId: a.JobId, Generation: a.Generation, Rank: a.Rank,
-			Progress: &pb.Progress{Epoch: m.GetEpoch(), Step: m.GetStep(), TotalSteps: m.GetTotalSteps(), Loss: m.GetLoss(),
-				ImagesPerSecond: m.GetImagesPerSecond(), LearningRate: m.GetLearningRate(), ElapsedSeconds: time.Since(e.start).Seconds()}}}})
+			Progress: p}}})
 	}
+}
+
+func (e *entryReports) compressionStats() agent.CompressionStats {
+	if e.compression == nil {
+		return agent.CompressionStats{}
+	}
+	return e.compression()
 }
 
 // result is the rank's result from what the script reported.
 func (e *entryReports) result() *pb.JobResult {
+	c := e.compressionStats()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return &pb.JobResult{TestAccuracy: e.last.TestAccuracy, TestLoss: e.last.TestLoss, TrainLoss: e.last.TrainLoss,
+	res := &pb.JobResult{TestAccuracy: e.last.TestAccuracy, TestLoss: e.last.TestLoss, TrainLoss: e.last.TrainLoss,
 		Epochs: e.last.Epochs, Steps: e.last.Steps, ImagesPerSecond: e.last.ImagesPerSecond}
+	// The gradient buckets' traffic per step (compressed jobs), as the
+	// Go engine's ring ranks report it.
+	if c.Steps > 0 && c.SentBytes > 0 {
+		res.RawBytesPerStep = float64(c.RawBytes) / float64(c.Steps)
+		res.SentBytesPerStep = float64(c.SentBytes) / float64(c.Steps)
+		res.CompressionRatio = float64(c.RawBytes) / float64(c.SentBytes)
+		res.CompressSeconds = c.CompressSeconds
+	}
+	return res
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -51,6 +52,13 @@ func (p *entryProcess) run(ctx context.Context) error {
 	cmd.Stdout = logf
 	cmd.Stderr = io.MultiWriter(logf, &p.tail)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	dieWithWorker(cmd.SysProcAttr)
+	// The parent-death signal fires when the thread that started the
+	// command exits, which the runtime does to a thread whose locked
+	// goroutine ends: keep this goroutine on its thread, and the thread
+	// alive, until the command has exited (run waits for it).
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	// A grandchild that keeps stderr open must not keep Wait waiting.
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Start(); err != nil {

@@ -2,7 +2,7 @@
 
 A script started by a gradsync worker for an entrypoint job finds its
 worker's agent socket in $GRADSYNC_AGENT. ``gradsync.torch`` (init,
-DistributedOptimizer, broadcast_parameters, rank/size) is the PyTorch API;
+DistributedOptimizer, broadcast_parameters, rank/size, comm_hook for DDP) is the PyTorch API;
 ``gradsync.client.Agent`` is the raw service, over numpy arrays.
 
 Needs grpcio and protobuf (Debian: python3-grpcio, python3-protobuf) and,

@@ -44,6 +44,10 @@ class Future:
         except grpc.RpcError as e:
             raise AgentError(self._what, e) from None
 
+    def add_done_callback(self, fn):
+        """Calls fn(self) once the call has ended (at once if it has), on a gRPC thread."""
+        self._fut.add_done_callback(lambda _: fn(self))
+
 
 def _f32(a):
     a = np.ascontiguousarray(a, dtype="<f4")
@@ -79,6 +83,9 @@ class Agent:
         self.rank = info.rank
         self.size = info.world_size
         self.max_elements = info.max_elements
+        # The job's gradient compression: applied by the worker to the all-reduces of
+        # shared-memory ranges (gradient buckets); "none" without.
+        self.compression = info.compression or "none"
         # A collective may wait for its turn and then for the ring, each
         # bounded by the step timeout on the worker's side.
         self._timeout = 2 * info.step_timeout_seconds + 10

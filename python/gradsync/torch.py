@@ -16,9 +16,16 @@ is accumulated, while backward goes on, as DDP's reducer does); step()
 waits for them and then steps the wrapped optimiser. The all-reduce runs in
 the Go worker over the job's ring. CUDA tensors are copied to host memory
 bucket by bucket; the code path is the same on CPU.
+
+Compression is the job's (``gradsync local/submit --compress powersgd:rank=2``):
+the worker compresses each bucket with its own state (error feedback, PowerSGD's
+warm-start Q) kept between steps; PowerSGD compresses the tensors of two or more
+dimensions of a bucket and sends 1-D ones as they are, as PyTorch's powerSGD_hook
+does. The script does nothing differently; gradsync.torch.compression() names it.
 """
 
 import io
+import threading
 
 import numpy as np
 import torch
@@ -48,6 +55,11 @@ def rank():
 
 def size():
     return _a().size
+
+
+def compression():
+    """The job's gradient compression: "none", "powersgd", "topk", "int8", "fp16" or "bf16"."""
+    return _a().compression
 
 
 def local_rank():
@@ -149,6 +161,62 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
         opt.load_state_dict(sd)
 
 
+def init_ddp_process_group():
+    """Initialises torch.distributed with a process group of this process alone (gloo, an
+    in-memory store), for DDP under gradsync: DDP then communicates nothing itself, and
+    comm_hook averages each gradient bucket over gradsync's ranks. As DDP's own broadcast at
+    construction then reaches no other rank, call broadcast_parameters(model.state_dict()) too;
+    buffers (BatchNorm's running statistics) stay each rank's own."""
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+def comm_hook(state, bucket):
+    """A DDP communication hook that averages a gradient bucket over gradsync's ranks:
+
+        gs.init(); gs.init_ddp_process_group()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        gs.broadcast_parameters(model.state_dict(), root_rank=0)
+        ddp.register_comm_hook(None, gs.comm_hook)
+
+    state is ignored (pass None). DDP hands the buckets over in the same order on every rank;
+    each goes to the worker through the socket (in pieces of at most max_elements values) while
+    backward goes on, and the returned future completes with the average. float32 buckets
+    only. The job's compression does not apply here (it needs DistributedOptimizer's registered
+    layout): the buckets are reduced as they are."""
+    a = _a()
+    buf = bucket.buffer()
+    if buf.dtype != torch.float32:
+        raise TypeError(f"gradsync.torch.comm_hook reduces float32 buckets; got {buf.dtype}")
+    src = buf.detach().to("cpu").contiguous().view(-1).numpy()
+    n, step = src.size, a.max_elements
+    out = torch.futures.Future()
+    if n == 0:
+        out.set_result(buf)
+        return out
+    pieces = [(off, a.allreduce_async(src[off:off + step], True)) for off in range(0, n, step)]
+    res = np.empty(n, dtype=np.float32)
+    left = [len(pieces)]
+    lock = threading.Lock()
+
+    def done(_):
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        try:
+            for off, f in pieces:
+                res[off:off + step] = f.result()
+            out.set_result(torch.from_numpy(res).view_as(buf).to(buf.device))
+        except Exception as e:  # an AgentError: DDP's backward raises it
+            out.set_exception(e)
+
+    for _, f in pieces:
+        f.add_done_callback(done)
+    return out
+
+
 class _Bucket:
     def __init__(self, index, params):
         self.index = index
@@ -173,6 +241,14 @@ class _DistributedOptimizer:
         else:
             named = [(f"param.{i}", p) for g in optimizer.param_groups for i, p in enumerate(g["params"])]
         named = [(n, p) for n, p in named if p.requires_grad]
+        if self._a.compression != "none":
+            # The worker compresses the all-reduces of shared-memory ranges only, and they average.
+            if not shared_memory:
+                raise ValueError(f"gradsync: the job compresses gradients ({self._a.compression}), which needs "
+                                 "shared_memory=True in DistributedOptimizer")
+            if not average:
+                raise ValueError(f"gradsync: the job compresses gradients ({self._a.compression}); compressed "
+                                 "all-reduces average: average=False is not available")
         if len({id(p) for _, p in named}) != len(named):
             raise ValueError("named_parameters lists a parameter twice")
         for _, p in named:
@@ -314,7 +390,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, bucket_cap_mb=4.0, ba
     message; larger buckets go as several). backward_passes_per_step: backward passes accumulated
     locally per step (the gradient is their mean). shared_memory: gradients go to the worker through
     a shared-memory region (no copy through the socket); False sends them in the messages.
-    Compression is not available here yet.
+    Compression is the job's (see the module's documentation); it needs shared_memory=True.
     """
     return _DistributedOptimizer(optimizer, named_parameters, bucket_cap_mb, backward_passes_per_step, average,
                                  shared_memory)

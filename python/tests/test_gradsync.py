@@ -6,6 +6,7 @@ protobuf (Debian: python3-torch, python3-grpcio, python3-protobuf) and skip, say
 where those are absent.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -37,12 +38,12 @@ def gradsync_bin():
     return _bin
 
 
-def run_local(script, workers=2, extra_env=None, timeout=600):
+def run_local(script, workers=2, extra_env=None, timeout=600, args=()):
     runs = tempfile.mkdtemp(prefix="gradsync-pyruns-")
     env = dict(os.environ)
     env.update(extra_env or {})
     cmd = [gradsync_bin(), "local", "--workers", str(workers), "--runs-dir", runs, "--json",
-           "--entrypoint", f"{sys.executable} {os.path.join(HERE, script)}"]
+           "--entrypoint", f"{sys.executable} {os.path.join(HERE, script)}"] + list(args)
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     logs = {}
     for d in os.listdir(runs):
@@ -68,12 +69,42 @@ class TestThroughWorkers(unittest.TestCase):
                 for r in (0, 1):
                     self.assertIn("EQUIVALENCE OK", logs.get(f"rank-{r}.log", ""), logs)
 
+    def test_ddp_comm_hook(self):
+        p, logs = run_local("ddphook_entry.py")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr + str(logs))
+        for r in (0, 1):
+            self.assertIn("DDPHOOK OK", logs.get(f"rank-{r}.log", ""), logs)
+
     def test_broadcast_optimizer_state(self):
         p, logs = run_local("optstate_entry.py")
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr + str(logs))
         for r in (0, 1):
             self.assertIn("OPTSTATE OK", logs.get(f"rank-{r}.log", ""), logs)
         self.assertIn("other parameter groups", logs.get("rank-1.log", ""), logs)
+
+    def test_compression(self):
+        # PowerSGD from step 3 (then the residuals and warm start carry over), and a cast.
+        for spec, typ in (("powersgd:rank=2,start_iter=3", "powersgd"), ("fp16", "fp16")):
+            with self.subTest(compress=spec):
+                p, logs = run_local("compress_entry.py", extra_env={"COMPRESS_WANT": typ}, args=("--compress", spec))
+                self.assertEqual(p.returncode, 0, p.stdout + p.stderr + str(logs))
+                self.assertIn("SUCCEEDED", p.stdout)
+                for r in (0, 1):
+                    self.assertIn("COMPRESS OK", logs.get(f"rank-{r}.log", ""), logs)
+                ratio = [json.loads(line)["compression_ratio"] for line in p.stdout.splitlines()
+                         if line.startswith("{") and '"compression_ratio"' in line]
+                self.assertTrue(ratio and ratio[-1] > 1.5, "no compression ratio in the result: " + p.stdout)
+
+    def test_hung_rank_named(self):
+        # Rank 1 stops calling; rank 0's all-reduce fails at the step timeout naming rank 1.
+        p, logs = run_local("hang_entry.py", args=("--step-timeout", "3"))
+        self.assertNotEqual(p.returncode, 0)
+        out = p.stdout + p.stderr
+        self.assertIn("FAILED", out)
+        self.assertIn("rank 1 (", out)
+        self.assertIn("never joined it within the step timeout", out)
+        self.assertIn("hanging on purpose", logs.get("rank-1.log", ""))
+        self.assertNotIn("completed", logs.get("rank-0.log", ""))
 
     def test_crash_names_rank_and_stderr(self):
         p, logs = run_local("crash_entry.py")

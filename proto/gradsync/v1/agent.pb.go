@@ -67,7 +67,15 @@ type AgentInitResponse struct {
 	// within it fails.
 	StepTimeoutSeconds float64 `protobuf:"fixed64,5,opt,name=step_timeout_seconds,json=stepTimeoutSeconds,proto3" json:"step_timeout_seconds,omitempty"`
 	// The largest data a collective message may carry, in float32 values.
-	MaxElements   int64 `protobuf:"varint,6,opt,name=max_elements,json=maxElements,proto3" json:"max_elements,omitempty"`
+	MaxElements int64 `protobuf:"varint,6,opt,name=max_elements,json=maxElements,proto3" json:"max_elements,omitempty"`
+	// The job's gradient compression ("none", "powersgd", "topk", "int8",
+	// "fp16", "bf16"). Anything but none applies to the all-reduces of
+	// shared-memory ranges (gradient buckets): each range must be whole
+	// tensors of the registered layout and the same range every step (a
+	// bucket); the worker keeps each bucket's compression state (error
+	// feedback, PowerSGD's Q). Such an all-reduce always averages. The
+	// all-reduces of data in messages are never compressed.
+	Compression   string `protobuf:"bytes,7,opt,name=compression,proto3" json:"compression,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -142,6 +150,13 @@ func (x *AgentInitResponse) GetMaxElements() int64 {
 		return x.MaxElements
 	}
 	return 0
+}
+
+func (x *AgentInitResponse) GetCompression() string {
+	if x != nil {
+		return x.Compression
+	}
+	return ""
 }
 
 // TensorInfo is one tensor of a layout, with PyTorch's name and shape.
@@ -845,7 +860,7 @@ var File_gradsync_v1_agent_proto protoreflect.FileDescriptor
 const file_gradsync_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"\x17gradsync/v1/agent.proto\x12\vgradsync.v1\"\x12\n" +
-	"\x10AgentInitRequest\"\xd2\x01\n" +
+	"\x10AgentInitRequest\"\xf4\x01\n" +
 	"\x11AgentInitResponse\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1e\n" +
 	"\n" +
@@ -855,7 +870,8 @@ const file_gradsync_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"world_size\x18\x04 \x01(\x05R\tworldSize\x120\n" +
 	"\x14step_timeout_seconds\x18\x05 \x01(\x01R\x12stepTimeoutSeconds\x12!\n" +
-	"\fmax_elements\x18\x06 \x01(\x03R\vmaxElements\"L\n" +
+	"\fmax_elements\x18\x06 \x01(\x03R\vmaxElements\x12 \n" +
+	"\vcompression\x18\a \x01(\tR\vcompression\"L\n" +
 	"\n" +
 	"TensorInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +

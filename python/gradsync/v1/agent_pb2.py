@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17gradsync/v1/agent.proto\x12\x0bgradsync.v1\"\x12\n\x10\x41gentInitRequest\"\xd2\x01\n\x11\x41gentInitResponse\x12\x15\n\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1e\n\ngeneration\x18\x02 \x01(\x04R\ngeneration\x12\x12\n\x04rank\x18\x03 \x01(\x05R\x04rank\x12\x1d\n\nworld_size\x18\x04 \x01(\x05R\tworldSize\x12\x30\n\x14step_timeout_seconds\x18\x05 \x01(\x01R\x12stepTimeoutSeconds\x12!\n\x0cmax_elements\x18\x06 \x01(\x03R\x0bmaxElements\"L\n\nTensorInfo\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n\x05shape\x18\x02 \x03(\x03R\x05shape\x12\x14\n\x05\x64type\x18\x03 \x01(\tR\x05\x64type\"\x81\x01\n\x15RegisterLayoutRequest\x12\x10\n\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x31\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.gradsync.v1.TensorInfoR\x07tensors\x12#\n\rshared_memory\x18\x03 \x01(\x08R\x0csharedMemory\"V\n\x16RegisterLayoutResponse\x12!\n\x0cnum_elements\x18\x01 \x01(\x03R\x0bnumElements\x12\x19\n\x08shm_path\x18\x02 \x01(\tR\x07shmPath\":\n\x08ShmRange\x12\x16\n\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x16\n\x06length\x18\x02 \x01(\x03R\x06length\"{\n\x10\x41llReduceRequest\x12\x10\n\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x12\n\x04\x64\x61ta\x18\x02 \x01(\x0cR\x04\x64\x61ta\x12\x18\n\x07\x61verage\x18\x03 \x01(\x08R\x07\x61verage\x12\'\n\x03shm\x18\x04 \x01(\x0b\x32\x15.gradsync.v1.ShmRangeR\x03shm\"\'\n\x11\x41llReduceResponse\x12\x12\n\x04\x64\x61ta\x18\x01 \x01(\x0cR\x04\x64\x61ta\"L\n\x10\x42roadcastRequest\x12\x10\n\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x12\n\x04root\x18\x02 \x01(\x05R\x04root\x12\x12\n\x04\x64\x61ta\x18\x03 \x01(\x0cR\x04\x64\x61ta\"\'\n\x11\x42roadcastResponse\x12\x12\n\x04\x64\x61ta\x18\x01 \x01(\x0cR\x04\x64\x61ta\"\"\n\x0e\x42\x61rrierRequest\x12\x10\n\x03seq\x18\x01 \x01(\x03R\x03seq\"\x11\n\x0f\x42\x61rrierResponse\"\xca\x02\n\rReportRequest\x12\x14\n\x05\x65poch\x18\x01 \x01(\x05R\x05\x65poch\x12\x12\n\x04step\x18\x02 \x01(\x03R\x04step\x12\x1f\n\x0btotal_steps\x18\x03 \x01(\x03R\ntotalSteps\x12\x12\n\x04loss\x18\x04 \x01(\x01R\x04loss\x12*\n\x11images_per_second\x18\x05 \x01(\x01R\x0fimagesPerSecond\x12#\n\rlearning_rate\x18\x06 \x01(\x01R\x0clearningRate\x12\x12\n\x04\x65val\x18\x07 \x01(\x08R\x04\x65val\x12#\n\rtest_accuracy\x18\x08 \x01(\x01R\x0ctestAccuracy\x12\x1b\n\ttest_loss\x18\t \x01(\x01R\x08testLoss\x12\x1d\n\ntrain_loss\x18\n \x01(\x01R\ttrainLoss\x12\x14\n\x05\x66inal\x18\x0b \x01(\x08R\x05\x66inal\"\x10\n\x0eReportResponse2\xca\x03\n\x05\x41gent\x12\x45\n\x04Init\x12\x1d.gradsync.v1.AgentInitRequest\x1a\x1e.gradsync.v1.AgentInitResponse\x12Y\n\x0eRegisterLayout\x12\".gradsync.v1.RegisterLayoutRequest\x1a#.gradsync.v1.RegisterLayoutResponse\x12J\n\tAllReduce\x12\x1d.gradsync.v1.AllReduceRequest\x1a\x1e.gradsync.v1.AllReduceResponse\x12J\n\tBroadcast\x12\x1d.gradsync.v1.BroadcastRequest\x1a\x1e.gradsync.v1.BroadcastResponse\x12\x44\n\x07\x42\x61rrier\x12\x1b.gradsync.v1.BarrierRequest\x1a\x1c.gradsync.v1.BarrierResponse\x12\x41\n\x06Report\x12\x1a.gradsync.v1.ReportRequest\x1a\x1b.gradsync.v1.ReportResponseB;Z9github.com/gradsync/gradsync/proto/gradsync/v1;gradsyncv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17gradsync/v1/agent.proto\x12\x0bgradsync.v1\"\x12\n\x10\x41gentInitRequest\"\xf4\x01\n\x11\x41gentInitResponse\x12\x15\n\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1e\n\ngeneration\x18\x02 \x01(\x04R\ngeneration\x12\x12\n\x04rank\x18\x03 \x01(\x05R\x04rank\x12\x1d\n\nworld_size\x18\x04 \x01(\x05R\tworldSize\x12\x30\n\x14step_timeout_seconds\x18\x05 \x01(\x01R\x12stepTimeoutSeconds\x12!\n\x0cmax_elements\x18\x06 \x01(\x03R\x0bmaxElements\x12 \n\x0b\x63ompression\x18\x07 \x01(\tR\x0b\x63ompression\"L\n\nTensorInfo\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n\x05shape\x18\x02 \x03(\x03R\x05shape\x12\x14\n\x05\x64type\x18\x03 \x01(\tR\x05\x64type\"\x81\x01\n\x15RegisterLayoutRequest\x12\x10\n\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x31\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.gradsync.v1.TensorInfoR\x07tensors\x12#\n\rshared_memory\x18\x03 \x01(\x08R\x0csharedMemory\"V\n\x16RegisterLayoutResponse\x12!\n\x0cnum_elements\x18\x01 \x01(\x03R\x0bnumElements\x12\x19\n\x08shm_path\x18\x02 \x01(\tR\x07shmPath\":\n\x08ShmRange\x12\x16\n\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x16\n\x06length\x18\x02 \x01(\x03R\x06length\"{\n\x10\x41llReduceRequest\x12\x10\n\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x12\n\x04\x64\x61ta\x18\x02 \x01(\x0cR\x04\x64\x61ta\x12\x18\n\x07\x61verage\x18\x03 \x01(\x08R\x07\x61verage\x12\'\n\x03shm\x18\x04 \x01(\x0b\x32\x15.gradsync.v1.ShmRangeR\x03shm\"\'\n\x11\x41llReduceResponse\x12\x12\n\x04\x64\x61ta\x18\x01 \x01(\x0cR\x04\x64\x61ta\"L\n\x10\x42roadcastRequest\x12\x10\n\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x12\n\x04root\x18\x02 \x01(\x05R\x04root\x12\x12\n\x04\x64\x61ta\x18\x03 \x01(\x0cR\x04\x64\x61ta\"\'\n\x11\x42roadcastResponse\x12\x12\n\x04\x64\x61ta\x18\x01 \x01(\x0cR\x04\x64\x61ta\"\"\n\x0e\x42\x61rrierRequest\x12\x10\n\x03seq\x18\x01 \x01(\x03R\x03seq\"\x11\n\x0f\x42\x61rrierResponse\"\xca\x02\n\rReportRequest\x12\x14\n\x05\x65poch\x18\x01 \x01(\x05R\x05\x65poch\x12\x12\n\x04step\x18\x02 \x01(\x03R\x04step\x12\x1f\n\x0btotal_steps\x18\x03 \x01(\x03R\ntotalSteps\x12\x12\n\x04loss\x18\x04 \x01(\x01R\x04loss\x12*\n\x11images_per_second\x18\x05 \x01(\x01R\x0fimagesPerSecond\x12#\n\rlearning_rate\x18\x06 \x01(\x01R\x0clearningRate\x12\x12\n\x04\x65val\x18\x07 \x01(\x08R\x04\x65val\x12#\n\rtest_accuracy\x18\x08 \x01(\x01R\x0ctestAccuracy\x12\x1b\n\ttest_loss\x18\t \x01(\x01R\x08testLoss\x12\x1d\n\ntrain_loss\x18\n \x01(\x01R\ttrainLoss\x12\x14\n\x05\x66inal\x18\x0b \x01(\x08R\x05\x66inal\"\x10\n\x0eReportResponse2\xca\x03\n\x05\x41gent\x12\x45\n\x04Init\x12\x1d.gradsync.v1.AgentInitRequest\x1a\x1e.gradsync.v1.AgentInitResponse\x12Y\n\x0eRegisterLayout\x12\".gradsync.v1.RegisterLayoutRequest\x1a#.gradsync.v1.RegisterLayoutResponse\x12J\n\tAllReduce\x12\x1d.gradsync.v1.AllReduceRequest\x1a\x1e.gradsync.v1.AllReduceResponse\x12J\n\tBroadcast\x12\x1d.gradsync.v1.BroadcastRequest\x1a\x1e.gradsync.v1.BroadcastResponse\x12\x44\n\x07\x42\x61rrier\x12\x1b.gradsync.v1.BarrierRequest\x1a\x1c.gradsync.v1.BarrierResponse\x12\x41\n\x06Report\x12\x1a.gradsync.v1.ReportRequest\x1a\x1b.gradsync.v1.ReportResponseB;Z9github.com/gradsync/gradsync/proto/gradsync/v1;gradsyncv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gradsync.v1.agent_pb2', globals())
@@ -24,31 +24,31 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _AGENTINITREQUEST._serialized_start=40
   _AGENTINITREQUEST._serialized_end=58
   _AGENTINITRESPONSE._serialized_start=61
-  _AGENTINITRESPONSE._serialized_end=271
-  _TENSORINFO._serialized_start=273
-  _TENSORINFO._serialized_end=349
-  _REGISTERLAYOUTREQUEST._serialized_start=352
-  _REGISTERLAYOUTREQUEST._serialized_end=481
-  _REGISTERLAYOUTRESPONSE._serialized_start=483
-  _REGISTERLAYOUTRESPONSE._serialized_end=569
-  _SHMRANGE._serialized_start=571
-  _SHMRANGE._serialized_end=629
-  _ALLREDUCEREQUEST._serialized_start=631
-  _ALLREDUCEREQUEST._serialized_end=754
-  _ALLREDUCERESPONSE._serialized_start=756
-  _ALLREDUCERESPONSE._serialized_end=795
-  _BROADCASTREQUEST._serialized_start=797
-  _BROADCASTREQUEST._serialized_end=873
-  _BROADCASTRESPONSE._serialized_start=875
-  _BROADCASTRESPONSE._serialized_end=914
-  _BARRIERREQUEST._serialized_start=916
-  _BARRIERREQUEST._serialized_end=950
-  _BARRIERRESPONSE._serialized_start=952
-  _BARRIERRESPONSE._serialized_end=969
-  _REPORTREQUEST._serialized_start=972
-  _REPORTREQUEST._serialized_end=1302
-  _REPORTRESPONSE._serialized_start=1304
-  _REPORTRESPONSE._serialized_end=1320
-  _AGENT._serialized_start=1323
-  _AGENT._serialized_end=1781
+  _AGENTINITRESPONSE._serialized_end=305
+  _TENSORINFO._serialized_start=307
+  _TENSORINFO._serialized_end=383
+  _REGISTERLAYOUTREQUEST._serialized_start=386
+  _REGISTERLAYOUTREQUEST._serialized_end=515
+  _REGISTERLAYOUTRESPONSE._serialized_start=517
+  _REGISTERLAYOUTRESPONSE._serialized_end=603
+  _SHMRANGE._serialized_start=605
+  _SHMRANGE._serialized_end=663
+  _ALLREDUCEREQUEST._serialized_start=665
+  _ALLREDUCEREQUEST._serialized_end=788
+  _ALLREDUCERESPONSE._serialized_start=790
+  _ALLREDUCERESPONSE._serialized_end=829
+  _BROADCASTREQUEST._serialized_start=831
+  _BROADCASTREQUEST._serialized_end=907
+  _BROADCASTRESPONSE._serialized_start=909
+  _BROADCASTRESPONSE._serialized_end=948
+  _BARRIERREQUEST._serialized_start=950
+  _BARRIERREQUEST._serialized_end=984
+  _BARRIERRESPONSE._serialized_start=986
+  _BARRIERRESPONSE._serialized_end=1003
+  _REPORTREQUEST._serialized_start=1006
+  _REPORTREQUEST._serialized_end=1336
+  _REPORTRESPONSE._serialized_start=1338
+  _REPORTRESPONSE._serialized_end=1354
+  _AGENT._serialized_start=1357
+  _AGENT._serialized_end=1815
 # @@protoc_insertion_point(module_scope)
