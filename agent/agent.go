@@ -259,6 +259,7 @@ func (s *Server) AllReduce(ctx context.Context, req *pb.AllReduceRequest) (*pb.A
 			if buf, err = reg.slice(rng.GetOffset(), rng.GetLength()); err != nil {
 				return status.Error(codes.InvalidArgument, err.Error())
 			}
+			reg.unlinked() // the script has mapped it: nothing to leave behind
 		}
 		if compressed {
 			return s.reduceBucket(ctx, rng.GetOffset(), buf)

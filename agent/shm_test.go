@@ -2,6 +2,9 @@ package agent
 
 import (
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -78,6 +81,9 @@ func TestSharedMemoryAllReduce(t *testing.T) {
 		if err != nil {
 			t.Fatalf("rank %d: %v", r, err)
 		}
+		if _, err := os.Stat(paths[r]); !os.IsNotExist(err) {
+			t.Fatalf("rank %d: region file still there after the first collective: %v", r, err)
+		}
 	}
 	for r := range n {
 		for i, v := range views[r] {
@@ -99,11 +105,44 @@ func TestSharedMemoryAllReduce(t *testing.T) {
 		t.Fatalf("data and a range: %v, want InvalidArgument", err)
 	}
 	for r := range n {
-		w.servers[r].Close()
-		if _, err := os.Stat(paths[r]); !os.IsNotExist(err) {
-			t.Fatalf("rank %d: region file still there after Close: %v", r, err)
+		w.servers[r].Close() // the file is gone already; Close unmaps
+	}
+}
+
+// TestSweepRegions: region files of worker processes that no longer run
+// are removed when a region is made; a running process's, a name
+// without a pid and other files are left.
+func TestSweepRegions(t *testing.T) {
+	dir := t.TempDir()
+	dead := deadPID(t)
+	names := map[string]bool{ // name: removed
+		regionPrefix + strconv.Itoa(dead) + "-123.shm":        true,
+		regionPrefix + strconv.Itoa(os.Getpid()) + "-456.shm": false,
+		regionPrefix + "789.shm":                              false, // an older name, no pid
+		"gradsync-other.shm":                                  false,
+	}
+	for name := range names {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o600); err != nil {
+			t.Fatal(err)
 		}
 	}
+	sweepRegions(dir)
+	for name, removed := range names {
+		_, err := os.Stat(filepath.Join(dir, name))
+		if gone := os.IsNotExist(err); gone != removed {
+			t.Errorf("%s: removed %v, want %v", name, gone, removed)
+		}
+	}
+}
+
+// deadPID returns the pid of a process that has exited (and was reaped).
+func deadPID(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Skipf("cannot run true: %v", err)
+	}
+	return cmd.Process.Pid
 }
 
 func TestSharedMemoryNeedsRegistration(t *testing.T) {
