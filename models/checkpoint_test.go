@@ -205,7 +205,7 @@ func TestCheckpointingDoesNotAllocate(t *testing.T) {
 				}
 				step()
 				step()
-				if a := testing.AllocsPerRun(10, step); a != 0 {
+				if a := warmAllocs(step); a != 0 {
 					t.Errorf("%s, %d threads, %v: %v allocations per checkpointed step, want 0", name, threads, cfg.prec, a)
 				}
 				n.Close()

@@ -218,6 +218,25 @@ func TestDropoutSliceMasks(t *testing.T) {
 	}
 }
 
+// warmAllocs is the allocations per call of step once warm: the least of
+// up to three testing.AllocsPerRun(10, step) rounds. AllocsPerRun counts
+// the whole process's allocations, and with several threads every step
+// blocks on channels: the runtime allocates a sudog for a blocked
+// goroutine when its cache is empty, which a garbage collection (set off
+// by other tests running in the process) empties. A CI run under load saw
+// one round of ten steps count such an allocation. An allocation that a
+// step of ours really makes shows in every round.
+func warmAllocs(step func()) float64 {
+	least := testing.AllocsPerRun(10, step)
+	for range 2 {
+		if least == 0 {
+			break
+		}
+		least = min(least, testing.AllocsPerRun(10, step))
+	}
+	return least
+}
+
 // TestThreadsStepDoesNotAllocate checks that a warm step on two threads
 // allocates nothing, as on one.
 func TestThreadsStepDoesNotAllocate(t *testing.T) {
@@ -238,7 +257,7 @@ func TestThreadsStepDoesNotAllocate(t *testing.T) {
 			n.BackwardNotify(d, func(int) {})
 		}
 		step()
-		if a := testing.AllocsPerRun(10, step); a != 0 {
+		if a := warmAllocs(step); a != 0 {
 			t.Errorf("%s: %v allocations per step on 2 threads, want 0", name, a)
 		}
 		n.Close()
