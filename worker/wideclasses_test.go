@@ -68,6 +68,32 @@ func writeWideFolder(t *testing.T, dir string, classes, perClass int) {
 	}
 }
 
+// openWide writes a wide ImageFolder (writeWideFolder) and opens it as a
+// logreg job of epochs epochs, batch 16, for rank 0 of 2; the streamed
+// set is closed when the test ends.
+func openWide(t *testing.T, classes, perClass, epochs int) (*pb.JobSpec, *streamed) {
+	t.Helper()
+	dir := t.TempDir()
+	writeWideFolder(t, dir, classes, perClass)
+	spec := streamedSpec(t, &pb.DatasetSpec{Name: "imagefolder", DataDir: dir, Channels: 1}, func(s *pb.JobSpec) {
+		s.Model = "logreg"
+		s.BatchSize = proto.Int32(16)
+		s.GradAccumSteps = 1
+		s.Epochs = proto.Int32(int32(epochs))
+		s.LogEverySteps = 100000
+		s.EvalEveryEpoch = proto.Bool(false)
+	})
+	if k := spec.GetDataset().GetShape().GetClasses(); k != int32(classes) {
+		t.Fatalf("resolved %d classes, want %d", k, classes)
+	}
+	s, err := openStreamed(context.Background(), spec, "", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.close() })
+	return spec, s
+}
+
 // sgdSync is a synchronizer of one rank that applies plain SGD to the
 // rank's own gradient (fakeSync leaves the parameters alone).
 type sgdSync struct {
@@ -90,24 +116,7 @@ func (g *sgdSync) step(ctx context.Context, grads, params []float32) error {
 // 299 to 43 and train the wrong targets.
 func TestWideLabelSpace(t *testing.T) {
 	const classes = 300
-	dir := t.TempDir()
-	writeWideFolder(t, dir, classes, 4)
-	spec := streamedSpec(t, &pb.DatasetSpec{Name: "imagefolder", DataDir: dir, Channels: 1}, func(s *pb.JobSpec) {
-		s.Model = "logreg"
-		s.BatchSize = proto.Int32(16)
-		s.GradAccumSteps = 1
-		s.Epochs = proto.Int32(30)
-		s.LogEverySteps = 1000
-		s.EvalEveryEpoch = proto.Bool(false)
-	})
-	if k := spec.GetDataset().GetShape().GetClasses(); k != classes {
-		t.Fatalf("resolved %d classes, want %d", k, classes)
-	}
-	s, err := openStreamed(context.Background(), spec, "", slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
+	spec, s := openWide(t, classes, 4, 30)
 	if s.classes != classes {
 		t.Fatalf("opened %d classes, want %d", s.classes, classes)
 	}
@@ -159,24 +168,7 @@ func TestWideLabelSpaceSparse(t *testing.T) {
 		t.Skip("writes 6,300 PNGs")
 	}
 	const classes = 2100
-	dir := t.TempDir()
-	writeWideFolder(t, dir, classes, 2)
-	spec := streamedSpec(t, &pb.DatasetSpec{Name: "imagefolder", DataDir: dir, Channels: 1}, func(s *pb.JobSpec) {
-		s.Model = "logreg"
-		s.BatchSize = proto.Int32(16)
-		s.GradAccumSteps = 1
-		s.Epochs = proto.Int32(12)
-		s.LogEverySteps = 100000
-		s.EvalEveryEpoch = proto.Bool(false)
-	})
-	if k := spec.GetDataset().GetShape().GetClasses(); k != classes {
-		t.Fatalf("resolved %d classes, want %d", k, classes)
-	}
-	s, err := openStreamed(context.Background(), spec, "", slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
+	spec, s := openWide(t, classes, 2, 12)
 	sync := sgdSync{lr: 0.5}
 	res, err := trainerOver(t, spec, s, &sync, quietEnv()).run(context.Background())
 	if err != nil {
