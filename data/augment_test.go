@@ -145,7 +145,7 @@ func TestApplyDeterministic(t *testing.T) {
 		all[i] = i
 	}
 	whole := make([]float32, train.N*sz)
-	y := make([]uint8, train.N)
+	y := make([]int32, train.N)
 	train.Batch(all, whole, y)
 	a.Apply(whole, train.N, train.C, train.H, train.W, all, 2, fill)
 	rev := slices.Clone(all)

@@ -19,7 +19,7 @@ type Dataset struct {
 	// (p/255 − Mean) / Std.
 	Images []float32
 	// Labels has N entries, each in [0, Classes).
-	Labels     []uint8
+	Labels     []int32
 	N, C, H, W int
 	Classes    int
 	// Mean and Std are the training split's pixel mean and standard
@@ -50,7 +50,7 @@ func (d *Dataset) Image(i int) []float32 {
 // dstX is (len(indices), C, H, W) row-major and dstY has len(indices)
 // entries. It allocates nothing. Buffers of the wrong size and indices out of
 // range are bugs in the caller and panic.
-func (d *Dataset) Batch(indices []int, dstX []float32, dstY []uint8) {
+func (d *Dataset) Batch(indices []int, dstX []float32, dstY []int32) {
 	sz := d.ImageSize()
 	if len(dstX) != len(indices)*sz || len(dstY) != len(indices) {
 		panic(fmt.Sprintf("data: Batch: %d indices need dstX of %d and dstY of %d, got %d and %d",
@@ -150,7 +150,7 @@ func newDatasets(name string, classes int, train, test split) (*Dataset, *Datase
 		return &Dataset{
 			Name:    name,
 			Images:  standardise(s.pix, mean, std),
-			Labels:  s.labels,
+			Labels:  widenLabels(s.labels),
 			N:       s.n,
 			C:       s.c,
 			H:       s.h,
@@ -161,4 +161,13 @@ func newDatasets(name string, classes int, train, test split) (*Dataset, *Datase
 		}
 	}
 	return mk(train), mk(test), nil
+}
+
+// widenLabels returns the IDX files' byte labels as a Dataset holds them.
+func widenLabels(b []uint8) []int32 {
+	out := make([]int32, len(b))
+	for i, l := range b {
+		out[i] = int32(l)
+	}
+	return out
 }

@@ -70,7 +70,7 @@ func TestBatch(t *testing.T) {
 	idx := []int{3, 0, 19, 3}
 	sz := train.ImageSize()
 	x := make([]float32, len(idx)*sz)
-	y := make([]uint8, len(idx))
+	y := make([]int32, len(idx))
 	train.Batch(idx, x, y)
 	for j, i := range idx {
 		if y[j] != train.Labels[i] {
@@ -98,10 +98,10 @@ func TestBatchPanics(t *testing.T) {
 	}
 	sz := train.ImageSize()
 	for name, f := range map[string]func(){
-		"short x":  func() { train.Batch([]int{0, 1}, make([]float32, sz), make([]uint8, 2)) },
-		"short y":  func() { train.Batch([]int{0, 1}, make([]float32, 2*sz), make([]uint8, 1)) },
-		"index":    func() { train.Batch([]int{5}, make([]float32, sz), make([]uint8, 1)) },
-		"negative": func() { train.Batch([]int{-1}, make([]float32, sz), make([]uint8, 1)) },
+		"short x":  func() { train.Batch([]int{0, 1}, make([]float32, sz), make([]int32, 2)) },
+		"short y":  func() { train.Batch([]int{0, 1}, make([]float32, 2*sz), make([]int32, 1)) },
+		"index":    func() { train.Batch([]int{5}, make([]float32, sz), make([]int32, 1)) },
+		"negative": func() { train.Batch([]int{-1}, make([]float32, sz), make([]int32, 1)) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			defer func() {
@@ -124,7 +124,7 @@ func BenchmarkBatch(b *testing.B) {
 		idx[i] = (i * 37) % train.N
 	}
 	x := make([]float32, len(idx)*train.ImageSize())
-	y := make([]uint8, len(idx))
+	y := make([]int32, len(idx))
 	b.ReportAllocs()
 	for b.Loop() {
 		train.Batch(idx, x, y)

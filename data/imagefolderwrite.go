@@ -17,7 +17,7 @@ import (
 // … "99"; "00042.png"), so that their sorted order — the order
 // [OpenImageFolder] indexes classes and files in — is label order and
 // image order. Classes without an image get no folder.
-func WriteImageFolder(ctx context.Context, dir, split string, pix []uint8, labels []uint8, n, c, h, w, classes int) error {
+func WriteImageFolder[L uint8 | int32](ctx context.Context, dir, split string, pix []uint8, labels []L, n, c, h, w, classes int) error {
 	if c != 1 && c != 3 {
 		return fmt.Errorf("data: WriteImageFolder: %d channels: want 1 or 3", c)
 	}
@@ -26,14 +26,14 @@ func WriteImageFolder(ctx context.Context, dir, split string, pix []uint8, label
 			n, c, h, w, n*c*h*w, n, len(pix), len(labels))
 	}
 	classWidth, fileWidth := len(fmt.Sprint(max(classes-1, 0))), len(fmt.Sprint(max(n-1, 0)))
-	made := map[uint8]bool{}
+	made := map[L]bool{}
 	plane := h * w
 	for i := range n {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		l := labels[i]
-		if int(l) >= classes {
+		if l < 0 || int(l) >= classes {
 			return fmt.Errorf("data: WriteImageFolder: label %d of image %d is out of range [0, %d)", l, i, classes)
 		}
 		cd := filepath.Join(dir, split, fmt.Sprintf("%0*d", classWidth, l))

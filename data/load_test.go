@@ -58,7 +58,7 @@ func TestLoadDir(t *testing.T) {
 			if train.N != 5 || test.N != 2 || train.C != 1 || train.H != 2 || train.W != 3 || train.Classes != 10 {
 				t.Fatalf("train %d×%d×%d×%d, test %d", train.N, train.C, train.H, train.W, test.N)
 			}
-			if train.Name != FashionMNIST || !slices.Equal(train.Labels, []uint8{0, 1, 2, 3, 4}) {
+			if train.Name != FashionMNIST || !slices.Equal(train.Labels, []int32{0, 1, 2, 3, 4}) {
 				t.Fatalf("name %q labels %v", train.Name, train.Labels)
 			}
 			if len(train.Images) != 30 || test.Mean != train.Mean || train.Std <= 0 {

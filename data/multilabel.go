@@ -71,7 +71,7 @@ func (m *MultiLabelDataset) Len() int { return m.N }
 func (m *MultiLabelDataset) ImageSize() int { return m.C * m.H * m.W }
 
 // Labels returns the labels of example i's left and right image.
-func (m *MultiLabelDataset) Labels(i int) (left, right uint8) {
+func (m *MultiLabelDataset) Labels(i int) (left, right int32) {
 	p := m.Pairs[i]
 	return m.Src.Labels[p[0]], m.Src.Labels[p[1]]
 }

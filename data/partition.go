@@ -16,7 +16,7 @@ import (
 // PartitionIID deals the examples to clients uniformly at random: client
 // sizes differ by at most one and each client's label mix follows the data
 // set's. clients < 1 is a bug and panics.
-func PartitionIID(labels []uint8, clients int, seed int64) [][]int {
+func PartitionIID(labels []int32, clients int, seed int64) [][]int {
 	if clients < 1 {
 		panic(fmt.Sprintf("data: PartitionIID: clients = %d, must be ≥ 1", clients))
 	}
@@ -36,7 +36,7 @@ func PartitionIID(labels []uint8, clients int, seed int64) [][]int {
 // Dirichlet(α, …, α) (Hsu et al. 2019). Small α (0.1) gives each client few
 // classes; large α (100) approaches IID. Clients may receive no examples
 // when α is small. Labels must be in [0, classes).
-func PartitionDirichlet(labels []uint8, classes, clients int, alpha float64, seed int64) ([][]int, error) {
+func PartitionDirichlet(labels []int32, classes, clients int, alpha float64, seed int64) ([][]int, error) {
 	if err := checkPartition("PartitionDirichlet", labels, classes, clients); err != nil {
 		return nil, err
 	}
@@ -69,7 +69,7 @@ func PartitionDirichlet(labels []uint8, classes, clients int, alpha float64, see
 // contiguous shards of equal size (differing by at most one when the count
 // does not divide), and each client receives shardsPerClient shards chosen
 // at random, so it sees about shardsPerClient classes.
-func PartitionShards(labels []uint8, clients, shardsPerClient int, seed int64) ([][]int, error) {
+func PartitionShards(labels []int32, clients, shardsPerClient int, seed int64) ([][]int, error) {
 	if clients < 1 {
 		return nil, fmt.Errorf("data: PartitionShards: clients = %d, must be ≥ 1", clients)
 	}
@@ -108,7 +108,7 @@ func PartitionShards(labels []uint8, clients, shardsPerClient int, seed int64) (
 // (sizes differing by at most one) that split its examples evenly at random.
 // Either way no label is shared between clients of different groups.
 // Labels must be in [0, classes).
-func PartitionLabel(labels []uint8, classes, clients int, seed int64) ([][]int, error) {
+func PartitionLabel(labels []int32, classes, clients int, seed int64) ([][]int, error) {
 	if err := checkPartition("PartitionLabel", labels, classes, clients); err != nil {
 		return nil, err
 	}
@@ -140,11 +140,11 @@ func PartitionLabel(labels []uint8, classes, clients int, seed int64) ([][]int, 
 
 // Histogram returns the number of examples of each class among labels[idx].
 // A label ≥ classes or an index out of range is a bug and panics.
-func Histogram(labels []uint8, idx []int, classes int) []int {
+func Histogram(labels []int32, idx []int, classes int) []int {
 	h := make([]int, classes)
 	for _, i := range idx {
 		l := int(labels[i])
-		if l >= classes {
+		if l < 0 || l >= classes {
 			panic(fmt.Sprintf("data: Histogram: label %d at index %d out of range [0, %d)", l, i, classes))
 		}
 		h[l]++
@@ -152,15 +152,19 @@ func Histogram(labels []uint8, idx []int, classes int) []int {
 	return h
 }
 
-func checkPartition(fn string, labels []uint8, classes, clients int) error {
-	if classes < 1 || classes > 256 {
-		return fmt.Errorf("data: %s: classes = %d, must be in [1, 256]", fn, classes)
+// MaxPartitionClasses bounds the label spaces the partitioners take (as
+// jobspec.MaxClasses bounds a data set's).
+const MaxPartitionClasses = 1 << 20
+
+func checkPartition(fn string, labels []int32, classes, clients int) error {
+	if classes < 1 || classes > MaxPartitionClasses {
+		return fmt.Errorf("data: %s: classes = %d, must be in [1, %d]", fn, classes, MaxPartitionClasses)
 	}
 	if clients < 1 {
 		return fmt.Errorf("data: %s: clients = %d, must be ≥ 1", fn, clients)
 	}
 	for i, l := range labels {
-		if int(l) >= classes {
+		if l < 0 || int(l) >= classes {
 			return fmt.Errorf("data: %s: label %d at index %d out of range [0, %d)", fn, l, i, classes)
 		}
 	}
@@ -169,7 +173,7 @@ func checkPartition(fn string, labels []uint8, classes, clients int) error {
 
 // indicesByClass returns, for each class, the indices with that label in
 // ascending order.
-func indicesByClass(labels []uint8, classes int) [][]int {
+func indicesByClass(labels []int32, classes int) [][]int {
 	h := make([]int, classes)
 	for _, l := range labels {
 		h[l]++

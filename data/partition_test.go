@@ -37,14 +37,14 @@ func checkGolden(t *testing.T, path, what, got string) {
 
 // goldenLabels is the fixed input for the golden histograms: 100 examples of
 // 5 classes with 10, 15, 20, 25 and 30 examples, in a scrambled order.
-func goldenLabels() []uint8 {
-	var sorted []uint8
+func goldenLabels() []int32 {
+	var sorted []int32
 	for k := range 5 {
 		for range 10 + 5*k {
-			sorted = append(sorted, uint8(k))
+			sorted = append(sorted, int32(k))
 		}
 	}
-	out := make([]uint8, len(sorted))
+	out := make([]int32, len(sorted))
 	for i := range sorted {
 		out[(i*37)%len(sorted)] = sorted[i] // 37 is coprime with 100
 	}
@@ -76,26 +76,26 @@ func checkExactlyOnce(t *testing.T, parts [][]int, n int) {
 
 type partitionCase struct {
 	name string
-	run  func(labels []uint8, seed int64) ([][]int, error)
+	run  func(labels []int32, seed int64) ([][]int, error)
 }
 
 var partitionCases = []partitionCase{
-	{"iid_c7", func(l []uint8, s int64) ([][]int, error) { return PartitionIID(l, 7, s), nil }},
-	{"dirichlet_a0.1_c6", func(l []uint8, s int64) ([][]int, error) { return PartitionDirichlet(l, 5, 6, 0.1, s) }},
-	{"dirichlet_a1_c6", func(l []uint8, s int64) ([][]int, error) { return PartitionDirichlet(l, 5, 6, 1, s) }},
-	{"dirichlet_a100_c6", func(l []uint8, s int64) ([][]int, error) { return PartitionDirichlet(l, 5, 6, 100, s) }},
-	{"shards_c5_s2", func(l []uint8, s int64) ([][]int, error) { return PartitionShards(l, 5, 2, s) }},
-	{"shards_c7_s3", func(l []uint8, s int64) ([][]int, error) { return PartitionShards(l, 7, 3, s) }},
-	{"label_c3", func(l []uint8, s int64) ([][]int, error) { return PartitionLabel(l, 5, 3, s) }},
-	{"label_c5", func(l []uint8, s int64) ([][]int, error) { return PartitionLabel(l, 5, 5, s) }},
-	{"label_c12", func(l []uint8, s int64) ([][]int, error) { return PartitionLabel(l, 5, 12, s) }},
+	{"iid_c7", func(l []int32, s int64) ([][]int, error) { return PartitionIID(l, 7, s), nil }},
+	{"dirichlet_a0.1_c6", func(l []int32, s int64) ([][]int, error) { return PartitionDirichlet(l, 5, 6, 0.1, s) }},
+	{"dirichlet_a1_c6", func(l []int32, s int64) ([][]int, error) { return PartitionDirichlet(l, 5, 6, 1, s) }},
+	{"dirichlet_a100_c6", func(l []int32, s int64) ([][]int, error) { return PartitionDirichlet(l, 5, 6, 100, s) }},
+	{"shards_c5_s2", func(l []int32, s int64) ([][]int, error) { return PartitionShards(l, 5, 2, s) }},
+	{"shards_c7_s3", func(l []int32, s int64) ([][]int, error) { return PartitionShards(l, 7, 3, s) }},
+	{"label_c3", func(l []int32, s int64) ([][]int, error) { return PartitionLabel(l, 5, 3, s) }},
+	{"label_c5", func(l []int32, s int64) ([][]int, error) { return PartitionLabel(l, 5, 5, s) }},
+	{"label_c12", func(l []int32, s int64) ([][]int, error) { return PartitionLabel(l, 5, 12, s) }},
 }
 
 func TestPartitionExactlyOnce(t *testing.T) {
 	for _, n := range []int{0, 1, 37, 100, 1000} {
-		labels := make([]uint8, n)
+		labels := make([]int32, n)
 		for i := range labels {
-			labels[i] = uint8((i * i) % 5)
+			labels[i] = int32((i * i) % 5)
 		}
 		for _, pc := range partitionCases {
 			t.Run(fmt.Sprintf("%s/n=%d", pc.name, n), func(t *testing.T) {
@@ -142,7 +142,7 @@ func TestPartitionGolden(t *testing.T) {
 
 // skew is the mean over clients of the total-variation distance between the
 // client's label distribution and the global one (0 = IID).
-func skew(labels []uint8, parts [][]int, classes int) float64 {
+func skew(labels []int32, parts [][]int, classes int) float64 {
 	global := Histogram(labels, seq(len(labels)), classes)
 	var sum float64
 	var counted int
@@ -162,9 +162,9 @@ func skew(labels []uint8, parts [][]int, classes int) float64 {
 }
 
 func TestPartitionDirichletSkew(t *testing.T) {
-	labels := make([]uint8, 10000)
+	labels := make([]int32, 10000)
 	for i := range labels {
-		labels[i] = uint8(i % 10)
+		labels[i] = int32(i % 10)
 	}
 	small, err := PartitionDirichlet(labels, 10, 20, 0.05, 1)
 	if err != nil {
@@ -196,9 +196,9 @@ func TestPartitionDirichletSkew(t *testing.T) {
 }
 
 func TestPartitionShardsClasses(t *testing.T) {
-	labels := make([]uint8, 6000)
+	labels := make([]int32, 6000)
 	for i := range labels {
-		labels[i] = uint8(i % 10)
+		labels[i] = int32(i % 10)
 	}
 	parts, err := PartitionShards(labels, 100, 2, 1) // 200 shards of 30: one class each
 	if err != nil {
@@ -247,7 +247,7 @@ func TestPartitionLabelDisjoint(t *testing.T) {
 }
 
 func TestPartitionErrors(t *testing.T) {
-	labels := []uint8{0, 1, 2, 3}
+	labels := []int32{0, 1, 2, 3}
 	for name, f := range map[string]func() error{
 		"dirichlet alpha 0":   func() error { _, err := PartitionDirichlet(labels, 4, 2, 0, 1); return err },
 		"dirichlet alpha NaN": func() error { _, err := PartitionDirichlet(labels, 4, 2, math.NaN(), 1); return err },

@@ -193,17 +193,15 @@ const maxMaterializeBytes = MaxIDXBytes
 // Materialize reads every image of src into an in-memory [Dataset],
 // standardised as (p/255 − mean)/std through the same 256-entry table the
 // IDX loaders use, so that a source holding an IDX set's pixels gives a
-// bit-identical Dataset. It is the bridge from sources to today's training
-// code, and so has that code's limits, each a clear error: labels must fit
-// uint8 (Classes ≤ 256). mean and std have one entry, or C entries; when
+// bit-identical Dataset. It is the bridge from sources to the in-memory
+// training code (federated clients), and so has that code's limit, a clear
+// error: at most 1 GiB of pixels. mean and std have one entry, or C entries; when
 // those differ the channels are standardised separately through a
 // [Normalizer] and the Dataset records them in ChannelMean and ChannelStd.
 // Pass the training split's statistics for both splits.
 func Materialize(ctx context.Context, src Source, mean, std []float64, workers int) (*Dataset, error) {
 	in := src.Info()
 	switch {
-	case in.Classes > 256:
-		return nil, fmt.Errorf("data: Materialize %s: %d classes do not fit a Dataset's uint8 labels (at most 256); stream it with a Loader", in.Name, in.Classes)
 	case len(mean) != len(std) || (len(mean) != 1 && len(mean) != in.C):
 		return nil, fmt.Errorf("data: Materialize %s: %d means and %d standard deviations for %d channels: want 1 or %d of each", in.Name, len(mean), len(std), in.C, in.C)
 	case int64(in.N)*int64(in.ImageSize()) > maxMaterializeBytes:
@@ -232,7 +230,7 @@ func Materialize(ctx context.Context, src Source, mean, std []float64, workers i
 	}
 	defer l.Close()
 	pix := make([]uint8, 0, in.N*in.ImageSize())
-	labels := make([]uint8, 0, in.N)
+	labels := make([]int32, 0, in.N)
 	for {
 		b, err := l.Next(ctx)
 		if err == io.EOF {
@@ -242,9 +240,7 @@ func Materialize(ctx context.Context, src Source, mean, std []float64, workers i
 			return nil, err
 		}
 		pix = append(pix, b.Pix...)
-		for _, y := range b.Labels {
-			labels = append(labels, uint8(y))
-		}
+		labels = append(labels, b.Labels...)
 	}
 	var images []float32
 	if norm != nil {

@@ -39,7 +39,7 @@ type Trainer struct {
 	sgd     optim.SGD
 	idx     []int
 	x       []float32
-	y       []uint8
+	y       []int32
 	dlogits []float32
 	skipped int // steps the last Train skipped (fp16: non-finite gradients)
 }
@@ -64,7 +64,7 @@ func NewTrainer(model string, ds *data.Dataset, seed int64, maxLocal, batch int,
 	b = max(b, 1)
 	return &Trainer{
 		net: net, idx: make([]int, 0, maxLocal),
-		x: make([]float32, b*ds.ImageSize()), y: make([]uint8, b), dlogits: make([]float32, b*ds.Classes),
+		x: make([]float32, b*ds.ImageSize()), y: make([]int32, b), dlogits: make([]float32, b*ds.Classes),
 	}, nil
 }
 

@@ -165,9 +165,6 @@ func (c SimConfig) Validate() error {
 		errs = append(errs, fmt.Errorf("federated: train images %d×%d×%d with %d classes, test %d×%d×%d with %d",
 			c.Train.C, c.Train.H, c.Train.W, c.Train.Classes, c.Test.C, c.Test.H, c.Test.W, c.Test.Classes))
 	}
-	if c.Train.Classes > 256 {
-		errs = append(errs, fmt.Errorf("federated: %d classes, at most 256", c.Train.Classes))
-	}
 	for k, idx := range c.Partition {
 		for _, i := range idx {
 			if i < 0 || i >= c.Train.N {
@@ -250,7 +247,7 @@ type Sim struct {
 	slotSkipped []int       // per sampled slot, the steps its client skipped
 	slotBufs    [][]float32 // per sampled slot, its network's buffers after training (batch norm)
 	evalX       []float32
-	evalY       []uint8
+	evalY       []int32
 	evalPred    []int
 	now         time.Time
 	hist        History
@@ -340,7 +337,7 @@ func NewSim(cfg SimConfig) (*Sim, error) {
 	}
 	eb := min(cfg.EvalBatch, cfg.Test.N)
 	s.evalX = make([]float32, eb*tr.ImageSize())
-	s.evalY = make([]uint8, eb)
+	s.evalY = make([]int32, eb)
 	s.evalPred = make([]int, eb)
 	return s, nil
 }

@@ -25,10 +25,12 @@ const (
 	// the evaluation itself takes any label space up to MaxClasses (its
 	// confusion matrix is held sparse beyond eval.DenseConfusionClasses).
 	MaxClassAccuracyClasses = 1 << 16
-	// MaxInMemoryClasses is the largest label space of an in-memory
-	// [data.Dataset] (byte labels): mode fedavg reads a streamed set into
-	// one, so its single-label sets are bounded by it.
-	MaxInMemoryClasses = 256
+	// MaxRoundHistogramCounts bounds a federated round's label
+	// histograms, participants × classes counts: every closed round's
+	// record carries each participant's histogram in one message (≤ 4 MiB;
+	// a count below 2^21 takes at most 3 bytes). Label spaces of up to 256
+	// classes are not held to it (they never were).
+	MaxRoundHistogramCounts = 1 << 19
 	// MaxConfusionClasses is the largest label space whose confusion
 	// matrix a job result carries (256² entries; a larger one would not
 	// fit a message). Above it the result has the per-class accuracies

@@ -58,6 +58,12 @@ func TestNormalizeDatasetFields(t *testing.T) {
 	if fe, ok := err.(*FieldError); !ok || !strings.Contains(fe.Msg, "0.75 out of range; allowed 0 (off) to 0.5") {
 		t.Errorf("jitter_hue 0.75: %v; want the allowed range named", err)
 	}
+	// fedavg holds any label space in memory (int32 labels): 300 classes
+	// over 100 clients, 10 a round, normalise.
+	if _, err := Normalize(&pb.JobSpec{Mode: "fedavg", Dataset: &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 8, 8, 300)},
+		Federated: &pb.FederatedSpec{Clients: 100, Fraction: 0.1}}, nil); err != nil {
+		t.Errorf("fedavg over 300 classes: %v", err)
+	}
 	if c, _, _, _ := InputShape(&pb.JobSpec{Dataset: &pb.DatasetSpec{Name: "mnist-pairs"}}); c != 1 {
 		t.Errorf("mnist-pairs InputShape channels %d", c)
 	}
@@ -98,9 +104,15 @@ func TestNormalizeDatasetFields(t *testing.T) {
 		{"negative hue", &pb.DatasetSpec{Name: "cifar10", JitterHue: -0.1, Shape: shape(3, 32, 32, 10)}, "", "", "dataset.jitter_hue"},
 		{"NaN hue", &pb.DatasetSpec{Name: "imagefolder", JitterHue: math.NaN(), Shape: shape(3, 8, 8, 2)}, "", "", "dataset.jitter_hue"},
 		{"fedavg on mnist-pairs (multi-label)", &pb.DatasetSpec{Name: "mnist-pairs"}, "", "fedavg", "dataset.name"},
-		{"fedavg over 256 classes", &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 8, 8, 300)}, "", "fedavg", "mode"},
+		// 2,000 clients per round × 300 classes of label histograms in
+		// each round's record: more than one message holds.
+		{"fedavg's round histograms too wide", &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 8, 8, 300)}, "", "fedavg", "federated.fraction"},
 	} {
-		_, err := Normalize(&pb.JobSpec{Dataset: c.d, Model: c.model, Mode: c.mode}, nil)
+		spec := &pb.JobSpec{Dataset: c.d, Model: c.model, Mode: c.mode}
+		if c.field == "federated.fraction" {
+			spec.Federated = &pb.FederatedSpec{Clients: 2000, Fraction: 1}
+		}
+		_, err := Normalize(spec, nil)
 		fe, ok := err.(*FieldError)
 		if !ok || fe.Field != c.field {
 			t.Errorf("%s: %v; want a FieldError on %s", c.name, err, c.field)

@@ -234,3 +234,21 @@ func normalizeFederatedSettings(s *pb.JobSpec) error {
 	}
 	return nil
 }
+
+// checkFedAvgClasses refuses a fedavg job over a label space so wide that
+// a round's record (every participant's label histogram) would not fit
+// one message: its clients hold any label space in memory, but the round
+// records travel whole.
+func checkFedAvgClasses(s *pb.JobSpec) error {
+	k := int(s.GetDataset().GetShape().GetClasses())
+	if s.Mode != "fedavg" || k <= 256 {
+		return nil
+	}
+	f := s.GetFederated()
+	m, _ := federated.NumSampled(int(f.GetClients()), f.GetFraction())
+	if m*k > MaxRoundHistogramCounts {
+		return errf("federated.fraction", "%d clients per round × %d classes = %d label-histogram counts in each round's record, at most %d; sample fewer clients per round, or use mode ps or ring",
+			m, k, m*k, MaxRoundHistogramCounts)
+	}
+	return nil
+}

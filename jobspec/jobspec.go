@@ -340,8 +340,8 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if Streamed(d) && s.Mode == "fedavg" && d.GetShape().GetMultiLabel() {
 		return nil, errf("mode", "fedavg on a multi-label data set %s; use mode ps or ring", notImplementedSuffix)
 	}
-	if k := d.GetShape().GetClasses(); Streamed(d) && s.Mode == "fedavg" && k > MaxInMemoryClasses {
-		return nil, errf("mode", "fedavg on a data set of %d classes: its clients hold the data in memory with byte labels, at most %d classes; use mode ps or ring", k, MaxInMemoryClasses)
+	if err := checkFedAvgClasses(s); err != nil {
+		return nil, err
 	}
 	if err := checkModelShape(s); err != nil {
 		return nil, err

@@ -5,9 +5,9 @@ import (
 	"math"
 )
 
-// Label is the type of a single-label class index: a byte for label
-// spaces of at most 256 classes (the IDX sets), int32 or uint16 for wider
-// ones (ImageNet's 1000 classes, or more).
+// Label is the type of a single-label class index: int32 for the data
+// sets (any label space up to 2^20 classes), a byte or uint16 where a
+// caller's labels are narrower.
 type Label interface {
 	~uint8 | ~uint16 | ~int32
 }
@@ -21,8 +21,7 @@ type Label interface {
 // neither overflow nor lose the small probabilities. An empty batch
 // returns 0.
 //
-// Labels may be bytes (the in-memory IDX sets, at most 256 classes) or
-// wider (the streamed sets' int32 labels); the arithmetic is the same.
+// Labels may be of any [Label] type; the arithmetic is the same.
 func SoftmaxCrossEntropy[L Label](logits []float32, labels []L, classes int, dlogits []float32) (loss float32) {
 	batch := len(labels)
 	if classes < 1 || len(logits) != batch*classes {

@@ -64,7 +64,7 @@ func forEachTestBatch(ctx context.Context, net forwarder, n int, fill func(idx [
 type classification struct {
 	train, test *data.Dataset
 	aug         *data.Augmenter // nil: none
-	y           []uint8
+	y           []int32
 }
 
 func newClassification(train, test *data.Dataset, spec *pb.JobSpec) *classification {
@@ -85,7 +85,7 @@ func (c *classification) trainLen() int { return c.train.Len() }
 func (c *classification) batch(indices []int, x []float32, epoch int) error {
 	n := len(indices)
 	if cap(c.y) < n {
-		c.y = make([]uint8, n)
+		c.y = make([]int32, n)
 	}
 	c.y = c.y[:n]
 	t := c.train
@@ -103,7 +103,7 @@ func (c *classification) loss(logits []float32, n int, dlogits []float32) float3
 func (c *classification) evaluate(ctx context.Context, net forwarder, res *pb.JobResult) error {
 	classes := c.test.Classes
 	conf := eval.NewConfusion(classes)
-	y := make([]uint8, evalBatch)
+	y := make([]int32, evalBatch)
 	pred := make([]int, evalBatch)
 	var lossSum float64
 	err := forEachTestBatch(ctx, net, c.test.Len(),
@@ -112,7 +112,7 @@ func (c *classification) evaluate(ctx context.Context, net forwarder, res *pb.Jo
 			k := len(idx)
 			lossSum += float64(models.SoftmaxCrossEntropy(logits, y[:k], classes, nil)) * float64(k)
 			eval.Argmax(logits, classes, pred[:k])
-			conf.AddPredictions(pred[:k], y[:k])
+			conf.AddPredictionsWide(pred[:k], y[:k])
 		})
 	if err != nil {
 		return err

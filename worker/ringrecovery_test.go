@@ -133,7 +133,7 @@ func (tr *trainer) step(ctx context.Context, rk *ringRank, rank int, step int64)
 	}
 	net := rk.net
 	x := make([]float32, len(idx)*net.InputSize())
-	y := make([]uint8, len(idx))
+	y := make([]int32, len(idx))
 	tr.train.Batch(idx, x, y)
 	net.ZeroGrad()
 	logits := net.Forward(x, len(idx), true)

@@ -60,7 +60,7 @@ func TestRingAndPSMatchSingleWorker(t *testing.T) {
 			idx[i] = step*global + lo + i
 		}
 		x := make([]float32, len(idx)*net.InputSize())
-		y := make([]uint8, len(idx))
+		y := make([]int32, len(idx))
 		train.Batch(idx, x, y)
 		net.ZeroGrad()
 		logits := net.Forward(x, len(idx), true)

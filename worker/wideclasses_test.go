@@ -2,79 +2,25 @@ package worker
 
 import (
 	"context"
-	"fmt"
-	"image"
-	"image/color"
-	"image/png"
 	"log/slog"
-	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gradsync/gradsync/data"
 	"github.com/gradsync/gradsync/jobspec"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
-// writeWideFolder writes an ImageFolder of 1×8×8 grayscale PNGs with
-// classes classes, folders c000, c001, … (so sorted order is numeric
-// order), perClass training images and one test image per class. Class
-// k's pixels are a binary code of k (pixel p is bright when bit p mod b of
-// k is set, b = 9 up to 512 classes, 12 up to 4096) plus noise, so the
-// classes are linearly separable.
-func writeWideFolder(t *testing.T, dir string, classes, perClass int) {
-	t.Helper()
-	bits := 9
-	if classes > 1<<9 {
-		bits = 12
-	}
-	if classes > 1<<bits {
-		t.Fatalf("writeWideFolder: %d classes; at most %d", classes, 1<<bits)
-	}
-	rng := rand.New(rand.NewPCG(3, 4))
-	for _, split := range []string{"train", "test"} {
-		n := perClass
-		if split == "test" {
-			n = 1
-		}
-		for k := range classes {
-			cd := filepath.Join(dir, split, fmt.Sprintf("c%04d", k))
-			if err := os.MkdirAll(cd, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			for i := range n {
-				img := image.NewGray(image.Rect(0, 0, 8, 8))
-				for p := range 64 {
-					v := 40 + rng.IntN(30)
-					if k>>(p%bits)&1 == 1 {
-						v += 150
-					}
-					img.SetGray(p%8, p/8, color.Gray{Y: uint8(v)})
-				}
-				f, err := os.Create(filepath.Join(cd, fmt.Sprintf("%d.png", i)))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := png.Encode(f, img); err != nil {
-					t.Fatal(err)
-				}
-				if err := f.Close(); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-	}
-}
-
-// openWide writes a wide ImageFolder (writeWideFolder) and opens it as a
+// openWide writes a wide ImageFolder (data.WriteCodeSet) and opens it as a
 // logreg job of epochs epochs, batch 16, for rank 0 of 2; the streamed
 // set is closed when the test ends.
 func openWide(t *testing.T, classes, perClass, epochs int) (*pb.JobSpec, *streamed) {
 	t.Helper()
 	dir := t.TempDir()
-	writeWideFolder(t, dir, classes, perClass)
+	if err := data.WriteCodeSet(context.Background(), dir, classes, perClass, 3); err != nil {
+		t.Fatal(err)
+	}
 	spec := streamedSpec(t, &pb.DatasetSpec{Name: "imagefolder", DataDir: dir, Channels: 1}, func(s *pb.JobSpec) {
 		s.Model = "logreg"
 		s.BatchSize = proto.Int32(16)
