@@ -18,8 +18,13 @@ type Dataset struct {
 	// Images[i*C*H*W : (i+1)*C*H*W]. Pixels are standardised,
 	// (p/255 − Mean) / Std.
 	Images []float32
-	// Labels has N entries, each in [0, Classes).
-	Labels     []int32
+	// Labels has N entries, each in [0, Classes), for a single-label set;
+	// nil for a multi-label one.
+	Labels []int32
+	// LabelSets is set instead of Labels for a multi-label set: example
+	// i's classes, increasing, without duplicates, possibly none (shared:
+	// not to be modified).
+	LabelSets  [][]int32
 	N, C, H, W int
 	Classes    int
 	// Mean and Std are the training split's pixel mean and standard
@@ -63,6 +68,48 @@ func (d *Dataset) Batch(indices []int, dstX []float32, dstY []int32) {
 		copy(dstX[j*sz:(j+1)*sz], d.Images[i*sz:(i+1)*sz])
 		dstY[j] = d.Labels[i]
 	}
+}
+
+// MultiLabel reports whether the set's examples carry label sets.
+func (d *Dataset) MultiLabel() bool { return d.LabelSets != nil }
+
+// MultiHot is [Dataset.Batch] for a multi-label set: dstY is
+// (len(indices), Classes), 1 for each label of the example, else 0. It
+// allocates nothing; wrong buffer sizes, indices out of range and a
+// single-label set are bugs in the caller and panic.
+func (d *Dataset) MultiHot(indices []int, dstX, dstY []float32) {
+	sz := d.ImageSize()
+	if d.LabelSets == nil || len(dstX) != len(indices)*sz || len(dstY) != len(indices)*d.Classes {
+		panic(fmt.Sprintf("data: MultiHot: %d indices need a multi-label set (%v), dstX of %d and dstY of %d, got %d and %d",
+			len(indices), d.LabelSets != nil, len(indices)*sz, len(indices)*d.Classes, len(dstX), len(dstY)))
+	}
+	for j, i := range indices {
+		if i < 0 || i >= d.N {
+			panic(fmt.Sprintf("data: MultiHot: index %d out of range [0, %d)", i, d.N))
+		}
+		copy(dstX[j*sz:(j+1)*sz], d.Images[i*sz:(i+1)*sz])
+		y := dstY[j*d.Classes : (j+1)*d.Classes]
+		clear(y)
+		for _, l := range d.LabelSets[i] {
+			y[l] = 1
+		}
+	}
+}
+
+// LabelHistogram returns the number of examples of each class among
+// d's examples idx; an example of a multi-label set counts once for each
+// of its labels. An index out of range is a bug and panics.
+func (d *Dataset) LabelHistogram(idx []int) []int {
+	if d.LabelSets == nil {
+		return Histogram(d.Labels, idx, d.Classes)
+	}
+	h := make([]int, d.Classes)
+	for _, i := range idx {
+		for _, l := range d.LabelSets[i] {
+			h[l]++
+		}
+	}
+	return h
 }
 
 // pixelStats returns the mean and population standard deviation of pix on

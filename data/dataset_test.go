@@ -1,7 +1,9 @@
 package data
 
 import (
+	"context"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -130,3 +132,61 @@ func BenchmarkBatch(b *testing.B) {
 		train.Batch(idx, x, y)
 	}
 }
+
+// multiFake is a fakeSource with label sets: example i has the classes
+// of the bits of i mod 8 (i = 0: none).
+type multiFake struct{ *fakeSource }
+
+func (m multiFake) LabelSet(i int) []int32 {
+	var s []int32
+	for b := range 3 {
+		if (i%8)>>b&1 == 1 {
+			s = append(s, int32(b))
+		}
+	}
+	return s
+}
+
+// TestMaterializeMultiLabel: a MultiSource materialises with its label
+// sets (no Labels), MultiHot gives multi-hot targets, and the label
+// histogram counts an example once per label.
+func TestMaterializeMultiLabel(t *testing.T) {
+	src := multiFake{newFakeSource(10, 1, 2, 2)}
+	src.info.Classes = 3
+	d, err := Materialize(context.Background(), src, []float64{0.5}, []float64{0.25}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.MultiLabel() || d.Labels != nil || len(d.LabelSets) != 10 || !slices.Equal(d.LabelSets[7], []int32{0, 1, 2}) {
+		t.Fatalf("multi-label %v, labels %v, sets %v", d.MultiLabel(), d.Labels, d.LabelSets)
+	}
+	x, y := make([]float32, 2*4), make([]float32, 2*3)
+	d.MultiHot([]int{5, 0}, x, y)
+	if want := []float32{1, 0, 1, 0, 0, 0}; !slices.Equal(y, want) {
+		t.Errorf("targets %v, want %v", y, want)
+	}
+	if !slices.Equal(x[:4], d.Image(5)) || !slices.Equal(x[4:], d.Image(0)) {
+		t.Errorf("images %v, want examples 5 and 0", x)
+	}
+	// Examples 1..9: bits of 1..7, 0, 1 → class 0 in 1,3,5,7,9; class 1 in
+	// 2,3,6,7; class 2 in 4,5,6,7.
+	if h := d.LabelHistogram([]int{1, 2, 3, 4, 5, 6, 7, 8, 9}); !slices.Equal(h, []int{5, 4, 4}) {
+		t.Errorf("histogram %v, want [5 4 4]", h)
+	}
+	single, err := Materialize(context.Background(), newFakeSource(3, 1, 2, 2), []float64{0.5}, []float64{0.25}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if single.MultiLabel() || !slices.Equal(single.LabelHistogram([]int{0, 1, 2, 1}), []int{1, 2, 1, 0, 0, 0, 0}) {
+		t.Errorf("single-label: multi %v, histogram %v", single.MultiLabel(), single.LabelHistogram([]int{0, 1, 2, 1}))
+	}
+	if _, err := Materialize(context.Background(), pixelsOnly{src.fakeSource}, []float64{0.5}, []float64{0.25}, 1); err == nil {
+		t.Error("Materialize of a source without labels: no error")
+	}
+}
+
+// pixelsOnly hides a source's labels.
+type pixelsOnly struct{ f *fakeSource }
+
+func (p pixelsOnly) Info() Info                    { return p.f.Info() }
+func (p pixelsOnly) Read(i int, dst []uint8) error { return p.f.Read(i, dst) }

@@ -17,11 +17,17 @@ import (
 // sizes differ by at most one and each client's label mix follows the data
 // set's. clients < 1 is a bug and panics.
 func PartitionIID(labels []int32, clients int, seed int64) [][]int {
+	return PartitionIIDN(len(labels), clients, seed)
+}
+
+// PartitionIIDN is [PartitionIID] of n examples, whatever their labels
+// (a multi-label set's too).
+func PartitionIIDN(n, clients int, seed int64) [][]int {
 	if clients < 1 {
 		panic(fmt.Sprintf("data: PartitionIID: clients = %d, must be ≥ 1", clients))
 	}
 	r := newRNG(seed, streamIID)
-	perm := r.perm(len(labels))
+	perm := r.perm(n)
 	out := make([][]int, clients)
 	for c := range out {
 		lo, hi := evenCut(len(perm), clients, c)

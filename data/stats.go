@@ -198,10 +198,15 @@ const maxMaterializeBytes = MaxIDXBytes
 // error: at most 1 GiB of pixels. mean and std have one entry, or C entries; when
 // those differ the channels are standardised separately through a
 // [Normalizer] and the Dataset records them in ChannelMean and ChannelStd.
-// Pass the training split's statistics for both splits.
-func Materialize(ctx context.Context, src Source, mean, std []float64, workers int) (*Dataset, error) {
+// Pass the training split's statistics for both splits. src is a [Source]
+// (the Dataset has Labels) or a [MultiSource] (it has LabelSets).
+func Materialize(ctx context.Context, src Pixels, mean, std []float64, workers int) (*Dataset, error) {
 	in := src.Info()
+	_, single := src.(Source)
+	_, multi := src.(MultiSource)
 	switch {
+	case !single && !multi:
+		return nil, fmt.Errorf("data: Materialize %s: a %T carries no labels (want a Source or a MultiSource)", in.Name, src)
 	case len(mean) != len(std) || (len(mean) != 1 && len(mean) != in.C):
 		return nil, fmt.Errorf("data: Materialize %s: %d means and %d standard deviations for %d channels: want 1 or %d of each", in.Name, len(mean), len(std), in.C, in.C)
 	case int64(in.N)*int64(in.ImageSize()) > maxMaterializeBytes:
@@ -263,6 +268,12 @@ func Materialize(ctx context.Context, src Source, mean, std []float64, workers i
 	}
 	if norm != nil {
 		d.ChannelMean, d.ChannelStd = slices.Clone(mean), slices.Clone(std)
+	}
+	if ms, ok := src.(MultiSource); ok {
+		d.Labels, d.LabelSets = nil, make([][]int32, in.N)
+		for i := range d.LabelSets {
+			d.LabelSets[i] = ms.LabelSet(i)
+		}
 	}
 	return d, nil
 }

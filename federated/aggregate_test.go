@@ -142,11 +142,19 @@ func TestAggregateErrors(t *testing.T) {
 		"NaN":           {{Client: 0, Delta: []float32{1, float32(math.NaN())}, NumExamples: 1}},
 		"negative n":    {{Client: 0, Delta: []float32{1, 1}, NumExamples: -1}},
 		"bad histogram": {{Client: 0, Delta: []float32{1, 1}, NumExamples: 3, LabelHist: []int{1, 1}}},
-		"duplicate":     {{Client: 4, Delta: []float32{1, 1}, NumExamples: 1}, {Client: 4, Delta: []float32{1, 1}, NumExamples: 1}},
+		// Multi-label: a class has at most one positive per example.
+		"multi-label count above n": {{Client: 0, Delta: []float32{1, 1}, NumExamples: 2, LabelHist: []int{3, 0}, MultiLabel: true}},
+		"duplicate":                 {{Client: 4, Delta: []float32{1, 1}, NumExamples: 1}, {Client: 4, Delta: []float32{1, 1}, NumExamples: 1}},
 	} {
 		if _, err := s.Aggregate(g, us); !errors.As(err, &inv) {
 			t.Errorf("%s: %v, want *InvalidUpdateError", name, err)
 		}
+	}
+	// A multi-label histogram counts an example once per label: its sum
+	// may exceed the examples.
+	ml := []Update{{Client: 0, Delta: []float32{1, 1}, NumExamples: 2, LabelHist: []int{2, 1}, MultiLabel: true}}
+	if _, err := s.Aggregate(slices.Clone(g), ml); err != nil {
+		t.Errorf("a multi-label histogram summing to 3 over 2 examples: %v", err)
 	}
 	lb := mustStrategy(t, StrategyConfig{Weighting: WeightLabelBalanced})
 	if _, err := lb.Aggregate(g, []Update{{Client: 0, Delta: []float32{1, 1}, NumExamples: 1}}); !errors.As(err, &inv) {

@@ -40,6 +40,8 @@ type Trainer struct {
 	idx     []int
 	x       []float32
 	y       []int32
+	ym      []float32 // multi-hot targets of a multi-label set
+	pw      []float32 // and its positives' weights, (n−P)/P per class
 	dlogits []float32
 	skipped int // steps the last Train skipped (fp16: non-finite gradients)
 }
@@ -62,10 +64,14 @@ func NewTrainer(model string, ds *data.Dataset, seed int64, maxLocal, batch int,
 		b = min(batch, maxLocal)
 	}
 	b = max(b, 1)
-	return &Trainer{
+	t := &Trainer{
 		net: net, idx: make([]int, 0, maxLocal),
 		x: make([]float32, b*ds.ImageSize()), y: make([]int32, b), dlogits: make([]float32, b*ds.Classes),
-	}, nil
+	}
+	if ds.MultiLabel() {
+		t.ym, t.pw = make([]float32, b*ds.Classes), make([]float32, ds.Classes)
+	}
+	return t, nil
 }
 
 // Network is the trainer's network: after Train its parameters and
@@ -106,6 +112,23 @@ func (t *Trainer) Train(ds *data.Dataset, idx []int, start, startBufs []float32,
 	}
 	bs = min(bs, len(t.y))
 	sz, classes := ds.ImageSize(), ds.Classes
+	if ds.MultiLabel() {
+		// The client weighs each class's positives by its own data's
+		// (n − P)/P (1 for a class it never sees), as ps and ring jobs
+		// weigh them by the training set's: torch's pos_weight.
+		clear(t.pw)
+		for _, i := range t.idx {
+			for _, l := range ds.LabelSets[i] {
+				t.pw[l]++
+			}
+		}
+		for c, p := range t.pw {
+			t.pw[c] = 1
+			if p > 0 {
+				t.pw[c] = (float32(n) - p) / p
+			}
+		}
+	}
 	var last float64
 	for e := range max(cfg.Epochs, 1) {
 		r := newRand(cfg.Seed, streamShuffle, uint64(cfg.Round), uint64(cfg.Client), uint64(e))
@@ -114,13 +137,20 @@ func (t *Trainer) Train(ds *data.Dataset, idx []int, start, startBufs []float32,
 		for off := 0; off < n; off += bs {
 			b := min(bs, n-off)
 			x, y, dl := t.x[:b*sz], t.y[:b], t.dlogits[:b*classes]
-			ds.Batch(t.idx[off:off+b], x, y)
+			if ds.MultiLabel() {
+				ds.MultiHot(t.idx[off:off+b], x, t.ym[:b*classes])
+			} else {
+				ds.Batch(t.idx[off:off+b], x, y)
+			}
 			t.net.ZeroGrad()
 			logits := t.net.Forward(x, b, true)
 			var l float32
-			if cfg.ClassWeights != nil {
+			switch {
+			case ds.MultiLabel(): // BCE with logits, as ps and ring train multi-label sets
+				l = models.BCEWithLogits(logits, t.ym[:b*classes], t.pw, dl)
+			case cfg.ClassWeights != nil:
 				l = models.SoftmaxCrossEntropyWith(logits, y, classes, models.CEOptions{ClassWeights: cfg.ClassWeights}, dl)
-			} else {
+			default:
 				l = models.SoftmaxCrossEntropy(logits, y, classes, dl)
 			}
 			sum += float64(l) * float64(b)

@@ -125,8 +125,12 @@ type Record struct {
 type History struct {
 	Records      []Record
 	FailedRounds int
-	// FinalAcc and FinalLoss are the last evaluation's.
+	// FinalAcc and FinalLoss are the last evaluation's (for a multi-label
+	// set, the subset accuracy and the mean BCE over classes).
 	FinalAcc, FinalLoss float64
+	// FinalMicroF1, FinalMacroF1 and FinalMAP are the last evaluation's
+	// figures on a multi-label set (0 on a single-label one).
+	FinalMicroF1, FinalMacroF1, FinalMAP float64
 }
 
 func (c SimConfig) withDefaults() SimConfig {
@@ -164,6 +168,12 @@ func (c SimConfig) Validate() error {
 	if c.Train.ImageSize() != c.Test.ImageSize() || c.Train.Classes != c.Test.Classes {
 		errs = append(errs, fmt.Errorf("federated: train images %d×%d×%d with %d classes, test %d×%d×%d with %d",
 			c.Train.C, c.Train.H, c.Train.W, c.Train.Classes, c.Test.C, c.Test.H, c.Test.W, c.Test.Classes))
+	}
+	if c.Train.MultiLabel() != c.Test.MultiLabel() {
+		errs = append(errs, fmt.Errorf("federated: train multi-label %v, test multi-label %v: want both the same", c.Train.MultiLabel(), c.Test.MultiLabel()))
+	}
+	if c.Train.MultiLabel() && c.Reweighting == "class-balanced" {
+		errs = append(errs, errors.New("federated: class-balanced reweighting weighs a softmax cross-entropy; a multi-label set trains with BCE (each client weighs positives by its own data instead)"))
 	}
 	for k, idx := range c.Partition {
 		for _, i := range idx {
@@ -249,6 +259,8 @@ type Sim struct {
 	evalX       []float32
 	evalY       []int32
 	evalPred    []int
+	evalYM      []float32        // multi-label: multi-hot targets
+	evalML      *eval.MultiLabel // multi-label: the last evaluation's figures
 	now         time.Time
 	hist        History
 	// The state of the last closed round (or the start) that Snapshot
@@ -302,7 +314,7 @@ func NewSim(cfg SimConfig) (*Sim, error) {
 	maxLocal := 0
 	for k, idx := range cfg.Partition {
 		maxLocal = max(maxLocal, len(idx))
-		s.hists = append(s.hists, data.Histogram(tr.Labels, idx, tr.Classes))
+		s.hists = append(s.hists, tr.LabelHistogram(idx))
 		if cfg.Reweighting == "class-balanced" {
 			w, err := ClassBalancedWeights(s.hists[k], cfg.Beta)
 			if err != nil {
@@ -339,6 +351,9 @@ func NewSim(cfg SimConfig) (*Sim, error) {
 	s.evalX = make([]float32, eb*tr.ImageSize())
 	s.evalY = make([]int32, eb)
 	s.evalPred = make([]int, eb)
+	if tr.MultiLabel() {
+		s.evalYM, s.evalML = make([]float32, eb*tr.Classes), eval.NewMultiLabel(tr.Classes)
+	}
 	return s, nil
 }
 
@@ -414,7 +429,7 @@ func (s *Sim) round(ctx context.Context, open *OpenRound) ([]Action, error) {
 		}
 		more, err := s.srv.Submit(s.now, Update{
 			Client: k, Round: open.Round, Delta: s.deltas[i], NumExamples: len(s.cfg.Partition[k]),
-			LabelHist: s.hists[k], TrainLoss: s.losses[i],
+			LabelHist: s.hists[k], MultiLabel: s.cfg.Train.MultiLabel(), TrainLoss: s.losses[i],
 		})
 		acts = append(acts, more...)
 		if err != nil {
@@ -533,6 +548,9 @@ func (s *Sim) closed(c *RoundClosed) {
 		rec.Evaluated = true
 		rec.TestAcc, rec.TestLoss = s.evaluate(c.Global)
 		s.hist.FinalAcc, s.hist.FinalLoss = rec.TestAcc, rec.TestLoss
+		if m := s.evalML; m != nil {
+			s.hist.FinalMicroF1, s.hist.FinalMacroF1, s.hist.FinalMAP = m.MicroF1(), m.MacroF1(), m.MAP()
+		}
 	}
 	s.hist.Records = append(s.hist.Records, rec)
 	if s.cfg.Progress != nil {
@@ -540,12 +558,30 @@ func (s *Sim) closed(c *RoundClosed) {
 	}
 }
 
-// evaluate returns the accuracy and mean cross-entropy of params on Test.
+// evaluate returns the accuracy and mean cross-entropy of params on Test
+// (for a multi-label set, the subset accuracy and mean BCE, with the
+// other figures in s.evalML).
 func (s *Sim) evaluate(params []float32) (acc, loss float64) {
 	copy(s.net.Params(), params)
 	te := s.cfg.Test
 	sz := te.ImageSize()
 	idx := make([]int, len(s.evalY))
+	if te.MultiLabel() {
+		s.evalML.Reset()
+		var lsum float64
+		for off := 0; off < te.N; off += len(s.evalY) {
+			b := min(len(s.evalY), te.N-off)
+			for i := range b {
+				idx[i] = off + i
+			}
+			x, y := s.evalX[:b*sz], s.evalYM[:b*s.classes]
+			te.MultiHot(idx[:b], x, y)
+			logits := s.net.Forward(x, b, false)
+			lsum += float64(models.BCEWithLogits(logits, y, nil, nil)) * float64(b)
+			s.evalML.Add(logits, y)
+		}
+		return s.evalML.SubsetAccuracy(), lsum / float64(max(te.N, 1))
+	}
 	var correct int
 	var lsum float64
 	for off := 0; off < te.N; off += len(s.evalY) {

@@ -23,8 +23,11 @@ type Update struct {
 	NumExamples int
 	// LabelHist is optional: the number of local examples of each class
 	// (length = number of classes). When present it must sum to
-	// NumExamples. WeightLabelBalanced needs it.
-	LabelHist []int
+	// NumExamples — or, with MultiLabel (an example carries a set of
+	// classes, counted once in each), each count is at most NumExamples.
+	// WeightLabelBalanced needs it.
+	LabelHist  []int
+	MultiLabel bool
 	// TrainLoss is the client's mean training loss over its last local
 	// epoch (informational; NaN or 0 when unknown).
 	TrainLoss float64
@@ -62,12 +65,12 @@ func (u *Update) check(p int) error {
 	if len(u.LabelHist) > 0 {
 		sum := 0
 		for c, n := range u.LabelHist {
-			if n < 0 {
-				return bad("label histogram count %d for class %d, must be ≥ 0", n, c)
+			if n < 0 || (u.MultiLabel && n > u.NumExamples) {
+				return bad("label histogram count %d for class %d, must be in [0, num_examples = %d]", n, c, u.NumExamples)
 			}
 			sum += n
 		}
-		if sum != u.NumExamples {
+		if !u.MultiLabel && sum != u.NumExamples {
 			return bad("label histogram sums to %d but num_examples = %d", sum, u.NumExamples)
 		}
 	}

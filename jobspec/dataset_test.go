@@ -58,6 +58,24 @@ func TestNormalizeDatasetFields(t *testing.T) {
 	if fe, ok := err.(*FieldError); !ok || !strings.Contains(fe.Msg, "0.75 out of range; allowed 0 (off) to 0.5") {
 		t.Errorf("jitter_hue 0.75: %v; want the allowed range named", err)
 	}
+	// fedavg trains a multi-label set partitioned iid with simulated
+	// clients; not with real clients or class-balanced reweighting.
+	ml := func() *pb.JobSpec {
+		return &pb.JobSpec{Mode: "fedavg", Dataset: &pb.DatasetSpec{Name: "imagefolder",
+			Shape: &pb.DataShape{Channels: 3, Height: 8, Width: 8, Classes: 4, MultiLabel: true}}}
+	}
+	if _, err := Normalize(ml(), nil); err != nil {
+		t.Errorf("fedavg on a multi-label set, iid: %v", err)
+	}
+	real := ml()
+	real.Workers = proto.Int32(3)
+	rw := ml()
+	rw.Federated = &pb.FederatedSpec{Reweighting: "class-balanced"}
+	for field, s := range map[string]*pb.JobSpec{"workers": real, "federated.reweighting": rw} {
+		if _, err := Normalize(s, nil); !isFieldError(err, field) {
+			t.Errorf("fedavg on a multi-label set: %v; want a FieldError on %s", err, field)
+		}
+	}
 	// fedavg holds any label space in memory (int32 labels): 300 classes
 	// over 100 clients, 10 a round, normalise.
 	if _, err := Normalize(&pb.JobSpec{Mode: "fedavg", Dataset: &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 8, 8, 300)},
@@ -95,7 +113,7 @@ func TestNormalizeDatasetFields(t *testing.T) {
 		{"class names of the wrong count", &pb.DatasetSpec{Name: "cifar10", Shape: &pb.DataShape{Channels: 3, Height: 32, Width: 32, Classes: 10, ClassNames: []string{"a"}}}, "", "", "dataset.shape.class_names"},
 		{"multi-label cifar", &pb.DatasetSpec{Name: "cifar10", Shape: &pb.DataShape{Channels: 3, Height: 32, Width: 32, Classes: 10, MultiLabel: true}}, "", "", "dataset.shape.multi_label"},
 		{"input too small for the model", &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 4, 4, 2)}, "lenet5", "", "model"},
-		{"fedavg on a multi-label set", &pb.DatasetSpec{Name: "imagefolder", Shape: &pb.DataShape{Channels: 3, Height: 8, Width: 8, Classes: 4, MultiLabel: true}}, "", "fedavg", "mode"},
+		{"fedavg on a multi-label set, Dirichlet", &pb.DatasetSpec{Name: "imagefolder", Shape: &pb.DataShape{Channels: 3, Height: 8, Width: 8, Classes: 4, MultiLabel: true}}, "", "fedavg", "partition.type"},
 		{"jitter on an IDX set", &pb.DatasetSpec{Name: "mnist", JitterBrightness: 0.4}, "", "", "dataset.jitter_brightness"},
 		{"negative jitter", &pb.DatasetSpec{Name: "imagefolder", JitterContrast: -0.1, Shape: shape(3, 8, 8, 2)}, "", "", "dataset.jitter_contrast"},
 		{"NaN jitter", &pb.DatasetSpec{Name: "imagefolder", JitterSaturation: math.NaN(), Shape: shape(3, 8, 8, 2)}, "", "", "dataset.jitter_saturation"},
@@ -109,8 +127,11 @@ func TestNormalizeDatasetFields(t *testing.T) {
 		{"fedavg's round histograms too wide", &pb.DatasetSpec{Name: "imagefolder", Shape: shape(3, 8, 8, 300)}, "", "fedavg", "federated.fraction"},
 	} {
 		spec := &pb.JobSpec{Dataset: c.d, Model: c.model, Mode: c.mode}
-		if c.field == "federated.fraction" {
+		switch c.field {
+		case "federated.fraction":
 			spec.Federated = &pb.FederatedSpec{Clients: 2000, Fraction: 1}
+		case "partition.type":
+			spec.Partition = &pb.PartitionSpec{Type: "dirichlet"}
 		}
 		_, err := Normalize(spec, nil)
 		fe, ok := err.(*FieldError)
@@ -195,4 +216,9 @@ func TestParseDatasetFields(t *testing.T) {
 	if _, err := Parse([]byte("dataset:\n  labelGranularity: coarse\n  shape: {channels: 3, height: 32, width: 32, classes: 20}\n")); err != nil {
 		t.Errorf("JSON names: %v", err)
 	}
+}
+
+func isFieldError(err error, field string) bool {
+	fe, ok := err.(*FieldError)
+	return ok && fe.Field == field
 }

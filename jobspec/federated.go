@@ -252,3 +252,24 @@ func checkFedAvgClasses(s *pb.JobSpec) error {
 	}
 	return nil
 }
+
+// checkFedAvgMultiLabel refuses what fedavg cannot do on a multi-label
+// streamed set (a labels.csv): its simulated clients train it with BCE,
+// but the label partitioners deal one label per example, class-balanced
+// reweighting weighs a softmax cross-entropy, and real clients' own
+// evaluation is single-label.
+func checkFedAvgMultiLabel(s *pb.JobSpec) error {
+	d := s.GetDataset()
+	if s.Mode != "fedavg" || !Streamed(d) || !d.GetShape().GetMultiLabel() {
+		return nil
+	}
+	switch {
+	case RealClients(s):
+		return errf("workers", "%d real clients on a multi-label data set %s; simulate the clients in one worker (workers: 1), or use mode ps or ring", s.GetWorkers(), notImplementedSuffix)
+	case s.GetPartition().GetType() != "iid":
+		return errf("partition.type", "%q deals one label per example; a multi-label data set is partitioned iid", s.GetPartition().GetType())
+	case s.GetFederated().GetReweighting() == "class-balanced":
+		return errf("federated.reweighting", "class-balanced weighs a softmax cross-entropy; a multi-label data set trains with BCE, each client weighing positives by its own data")
+	}
+	return nil
+}

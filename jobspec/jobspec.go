@@ -337,8 +337,8 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if s.NonfinitePolicy != "fail" && s.NonfinitePolicy != "skip" {
 		return nil, errf("nonfinite_policy", "unknown policy %q; allowed: fail, skip", s.NonfinitePolicy)
 	}
-	if Streamed(d) && s.Mode == "fedavg" && d.GetShape().GetMultiLabel() {
-		return nil, errf("mode", "fedavg on a multi-label data set %s; use mode ps or ring", notImplementedSuffix)
+	if err := checkFedAvgMultiLabel(s); err != nil {
+		return nil, err
 	}
 	if err := checkFedAvgClasses(s); err != nil {
 		return nil, err

@@ -3,8 +3,11 @@ package e2e
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,5 +76,65 @@ func TestFedAvgWideLabelSpace(t *testing.T) {
 	}
 	if rounds == 0 {
 		t.Fatal("no round record with label histograms in metrics.jsonl")
+	}
+}
+
+// TestFedAvgMultiLabel runs federated rounds over a multi-label
+// ImageFolder (a labels.csv): the code set's 16 classes, each image
+// labelled with the bits of its class's code ("b0" … "b3"; class 0 with
+// none), which its pixels show. The simulated clients (iid) train with
+// BCE, and the result carries the subset accuracy, F1 and mAP.
+func TestFedAvgMultiLabel(t *testing.T) {
+	ctx := testCtx(t, 2*time.Minute)
+	dir := t.TempDir()
+	if err := data.WriteCodeSet(ctx, dir, 16, 12, 5); err != nil {
+		t.Fatal(err)
+	}
+	var csv strings.Builder
+	for _, split := range []string{"train", "test"} {
+		classes, err := os.ReadDir(filepath.Join(dir, split))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range classes {
+			k, err := strconv.Atoi(c.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var labels []string
+			for b := range 4 {
+				if k>>b&1 == 1 {
+					labels = append(labels, "b"+strconv.Itoa(b))
+				}
+			}
+			files, err := os.ReadDir(filepath.Join(dir, split, c.Name()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range files {
+				fmt.Fprintf(&csv, "%s/%s/%s,%s\n", split, c.Name(), f.Name(), strings.Join(labels, ";"))
+			}
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, data.LabelsCSV), []byte(csv.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := gradsync(ctx, t, "local", "--json", "--runs-dir", t.TempDir(), "--model", "logreg", "--dataset", "imagefolder",
+		"--data-dir", dir, "--channels", "1", "--mode", "fedavg", "--workers", "1", "--clients", "6", "--fraction", "0.5",
+		"--rounds", "8", "--local-epochs", "2", "--lr", "0.5", "--log-every", "1000")
+	s := lastJSON(t, out)
+	acc, _ := s["test_accuracy"].(float64)
+	f1, _ := s["micro_f1"].(float64)
+	mAP, _ := s["mean_average_precision"].(float64)
+	t.Logf("fedavg on a 4-label set: %v, subset accuracy %.4f, micro F1 %.4f, mAP %.4f", s["state"], acc, f1, mAP)
+	// Chance: a subset is right by guessing with probability 1/16.
+	if s["state"] != "SUCCEEDED" || acc < 0.5 || f1 < 0.8 || mAP < 0.8 {
+		t.Fatalf("%v, subset accuracy %.4f, micro F1 %.4f, mAP %.4f (want SUCCEEDED, ≥ 0.5, ≥ 0.8, ≥ 0.8): %v", s["state"], acc, f1, mAP, s["message"])
+	}
+	// Partitions that deal one label per example are refused.
+	p := start(t, "gradsync local", "local", "--json", "--runs-dir", t.TempDir(), "--model", "logreg", "--dataset", "imagefolder",
+		"--data-dir", dir, "--channels", "1", "--mode", "fedavg", "--workers", "1", "--partition", "dirichlet")
+	if code := p.wait(ctx, t); code == 0 || !strings.Contains(p.stderr.String(), "partition.type") {
+		t.Errorf("a Dirichlet partition of a multi-label set: exit %d, %q; want a refusal naming partition.type", code, p.stderr)
 	}
 }

@@ -75,7 +75,7 @@ func runFedClient(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 		return nil, fmt.Errorf("model %s has %d parameters here but %d on the coordinator", spec.GetModel(), p, a.NumParams)
 	}
 	c := &fedClient{
-		a: a, env: env, train: train, idx: idx, hist: data.Histogram(train.Labels, idx, train.Classes),
+		a: a, env: env, train: train, idx: idx, hist: train.LabelHistogram(idx),
 		trainer: trainer, obj: newClassification(train, test, spec),
 		idle:   2*time.Duration(f.GetRoundDeadlineSeconds()*float64(time.Second)) + 30*time.Second,
 		global: make([]float32, p), delta: make([]float32, p), res: &pb.JobResult{GemmBackend: kernels.Backend()},

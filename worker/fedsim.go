@@ -22,7 +22,7 @@ func partition(spec *pb.JobSpec, train *data.Dataset) ([][]int, error) {
 	p := spec.GetPartition()
 	switch p.GetType() {
 	case "iid":
-		return data.PartitionIID(train.Labels, k, seed), nil
+		return data.PartitionIIDN(train.N, k, seed), nil
 	case "dirichlet":
 		return data.PartitionDirichlet(train.Labels, train.Classes, k, p.GetAlpha(), seed)
 	case "shards":
@@ -153,6 +153,9 @@ func runFederated(ctx context.Context, a *pb.Assignment, env *taskEnv, train, te
 		return nil, err
 	}
 	res.TestAccuracy, res.TestLoss = h.FinalAcc, h.FinalLoss
+	if train.MultiLabel() {
+		res.MicroF1, res.MacroF1, res.MeanAveragePrecision = h.FinalMicroF1, h.FinalMacroF1, h.FinalMAP
+	}
 	res.ParameterChecksum = models.Checksum(sim.Global())
 	res.ImagesPerSecond = float64(examples) / max(time.Since(start).Seconds(), 1e-9)
 	res.SkippedSteps = skipped

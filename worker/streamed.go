@@ -346,23 +346,18 @@ func fillConfusion(res *pb.JobResult, conf *eval.Confusion) {
 
 // materializeStreamed reads a streamed data set's two splits into memory
 // for a fedavg task (the federated clients and partitioners take
-// in-memory Datasets), normalised per channel as openStreamed normalises
-// them.
+// in-memory Datasets, single- or multi-label), normalised per channel as
+// openStreamed normalises them.
 func materializeStreamed(ctx context.Context, spec *pb.JobSpec, dir string, log *slog.Logger) (train, test *data.Dataset, err error) {
 	s, err := openStreamed(ctx, spec, dir, log)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer s.close()
-	tr, ok1 := s.srcs.Train.(data.Source)
-	te, ok2 := s.srcs.Test.(data.Source)
-	if !ok1 || !ok2 {
-		return nil, nil, errors.New("mode fedavg on a multi-label data set is not implemented yet")
-	}
-	if train, err = data.Materialize(ctx, tr, s.mean, s.std, s.workers); err != nil {
+	if train, err = data.Materialize(ctx, s.srcs.Train, s.mean, s.std, s.workers); err != nil {
 		return nil, nil, err
 	}
-	if test, err = data.Materialize(ctx, te, s.mean, s.std, s.workers); err != nil {
+	if test, err = data.Materialize(ctx, s.srcs.Test, s.mean, s.std, s.workers); err != nil {
 		return nil, nil, err
 	}
 	return train, test, nil
