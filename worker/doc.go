@@ -37,6 +37,11 @@
 //	                    by stage, pipestats.go each stage's summary,
 //	                    pipemem.go the memory a worker offers
 //	                    (--memory-limit)
+//	tp*.go              model-parallel jobs of package tensorpar:
+//	                    tplabel.go label-sharded heads (the body
+//	                    replicated over a replica's shards, the head's
+//	                    classes split; why, and the checkpoints and
+//	                    checksum gathered from the shards)
 //	fed*.go             fedavg: fedsim.go all clients simulated here,
 //	                    fedclient.go this worker as one real client
 //	entry*.go           entrypoint jobs: entry.go the ring, the agent
