@@ -1,0 +1,16 @@
+package main
+
+import pb "github.com/gradsync/gradsync/proto/gradsync/v1"
+
+// applyTensorFlags sets the spec's model-parallel strategies of package
+// tensorpar from the flags that were given (ch: whether a flag was), over
+// the job file's: --label-shards.
+func applyTensorFlags(spec *pb.JobSpec, f *specFlags, ch func(string) bool) {
+	if !ch("label-shards") {
+		return
+	}
+	if spec.Parallelism == nil {
+		spec.Parallelism = &pb.ParallelismSpec{}
+	}
+	spec.Parallelism.LabelShards = f.labelShards
+}
