@@ -55,6 +55,8 @@ type Job struct {
 	realClients bool
 	// stages: the pipeline stages of its mesh (≤ 1: none).
 	stages int
+	// labelShards: the label shards of its mesh (≤ 1: none).
+	labelShards int
 }
 
 // Stopping lists the workers whose task of the ended job has not yet
