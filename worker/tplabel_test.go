@@ -98,3 +98,45 @@ func TestLabelShardsMatchSingleWorker(t *testing.T) {
 		})
 	}
 }
+
+// TestLabelShardsResumeOnAnotherMesh checkpoints an mlp job on 2 label
+// shards at step 10 and resumes it on 4 shards and on a single whole-model
+// worker: the checkpoint holds the whole model and optimiser, so both end
+// at step 20 with the 2-shard job's tensors (within float rounding: the
+// head's products are split differently), and a resume on the same mesh
+// ends with its checksum, bit for bit.
+func TestLabelShardsResumeOnAnotherMesh(t *testing.T) {
+	spec := func(l int32) *pb.JobSpec {
+		s := labelSpec("mlp", max(l, 1), 16)
+		s.Checkpoint.EverySteps = 10
+		if l > 0 {
+			s.Parallelism = &pb.ParallelismSpec{LabelShards: l}
+		}
+		return normalized(t, s)
+	}
+	dir := t.TempDir()
+	want := runJob(t, spec(2), "", func(a *pb.Assignment) { a.CheckpointDir = dir })
+	ws, err := checkpoint.Load(filepath.Join(dir, "ckpt-20"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []int32{2, 4, 0} {
+		out := t.TempDir()
+		got := runJob(t, spec(l), "", func(a *pb.Assignment) {
+			a.ResumeFrom, a.CheckpointDir = filepath.Join(dir, "ckpt-10"), out
+		})
+		if got[0].Steps != 20 || l == 2 && got[0].ParameterChecksum != want[0].ParameterChecksum {
+			t.Errorf("L=%d resumed at step 10: checksum %x after %d steps; the 2-shard job's %x after 20", l, got[0].ParameterChecksum, got[0].Steps, want[0].ParameterChecksum)
+		}
+		gs, err := checkpoint.Load(filepath.Join(out, "ckpt-20"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pw, pn := tensorDiffs(t, gs.Tensors, ws.Tensors)
+		ow, on := tensorDiffs(t, gs.Optim, ws.Optim)
+		t.Logf("L=%d (0: one whole-model worker) resumed at step 10: at step 20 parameters within %.2g (%s), momentum %.2g (%s) of the 2-shard job's", l, pw, pn, ow, on)
+		if pw > 1e-5 || ow > 1e-5 {
+			t.Errorf("L=%d resumed: parameters differ by %.3g (%s), momentum by %.3g (%s); want ≤ 1e-5", l, pw, pn, ow, on)
+		}
+	}
+}
