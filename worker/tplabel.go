@@ -112,6 +112,9 @@ type labelTask struct {
 	x     []float32
 	steps int64
 	sum   uint64 // the whole model's checksum when last computed
+
+	counts                 labelCounts // the training steps' communication (tpstats.go)
+	groupBytes, shardBytes ringBytes
 }
 
 // newLabelTask joins the replica's label group and this shard's replica
@@ -232,6 +235,8 @@ func (t *labelTask) gradient(ctx context.Context, _ int64, epoch int, batch []in
 	}
 	sctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
+	before := t.group.Counts()
+	sentBefore, _, _, _ := t.groupRing.Traffic()
 	feats := t.net.ForwardStage(t.lh.Body, x, n, true)
 	t.head.Forward(feats, n)
 	loss, err := tensorpar.Loss(sctx, t.head, t.obj.y[:n], models.CEOptions{})
@@ -243,6 +248,8 @@ func (t *labelTask) gradient(ctx context.Context, _ int64, epoch int, batch []in
 		return 0, fmt.Errorf("label shard %d: the features' gradient: %w", t.coord.shard, err)
 	}
 	t.net.BackwardStage(t.lh.Body, dx)
+	sentAfter, _, _, _ := t.groupRing.Traffic()
+	t.counts.add(n, t.lh.In, t.coord.shards, before, t.group.Counts(), sentBefore, sentAfter)
 	return loss, nil
 }
 
@@ -281,6 +288,8 @@ func (t *labelTask) step(ctx context.Context, grads, params []float32) error {
 // completed writes a checkpoint when one is due, and after an epoch and
 // after the last step computes the whole model's checksum.
 func (t *labelTask) completed(ctx context.Context, epoch int, at position) error {
+	t.groupBytes.flush(t, t.groupRing)
+	t.shardBytes.flush(t, t.shardRing)
 	if err := t.checkpoint(ctx, epoch, at); err != nil {
 		return err
 	}
@@ -353,6 +362,7 @@ func (t *labelTask) stats() syncStats {
 }
 
 func (t *labelTask) close() {
+	t.report()
 	for _, r := range []*ringrpc.Ring{t.shardRing, t.groupRing} {
 		if r == nil {
 			continue

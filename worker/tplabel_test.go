@@ -1,9 +1,11 @@
 package worker
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -71,7 +73,9 @@ func TestLabelShardsMatchSingleWorker(t *testing.T) {
 			want := runJob(t, normalized(t, labelSpec(tc.model, 1, 16*tc.replicas)), "", func(a *pb.Assignment) { a.CheckpointDir = wantDir })
 			spec := labelSpec(tc.model, tc.replicas*tc.shards, 16)
 			spec.Parallelism = &pb.ParallelismSpec{LabelShards: tc.shards}
-			got := runJob(t, normalized(t, spec), "", func(a *pb.Assignment) { a.CheckpointDir = gotDir })
+			runs := t.TempDir()
+			got := runJob(t, normalized(t, spec), runs, func(a *pb.Assignment) { a.CheckpointDir = gotDir })
+			checkLabelSummaries(t, runs, len(got), 10)
 			for r, g := range got {
 				if g.ParameterChecksum != got[0].ParameterChecksum || g.Steps != 20 {
 					t.Errorf("rank %d: checksum %x after %d steps; rank 0 %x", r, g.ParameterChecksum, g.Steps, got[0].ParameterChecksum)
@@ -138,5 +142,31 @@ func TestLabelShardsResumeOnAnotherMesh(t *testing.T) {
 		if pw > 1e-5 || ow > 1e-5 {
 			t.Errorf("L=%d resumed: parameters differ by %.3g (%s), momentum by %.3g (%s); want ≤ 1e-5", l, pw, pn, ow, on)
 		}
+	}
+}
+
+// checkLabelSummaries reads every rank's labels-rank-R.json and checks
+// the label group's communication against the formula exactly (4
+// all-reduces of 3b + b·In values a step, no all-gather) and that each
+// shard held its classes' rows alone.
+func checkLabelSummaries(t *testing.T, runs string, ranks, classes int) {
+	t.Helper()
+	for r := range ranks {
+		b, err := os.ReadFile(filepath.Join(runs, "job-p", fmt.Sprintf("labels-rank-%d.json", r)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s labelSummary
+		if err := json.Unmarshal(b, &s); err != nil {
+			t.Fatal(err)
+		}
+		lo, hi := s.Shard*classes/s.Shards, (s.Shard+1)*classes/s.Shards
+		if s.Rank != r || s.Steps != 20 || s.AllReduceOps != s.FormulaAllReduceOps || s.AllReduceValues != s.FormulaAllReduceValues ||
+			s.AllReduceOps != 4*20 || s.AllGatherOps != 0 || s.ClassesHeld != hi-lo || s.HeadParams != (hi-lo)*(s.HeadFeatures+1) {
+			t.Errorf("rank %d: summary %+v", r, s)
+		}
+		t.Logf("rank %d (shard %d/%d, replica %d): %d all-reduces of %d values in 20 steps (formula %d of %d); group ring sent %d bytes, payload formula %.0f (%.3f×); held %d classes, %d head parameters",
+			r, s.Shard, s.Shards, s.Replica, s.AllReduceOps, s.AllReduceValues, s.FormulaAllReduceOps, s.FormulaAllReduceValues,
+			s.GroupBytesSent, s.FormulaGroupBytesSent, float64(s.GroupBytesSent)/s.FormulaGroupBytesSent, s.ClassesHeld, s.HeadParams)
 	}
 }
