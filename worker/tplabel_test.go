@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gradsync/gradsync/checkpoint"
+	"github.com/gradsync/gradsync/jobspec"
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -54,7 +55,8 @@ func tensorDiffs(t *testing.T, got, want map[string]models.Tensor) (worst float6
 }
 
 // TestLabelShardsMatchSingleWorker trains 20 steps label-sharded — cnn
-// on L = 2 and 4 shards of one replica, mlp on 2 replicas × 2 shards —
+// on L = 2 and 4 shards of one replica, mlp on 2 replicas × 2 shards and
+// on 3 shards of the user's 4 label groups (uneven, not contiguous) —
 // every rank in this process over loopback gRPC, and compares the
 // checkpoint rank 0 writes (the whole model's tensors and optimiser
 // state, gathered from the shards, under PyTorch's names) with a single
@@ -66,16 +68,25 @@ func TestLabelShardsMatchSingleWorker(t *testing.T) {
 	for _, tc := range []struct {
 		model            string
 		replicas, shards int32
-	}{{"cnn", 1, 2}, {"cnn", 1, 4}, {"mlp", 2, 2}} {
-		name := fmt.Sprintf("%s D=%d L=%d", tc.model, tc.replicas, tc.shards)
+		groups           [][]int32
+	}{{"cnn", 1, 2, nil}, {"cnn", 1, 4, nil}, {"mlp", 2, 2, nil}, {"mlp", 1, 3, [][]int32{{9, 0}, {2, 4, 6}, {8, 1}, {3, 5, 7}}}} {
+		name := fmt.Sprintf("%s D=%d L=%d groups=%v", tc.model, tc.replicas, tc.shards, tc.groups)
 		t.Run(name, func(t *testing.T) {
 			wantDir, gotDir := t.TempDir(), t.TempDir()
 			want := runJob(t, normalized(t, labelSpec(tc.model, 1, 16*tc.replicas)), "", func(a *pb.Assignment) { a.CheckpointDir = wantDir })
 			spec := labelSpec(tc.model, tc.replicas*tc.shards, 16)
 			spec.Parallelism = &pb.ParallelismSpec{LabelShards: tc.shards}
+			for _, g := range tc.groups {
+				spec.Parallelism.LabelGroups = append(spec.Parallelism.LabelGroups, &pb.LabelGroup{Classes: g})
+			}
+			spec = normalized(t, spec)
+			shards, err := jobspec.LabelShardClasses(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
 			runs := t.TempDir()
-			got := runJob(t, normalized(t, spec), runs, func(a *pb.Assignment) { a.CheckpointDir = gotDir })
-			checkLabelSummaries(t, runs, len(got), 10)
+			got := runJob(t, spec, runs, func(a *pb.Assignment) { a.CheckpointDir = gotDir })
+			checkLabelSummaries(t, runs, len(got), shards)
 			for r, g := range got {
 				if g.ParameterChecksum != got[0].ParameterChecksum || g.Steps != 20 {
 					t.Errorf("rank %d: checksum %x after %d steps; rank 0 %x", r, g.ParameterChecksum, g.Steps, got[0].ParameterChecksum)
@@ -148,8 +159,8 @@ func TestLabelShardsResumeOnAnotherMesh(t *testing.T) {
 // checkLabelSummaries reads every rank's labels-rank-R.json and checks
 // the label group's communication against the formula exactly (4
 // all-reduces of 3b + b·In values a step, no all-gather) and that each
-// shard held its classes' rows alone.
-func checkLabelSummaries(t *testing.T, runs string, ranks, classes int) {
+// shard held its classes' rows alone (shards[s]: shard s's classes).
+func checkLabelSummaries(t *testing.T, runs string, ranks int, shards [][]int) {
 	t.Helper()
 	for r := range ranks {
 		b, err := os.ReadFile(filepath.Join(runs, "job-p", fmt.Sprintf("labels-rank-%d.json", r)))
@@ -160,9 +171,9 @@ func checkLabelSummaries(t *testing.T, runs string, ranks, classes int) {
 		if err := json.Unmarshal(b, &s); err != nil {
 			t.Fatal(err)
 		}
-		lo, hi := s.Shard*classes/s.Shards, (s.Shard+1)*classes/s.Shards
+		held := len(shards[s.Shard])
 		if s.Rank != r || s.Steps != 20 || s.AllReduceOps != s.FormulaAllReduceOps || s.AllReduceValues != s.FormulaAllReduceValues ||
-			s.AllReduceOps != 4*20 || s.AllGatherOps != 0 || s.ClassesHeld != hi-lo || s.HeadParams != (hi-lo)*(s.HeadFeatures+1) {
+			s.AllReduceOps != 4*20 || s.AllGatherOps != 0 || s.ClassesHeld != held || s.HeadParams != held*(s.HeadFeatures+1) {
 			t.Errorf("rank %d: summary %+v", r, s)
 		}
 		t.Logf("rank %d (shard %d/%d, replica %d): %d all-reduces of %d values in 20 steps (formula %d of %d); group ring sent %d bytes, payload formula %.0f (%.3f×); held %d classes, %d head parameters",
