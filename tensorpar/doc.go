@@ -79,4 +79,9 @@
 // longest shard per layer; for Linear2D one down the grid column, then
 // one along the row), so that every rank holds the whole tensors a
 // checkpoint writes under PyTorch's names.
+//
+// Jobs: the label-sharded head runs in label-sharded jobs
+// (parallelism.label_shards, worker/tplabel.go), its Group a RingGroup
+// over a gRPC ring of each data replica's L ranks. Tensor-parallel and
+// spatial jobs are still to come.
 package tensorpar
