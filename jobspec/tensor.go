@@ -1,6 +1,9 @@
 package jobspec
 
 import (
+	"slices"
+	"strings"
+
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 	"github.com/gradsync/gradsync/tensorpar"
@@ -114,29 +117,11 @@ func normalizeLabelShards(s *pb.JobSpec) error {
 	if s.Mode != "ring" {
 		return errf("mode", "label-sharded jobs run in mode ring (the replicas of a shard all-reduce its gradients over a ring); mode %s with label_shards %d %s", s.Mode, l, notImplementedSuffix)
 	}
-	switch {
-	case s.GetDataset().GetName() == MultiLabelMNIST:
-		return errf("dataset.name", "%s (multi-label, BCE) with label shards %s; use a single-label data set", MultiLabelMNIST, notImplementedSuffix)
-	case Streamed(s.GetDataset()):
-		return errf("dataset.name", "streamed data set %s with label shards %s; use an IDX or synthetic data set", s.GetDataset().GetName(), notImplementedSuffix)
-	case s.GradAccumSteps != 1:
-		return errf("grad_accum_steps", "%d with label shards %s; use 1", s.GradAccumSteps, notImplementedSuffix)
-	case s.MinWorkers != workers:
-		return errf("min_workers", "elastic label-sharded jobs (min_workers %d < workers %d) %s", s.MinWorkers, workers, notImplementedSuffix)
-	case s.GetCompression().GetType() != defaultCompression:
-		return errf("compression.type", "%s compression with label shards %s", s.GetCompression().GetType(), notImplementedSuffix)
-	case s.GradClipNorm != 0:
-		return errf("grad_clip_norm", "clipping needs the norm over all shards; with label shards it %s", notImplementedSuffix)
-	case s.Precision != "" && s.Precision != "fp32":
-		return errf("precision", "%s with label shards %s; use fp32", s.Precision, notImplementedSuffix)
-	case s.ActivationCheckpointing != "" && s.ActivationCheckpointing != "none":
-		return errf("activation_checkpointing", "%s with label shards %s; use none", s.ActivationCheckpointing, notImplementedSuffix)
-	case s.NonfinitePolicy == "skip":
-		return errf("nonfinite_policy", "skip with label shards %s; use fail", notImplementedSuffix)
-	case SharedMemory(s):
-		return errf("collective.transport", "%s with label shards %s", s.GetCollective().GetTransport(), notImplementedSuffix)
-	case s.GetCheckpoint().GetEverySeconds() > 0:
-		return errf("checkpoint.every_seconds", "timed checkpoints of label-sharded jobs %s (every shard must agree when one is due); use every_steps or every_epochs", notImplementedSuffix)
+	if par.GetTensor() != 0 {
+		return errf("parallelism.tensor", "%d with %d label shards %s; use one or the other", par.GetTensor(), l, notImplementedSuffix)
+	}
+	if err := modelParallelLimits(s, "label shards"); err != nil {
+		return err
 	}
 	c, h, w, classes := InputShape(s)
 	if int(l) > classes {
@@ -152,6 +137,90 @@ func normalizeLabelShards(s *pb.JobSpec) error {
 	defer net.Close()
 	if _, err := LabelHeadOf(net); err != nil {
 		return err
+	}
+	return nil
+}
+
+// modelParallelLimits refuses what does not compose with a tensorpar
+// strategy (what: "label shards", "tensor parallelism") yet.
+func modelParallelLimits(s *pb.JobSpec, what string) error {
+	workers := s.GetWorkers()
+	switch {
+	case s.GetDataset().GetName() == MultiLabelMNIST:
+		return errf("dataset.name", "%s (multi-label, BCE) with %s %s; use a single-label data set", MultiLabelMNIST, what, notImplementedSuffix)
+	case Streamed(s.GetDataset()):
+		return errf("dataset.name", "streamed data set %s with %s %s; use an IDX or synthetic data set", s.GetDataset().GetName(), what, notImplementedSuffix)
+	case s.GradAccumSteps != 1:
+		return errf("grad_accum_steps", "%d with %s %s; use 1", s.GradAccumSteps, what, notImplementedSuffix)
+	case s.MinWorkers != workers:
+		return errf("min_workers", "elastic jobs with %s (min_workers %d < workers %d) %s", what, s.MinWorkers, workers, notImplementedSuffix)
+	case s.GetCompression().GetType() != defaultCompression:
+		return errf("compression.type", "%s compression with %s %s", s.GetCompression().GetType(), what, notImplementedSuffix)
+	case s.GradClipNorm != 0:
+		return errf("grad_clip_norm", "clipping needs the norm over all shards; with %s it %s", what, notImplementedSuffix)
+	case s.Precision != "" && s.Precision != "fp32":
+		return errf("precision", "%s with %s %s; use fp32", s.Precision, what, notImplementedSuffix)
+	case s.ActivationCheckpointing != "" && s.ActivationCheckpointing != "none":
+		return errf("activation_checkpointing", "%s with %s %s; use none", s.ActivationCheckpointing, what, notImplementedSuffix)
+	case s.NonfinitePolicy == "skip":
+		return errf("nonfinite_policy", "skip with %s %s; use fail", what, notImplementedSuffix)
+	case SharedMemory(s):
+		return errf("collective.transport", "%s with %s %s", s.GetCollective().GetTransport(), what, notImplementedSuffix)
+	case s.GetCheckpoint().GetEverySeconds() > 0:
+		return errf("checkpoint.every_seconds", "timed checkpoints with %s %s (every shard must agree when one is due); use every_steps or every_epochs", what, notImplementedSuffix)
+	}
+	return nil
+}
+
+const tensorField = "parallelism.tensor"
+
+// TensorRanks is a normalized spec's tensor-parallel ranks T (1: none).
+func TensorRanks(s *pb.JobSpec) int { return max(int(s.GetParallelism().GetTensor()), 1) }
+
+// TensorParallel reports whether a normalized spec splits its model's
+// layers over two or more tensor-parallel ranks.
+func TensorParallel(s *pb.JobSpec) bool { return TensorRanks(s) > 1 }
+
+// TensorModels are the models a tensor-parallel job can split.
+var TensorModels = []string{"mlp"}
+
+// normalizeTensor checks and defaults a tensor-parallel spec's
+// parallelism (tensor set): workers = data × T, data-parallel replicas of
+// T ranks in ring mode, over a model it knows how to split.
+func normalizeTensor(s *pb.JobSpec) error {
+	par := s.GetParallelism()
+	tr := par.GetTensor()
+	if tr < 0 || tr == 1 {
+		if tr == 1 {
+			par.Tensor = 0
+			return nil
+		}
+		return errf(tensorField, "%d is negative; allowed 1 up to the model's split units (0: 1, none)", tr)
+	}
+	if par.GetPipeline().GetStages() > 1 {
+		return errf(tensorField, "%d tensor-parallel ranks with %d pipeline stages %s; use one or the other", tr, par.GetPipeline().GetStages(), notImplementedSuffix)
+	}
+	if !slices.Contains(TensorModels, s.Model) {
+		return errf(tensorField, "tensor parallelism splits models %s so far, not %s", strings.Join(TensorModels, ", "), s.Model)
+	}
+	workers := s.GetWorkers()
+	if workers%tr != 0 {
+		return errf(tensorField, "%d tensor-parallel ranks do not divide %d workers; workers = data × tensor", tr, workers)
+	}
+	if par.Data == 0 {
+		par.Data = workers / tr
+	}
+	if par.Data*tr != workers {
+		return errf("parallelism.data", "%d replicas × %d tensor-parallel ranks is %d workers, but workers is %d; workers = data × tensor", par.Data, tr, par.Data*tr, workers)
+	}
+	if s.Mode != "ring" {
+		return errf("mode", "tensor-parallel jobs run in mode ring (the replicas of a tensor rank all-reduce its gradients over a ring); mode %s with tensor %d %s", s.Mode, tr, notImplementedSuffix)
+	}
+	if err := modelParallelLimits(s, "tensor parallelism"); err != nil {
+		return err
+	}
+	if hidden := 256; int(tr) > hidden { // mlp's fc1 → fc2 units
+		return errf(tensorField, "%d tensor-parallel ranks for mlp's %d hidden units; allowed 1..%d", tr, hidden, hidden)
 	}
 	return nil
 }

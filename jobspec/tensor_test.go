@@ -81,3 +81,29 @@ func TestNormalizeLabelShardsRejects(t *testing.T) {
 		})
 	}
 }
+
+func TestNormalizeTensor(t *testing.T) {
+	s, err := Normalize(&pb.JobSpec{Model: "mlp", Workers: proto.Int32(4), Parallelism: &pb.ParallelismSpec{Tensor: 2}}, nil)
+	if err != nil || s.Mode != "ring" || s.GetParallelism().GetData() != 2 || TensorRanks(s) != 2 || !TensorParallel(s) {
+		t.Errorf("normalized to %v, %v", s, err)
+	}
+	if s, err = Normalize(&pb.JobSpec{Model: "mlp", Parallelism: &pb.ParallelismSpec{Tensor: 3}}, nil); err != nil || s.GetWorkers() != 3 {
+		t.Errorf("workers default: %v, %v", s, err)
+	}
+	for _, tc := range []struct {
+		name, field, msg string
+		spec             *pb.JobSpec
+	}{
+		{"negative", "parallelism.tensor", "negative", &pb.JobSpec{Model: "mlp", Parallelism: &pb.ParallelismSpec{Tensor: -2}}},
+		{"another model", "parallelism.tensor", "not cnn", &pb.JobSpec{Model: "cnn", Parallelism: &pb.ParallelismSpec{Tensor: 2}}},
+		{"workers not a multiple", "parallelism.tensor", "do not divide 3 workers", &pb.JobSpec{Model: "mlp", Workers: proto.Int32(3), Parallelism: &pb.ParallelismSpec{Tensor: 2}}},
+		{"with label shards", "parallelism.tensor", "one or the other", &pb.JobSpec{Model: "mlp", Workers: proto.Int32(4), Parallelism: &pb.ParallelismSpec{Tensor: 2, LabelShards: 2}}},
+		{"ps", "mode", "mode ring", &pb.JobSpec{Model: "mlp", Mode: "ps", Workers: proto.Int32(2), Parallelism: &pb.ParallelismSpec{Tensor: 2}}},
+	} {
+		_, err := Normalize(tc.spec, nil)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field || !strings.Contains(fe.Msg, tc.msg) {
+			t.Errorf("%s: got %v; want %s: …%s…", tc.name, err, tc.field, tc.msg)
+		}
+	}
+}

@@ -412,7 +412,13 @@ type ParallelismSpec struct {
 	// The classes of each label shard, as groups the user gives (e.g.
 	// CIFAR-100's superclasses): groups go to the shards in contiguous runs;
 	// every class in exactly one group. Empty: contiguous ranges of classes.
-	LabelGroups   []*LabelGroup `protobuf:"bytes,4,rep,name=label_groups,json=labelGroups,proto3" json:"label_groups,omitempty"`
+	LabelGroups []*LabelGroup `protobuf:"bytes,4,rep,name=label_groups,json=labelGroups,proto3" json:"label_groups,omitempty"`
+	// Tensor-parallel ranks T (0 or 1: none): each replica's T workers
+	// split the model's Megatron pairs (column- then row-parallel Linear
+	// layers; for mlp its fc1 and fc2 by hidden units) and hold the rest
+	// whole, on the same batch. workers = data × T; rank r is tensor rank
+	// r mod T of replica r / T. Models: mlp so far.
+	Tensor        int32 `protobuf:"varint,5,opt,name=tensor,proto3" json:"tensor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -473,6 +479,13 @@ func (x *ParallelismSpec) GetLabelGroups() []*LabelGroup {
 		return x.LabelGroups
 	}
 	return nil
+}
+
+func (x *ParallelismSpec) GetTensor() int32 {
+	if x != nil {
+		return x.Tensor
+	}
+	return 0
 }
 
 // LabelGroup is a group of classes kept on one label shard.
@@ -1716,12 +1729,13 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\x05_seedB\x13\n" +
 	"\x11_eval_every_epoch\".\n" +
 	"\x0eCollectiveSpec\x12\x1c\n" +
-	"\ttransport\x18\x01 \x01(\tR\ttransport\"\xbb\x01\n" +
+	"\ttransport\x18\x01 \x01(\tR\ttransport\"\xd3\x01\n" +
 	"\x0fParallelismSpec\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\x05R\x04data\x125\n" +
 	"\bpipeline\x18\x02 \x01(\v2\x19.gradsync.v1.PipelineSpecR\bpipeline\x12!\n" +
 	"\flabel_shards\x18\x03 \x01(\x05R\vlabelShards\x12:\n" +
-	"\flabel_groups\x18\x04 \x03(\v2\x17.gradsync.v1.LabelGroupR\vlabelGroups\"&\n" +
+	"\flabel_groups\x18\x04 \x03(\v2\x17.gradsync.v1.LabelGroupR\vlabelGroups\x12\x16\n" +
+	"\x06tensor\x18\x05 \x01(\x05R\x06tensor\"&\n" +
 	"\n" +
 	"LabelGroup\x12\x18\n" +
 	"\aclasses\x18\x01 \x03(\x05R\aclasses\"\xb1\x01\n" +
