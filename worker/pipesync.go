@@ -29,6 +29,10 @@ func dataShard(a *pb.Assignment) (rank, world int, err error) {
 		c := labelCoordOf(a)
 		return c.replica, c.replicas, nil
 	}
+	if jobspec.TensorParallel(a.Spec) { // tptensor.go
+		c := groupCoord(a, jobspec.TensorRanks(a.Spec))
+		return c.replica, c.replicas, nil
+	}
 	if !jobspec.Pipelined(a.Spec) {
 		return rank, world, nil
 	}
@@ -47,6 +51,9 @@ func newNetwork(a *pb.Assignment, opt models.Options) (*models.Network, error) {
 	if jobspec.LabelSharded(a.Spec) { // tplabel.go: the body alone
 		return labelBody(a.Spec, opt)
 	}
+	if jobspec.TensorParallel(a.Spec) { // tptensor.go: the replicated part alone
+		return tensorRest(a.Spec, opt)
+	}
 	if !jobspec.Pipelined(a.Spec) {
 		return models.New(a.Spec.Model, opt)
 	}
@@ -59,11 +66,11 @@ func newNetwork(a *pb.Assignment, opt models.Options) (*models.Network, error) {
 }
 
 // imageShare is how many ranks train on each of a rank's images: the
-// stages of a pipeline job's replica, the label shards of a label-sharded
-// job's (1 otherwise), so that the ranks'
+// stages of a pipeline job's replica, the label shards or tensor ranks of
+// a label-sharded or tensor-parallel job's (1 otherwise), so that the ranks'
 // throughputs, which the coordinator sums, count each image once.
 func imageShare(spec *pb.JobSpec) float64 {
-	return float64(jobspec.PipelineStages(spec) * jobspec.LabelShards(spec))
+	return float64(jobspec.PipelineStages(spec) * jobspec.LabelShards(spec) * jobspec.TensorRanks(spec))
 }
 
 // pipeTask is one rank's pipeline stage (pipeline.Place gives it its

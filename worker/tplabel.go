@@ -53,8 +53,11 @@ type labelCoord struct {
 	replica, replicas int // data replica, D
 }
 
-func labelCoordOf(a *pb.Assignment) labelCoord {
-	l := jobspec.LabelShards(a.Spec)
+func labelCoordOf(a *pb.Assignment) labelCoord { return groupCoord(a, jobspec.LabelShards(a.Spec)) }
+
+// groupCoord places a rank on a mesh of data replicas of l ranks each
+// (label shards, tensor ranks): rank r is r mod l of replica r / l.
+func groupCoord(a *pb.Assignment, l int) labelCoord {
 	r := int(a.Rank)
 	return labelCoord{shard: r % l, shards: l, replica: r / l, replicas: int(a.WorldSize) / l}
 }
@@ -288,8 +291,8 @@ func (t *labelTask) step(ctx context.Context, grads, params []float32) error {
 // completed writes a checkpoint when one is due, and after an epoch and
 // after the last step computes the whole model's checksum.
 func (t *labelTask) completed(ctx context.Context, epoch int, at position) error {
-	t.groupBytes.flush(t, t.groupRing)
-	t.shardBytes.flush(t, t.shardRing)
+	t.groupBytes.flush(t.env, t.a.JobId, t.groupRing)
+	t.shardBytes.flush(t.env, t.a.JobId, t.shardRing)
 	if err := t.checkpoint(ctx, epoch, at); err != nil {
 		return err
 	}
@@ -503,34 +506,8 @@ func (t *labelTask) checkpoint(ctx context.Context, epoch int, at position) erro
 // optimiser state into the body, this rank's rows of the head's into the
 // head.
 func (t *labelTask) restore(st *checkpoint.State) error {
-	names := func(segs []models.Segment) map[string]bool {
-		m := map[string]bool{}
-		for _, g := range segs {
-			m[g.Name] = true
-		}
-		return m
-	}
-	// partOf is st restricted to the tensors named in params and bufs
-	// and the optimiser state of params.
-	partOf := func(params, bufs map[string]bool) *checkpoint.State {
-		part := *st
-		part.Tensors = map[string]models.Tensor{}
-		for name, v := range st.Tensors {
-			if params[name] || bufs[name] {
-				part.Tensors[name] = v
-			}
-		}
-		part.Optim = map[string]models.Tensor{}
-		for name, v := range st.Optim {
-			for _, prefix := range []string{checkpoint.MomentumPrefix, checkpoint.AdamMPrefix, checkpoint.AdamVPrefix} {
-				if strings.HasPrefix(name, prefix) && params[strings.TrimPrefix(name, prefix)] {
-					part.Optim[name] = v
-				}
-			}
-		}
-		return &part
-	}
-	if err := restoreCheckpoint(partOf(names(t.net.Segments()), names(t.net.BufferSegments())), t.a.ResumeFrom, t.spec, t.net, t.bodyOpt); err != nil {
+	partOf := func(params, bufs map[string]bool) *checkpoint.State { return checkpointPart(st, params, bufs) }
+	if err := restoreCheckpoint(partOf(segNames(t.net.Segments()), segNames(t.net.BufferSegments())), t.a.ResumeFrom, t.spec, t.net, t.bodyOpt); err != nil {
 		return err
 	}
 	// The head: a whole head's network (its stage alone) and optimiser
@@ -541,7 +518,7 @@ func (t *labelTask) restore(st *checkpoint.State) error {
 	}
 	defer hn.Close()
 	o := optim.FromSpec(t.spec)
-	if err := restoreCheckpoint(partOf(names(hn.Segments()), nil), t.a.ResumeFrom, t.spec, hn, o); err != nil {
+	if err := restoreCheckpoint(partOf(segNames(hn.Segments()), nil), t.a.ResumeFrom, t.spec, hn, o); err != nil {
 		return err
 	}
 	copy(t.hp, t.rowsOf(hn.Params()))
@@ -559,4 +536,35 @@ func (t *labelTask) restore(st *checkpoint.State) error {
 		}
 	}
 	return nil
+}
+
+// segNames is the set of segs' names.
+func segNames(segs []models.Segment) map[string]bool {
+	m := map[string]bool{}
+	for _, g := range segs {
+		m[g.Name] = true
+	}
+	return m
+}
+
+// checkpointPart is st restricted to the tensors named in params and
+// bufs and the optimiser state of params (a network that holds part of
+// the model loads it).
+func checkpointPart(st *checkpoint.State, params, bufs map[string]bool) *checkpoint.State {
+	part := *st
+	part.Tensors = map[string]models.Tensor{}
+	for name, v := range st.Tensors {
+		if params[name] || bufs[name] {
+			part.Tensors[name] = v
+		}
+	}
+	part.Optim = map[string]models.Tensor{}
+	for name, v := range st.Optim {
+		for _, prefix := range []string{checkpoint.MomentumPrefix, checkpoint.AdamMPrefix, checkpoint.AdamVPrefix} {
+			if strings.HasPrefix(name, prefix) && params[strings.TrimPrefix(name, prefix)] {
+				part.Optim[name] = v
+			}
+		}
+	}
+	return &part
 }

@@ -103,20 +103,63 @@ func (t *labelTask) report() {
 	if t.env.runsDir == "" {
 		return
 	}
-	if err := writeLabelSummary(filepath.Join(t.env.runsDir, t.a.JobId), s); err != nil {
+	if err := writeSummary(filepath.Join(t.env.runsDir, t.a.JobId), fmt.Sprintf("labels-rank-%d.json", s.Rank), s); err != nil {
 		t.env.log.Warn("writing the label shard's summary", "job", t.a.JobId, "err", err)
 	}
 }
 
-func writeLabelSummary(dir string, s labelSummary) error {
-	b, err := json.MarshalIndent(s, "", "  ")
+// tensorSummary is one tensor rank's communication over its task's
+// training steps beside the formula, written as
+// <runs-dir>/<job-id>/tensor-rank-<r>.json on its worker (and logged):
+// mlp's Megatron pair does one all-reduce of b·Out values a step
+// (forward's g) and none backward (no input gradient at the network's
+// input). Counted values are exact (the Group's calls, evaluation and
+// checksums left out).
+type tensorSummary struct {
+	Rank                   int   `json:"rank"`
+	TensorRank             int   `json:"tensor_rank"`
+	Tensor                 int   `json:"tensor"`
+	Replica                int   `json:"replica"`
+	Replicas               int   `json:"replicas"`
+	Steps                  int64 `json:"steps"`
+	HiddenHeld             int   `json:"hidden_units_held"`
+	PairParamsHeld         int   `json:"pair_params_held"`
+	AllReduceOps           int64 `json:"group_all_reduce_ops"`
+	AllReduceValues        int64 `json:"group_all_reduce_values"`
+	AllGatherOps           int64 `json:"group_all_gather_ops"`
+	FormulaAllReduceOps    int64 `json:"formula_all_reduce_ops"`
+	FormulaAllReduceValues int64 `json:"formula_all_reduce_values"`
+	GroupBytesSent         int64 `json:"group_bytes_sent"`
+}
+
+func (t *tensorTask) report() {
+	if t.mlp == nil || t.trainSteps == 0 {
+		return
+	}
+	s := tensorSummary{Rank: int(t.a.Rank), TensorRank: t.coord.shard, Tensor: t.coord.shards, Replica: t.coord.replica, Replicas: t.coord.replicas,
+		Steps: t.trainSteps, HiddenHeld: t.mlp.Hi - t.mlp.Lo, PairParamsHeld: len(t.mlp.Params()),
+		AllReduceOps: t.counted.AllReduceOps, AllReduceValues: t.counted.AllReduceValues, AllGatherOps: t.counted.AllGatherOps,
+		FormulaAllReduceOps: t.formulaOps, FormulaAllReduceValues: t.formulaValues, GroupBytesSent: t.groupBytes}
+	t.env.log.Info("tensor rank", "job", t.a.JobId, "rank", s.Rank, "tensor_rank", s.TensorRank, "replica", s.Replica, "steps", s.Steps,
+		"all_reduce_values", s.AllReduceValues, "formula", s.FormulaAllReduceValues, "group_bytes_sent", s.GroupBytesSent)
+	if t.env.runsDir == "" {
+		return
+	}
+	if err := writeSummary(filepath.Join(t.env.runsDir, t.a.JobId), fmt.Sprintf("tensor-rank-%d.json", s.Rank), s); err != nil {
+		t.env.log.Warn("writing the tensor rank's summary", "job", t.a.JobId, "err", err)
+	}
+}
+
+// writeSummary writes v as JSON to dir/name, atomically.
+func writeSummary(dir, name string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	path := filepath.Join(dir, fmt.Sprintf("labels-rank-%d.json", s.Rank))
+	path := filepath.Join(dir, name)
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
 		return err
@@ -130,12 +173,12 @@ type ringBytes struct {
 	sent, recv int64 // reported so far
 }
 
-func (b *ringBytes) flush(t *labelTask, r *ringrpc.Ring) {
-	if r == nil || t.env.metrics == nil {
+func (b *ringBytes) flush(env *taskEnv, job string, r *ringrpc.Ring) {
+	if r == nil || env.metrics == nil {
 		return
 	}
 	sent, recv, right, left := r.Traffic()
-	t.env.metrics.AddBytesSent(t.a.JobId, right, int(sent-b.sent))
-	t.env.metrics.AddBytesReceived(t.a.JobId, left, int(recv-b.recv))
+	env.metrics.AddBytesSent(job, right, int(sent-b.sent))
+	env.metrics.AddBytesReceived(job, left, int(recv-b.recv))
 	b.sent, b.recv = sent, recv
 }

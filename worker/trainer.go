@@ -130,6 +130,8 @@ func (t *Trainer) join(ctx context.Context) error {
 		s, err = newPipeTask(ctx, t.a, t.env, t.net, t.obj, t.total)
 	case jobspec.LabelSharded(t.spec):
 		s, err = newLabelTask(ctx, t.a, t.env, t.net, t.obj, t.total)
+	case jobspec.TensorParallel(t.spec):
+		s, err = newTensorTask(ctx, t.a, t.env, t.net, t.obj, t.total)
 	default:
 		s, err = startSync(ctx, t.a, t.env, t.net, t.total, psStart{step: t.at.step, trainExamples: t.plan.trainLen})
 	}
