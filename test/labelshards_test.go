@@ -50,3 +50,38 @@ func TestLabelShards(t *testing.T) {
 	}
 	s.waitWorker(ctx, t, "shard-a", "IDLE")
 }
+
+// TestKillTensorRank kills -9 the worker of tensor rank 1 of a 2-rank
+// tensor-parallel mlp job: the job fails within 10 s naming that worker
+// and its tensor rank.
+func TestKillTensorRank(t *testing.T) {
+	skipIfShort(t)
+	ctx := testCtx(t, 90*time.Second)
+	dir := t.TempDir()
+	s := startServer(ctx, t, "127.0.0.1:0", filepath.Join(dir, "data"), filepath.Join(dir, "runs"))
+	worker := func(id string) *proc {
+		p := start(t, "worker "+id, append([]string{"worker", "--server", s.addr, "--id", id}, s.sec...)...)
+		s.waitWorker(ctx, t, id, "IDLE")
+		return p
+	}
+	worker("tp-a")
+	victim := worker("tp-b")
+	long := s.submit(ctx, t, "--model", "mlp", "--dataset", "synthetic", "--workers", "2", "--tensor-parallel", "2",
+		"--epochs", "1000", "--log-every", "5")
+	watch := start(t, "watch", "watch", long.ID, "--json", "--server", s.addr)
+	if _, err := watch.stdout.wait(ctx, watch.exited, func(l string) bool { return strings.Contains(l, `"event":"progress"`) }); err != nil {
+		t.Fatalf("no progress from the tensor-parallel job: %v", err)
+	}
+	victim.signal(t, syscall.SIGKILL)
+	killed := time.Now()
+	if code := watch.wait(testCtx(t, 10*time.Second), t); code != 1 {
+		t.Errorf("watch of the failed job: exit %d, want 1", code)
+	}
+	t.Logf("tensor-parallel job ended %.1fs after the kill", time.Since(killed).Seconds())
+	sum := parseSummary(t, watch.stdout.all())
+	t.Logf("%s: %s", sum.State, sum.Message)
+	if sum.State != "FAILED" || !strings.Contains(sum.Message, "tp-b") || !strings.Contains(sum.Message, "tensor rank 1 of 2") {
+		t.Errorf("after kill -9 of tp-b: state %s, message %q; want FAILED naming tp-b and its tensor rank 1 of 2", sum.State, sum.Message)
+	}
+	s.waitWorker(ctx, t, "tp-a", "IDLE")
+}
