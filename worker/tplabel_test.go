@@ -116,7 +116,7 @@ func TestLabelShardsMatchSingleWorker(t *testing.T) {
 
 // TestLabelShardsResumeOnAnotherMesh checkpoints an mlp job on 2 label
 // shards at step 10 and resumes it on 4 shards and on a single whole-model
-// worker: the checkpoint holds the whole model and optimiser, so both end
+// worker: the checkpoint holds the whole model and optimiser (Adam here), so both end
 // at step 20 with the 2-shard job's tensors (within float rounding: the
 // head's products are split differently), and a resume on the same mesh
 // ends with its checksum, bit for bit.
@@ -124,6 +124,7 @@ func TestLabelShardsResumeOnAnotherMesh(t *testing.T) {
 	spec := func(l int32) *pb.JobSpec {
 		s := labelSpec("mlp", max(l, 1), 16)
 		s.Checkpoint.EverySteps = 10
+		s.Optimizer = &pb.OptimizerSpec{Name: "adam", Lr: proto.Float64(0.001)} // (the other tests step SGD)
 		if l > 0 {
 			s.Parallelism = &pb.ParallelismSpec{LabelShards: l}
 		}
@@ -149,7 +150,7 @@ func TestLabelShardsResumeOnAnotherMesh(t *testing.T) {
 		}
 		pw, pn := tensorDiffs(t, gs.Tensors, ws.Tensors)
 		ow, on := tensorDiffs(t, gs.Optim, ws.Optim)
-		t.Logf("L=%d (0: one whole-model worker) resumed at step 10: at step 20 parameters within %.2g (%s), momentum %.2g (%s) of the 2-shard job's", l, pw, pn, ow, on)
+		t.Logf("L=%d (0: one whole-model worker) resumed at step 10: at step 20 parameters within %.2g (%s), optimiser state %.2g (%s) of the 2-shard job's", l, pw, pn, ow, on)
 		if pw > 1e-5 || ow > 1e-5 {
 			t.Errorf("L=%d resumed: parameters differ by %.3g (%s), momentum by %.3g (%s); want ≤ 1e-5", l, pw, pn, ow, on)
 		}
