@@ -81,7 +81,9 @@
 // checkpoint writes under PyTorch's names.
 //
 // Jobs: the label-sharded head runs in label-sharded jobs
-// (parallelism.label_shards, worker/tplabel.go), its Group a RingGroup
-// over a gRPC ring of each data replica's L ranks. Tensor-parallel and
-// spatial jobs are still to come.
+// (parallelism.label_shards, worker/tplabel.go) and the MLP, with ReLU
+// and no input gradient (MLPOptions), in tensor-parallel mlp jobs
+// (parallelism.tensor, worker/tptensor.go), each Group a RingGroup over a
+// gRPC ring of one data replica's ranks. Attention, the block, Linear2D
+// and spatial sharding are not in jobs yet.
 package tensorpar

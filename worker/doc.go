@@ -41,7 +41,10 @@
 //	                    tplabel.go label-sharded heads (the body
 //	                    replicated over a replica's shards, the head's
 //	                    classes split; why, and the checkpoints and
-//	                    checksum gathered from the shards)
+//	                    checksum gathered from the shards),
+//	                    tptensor.go tensor-parallel mlp (fc1 and fc2 a
+//	                    Megatron pair), tpstats.go what each rank's
+//	                    group sent, beside the formulas
 //	fed*.go             fedavg: fedsim.go all clients simulated here,
 //	                    fedclient.go this worker as one real client
 //	entry*.go           entrypoint jobs: entry.go the ring, the agent
