@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gradsync/gradsync/aggregator"
-	"github.com/gradsync/gradsync/aggregator/ringrpc"
 	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/internal/eval"
 	"github.com/gradsync/gradsync/internal/optim"
@@ -91,33 +89,24 @@ func labelHead(spec *pb.JobSpec, opt models.Options) (jobspec.LabelHead, error) 
 // labelTask is a label-sharded job's synchronizer (see above).
 type labelTask struct {
 	unscaled
-	a       *pb.Assignment
-	env     *taskEnv
-	spec    *pb.JobSpec
-	obj     *classification
-	net     *models.Network // the body alone
-	lh      jobspec.LabelHead
-	coord   labelCoord
-	classes int
-	total   int64
-	timeout time.Duration
+	*meshGroup // the replica's L ranks (group), this shard's D replicas
+	a          *pb.Assignment
+	env        *taskEnv
+	obj        *classification
+	net        *models.Network // the body alone
+	lh         jobspec.LabelHead
+	classes    int
 
-	head      *tensorpar.Head
-	group     *tensorpar.Counting // the replica's L ranks
-	groupRing *ringrpc.Ring
-	shardRing *ringrpc.Ring // this shard's D replicas; nil when D = 1
-	hp, hg    []float32     // the head's rows: [W (k, In) | b (k)], parameters and gradients
-	bodyOpt   optim.Stepper
-	headOpt   optim.Stepper
-	opt       aggregator.Options
-	ckpt      *checkpointer // nil: the job writes none
+	head    *tensorpar.Head
+	hp, hg  []float32 // the head's rows: [W (k, In) | b (k)], parameters and gradients
+	bodyOpt optim.Stepper
+	headOpt optim.Stepper
+	ckpt    *checkpointer // nil: the job writes none
 
-	x     []float32
-	steps int64
-	sum   uint64 // the whole model's checksum when last computed
+	x   []float32
+	sum uint64 // the whole model's checksum when last computed
 
-	counts                 labelCounts // the training steps' communication (tpstats.go)
-	groupBytes, shardBytes ringBytes
+	counts labelCounts // the training steps' communication (tpstats.go)
 }
 
 // newLabelTask joins the replica's label group and this shard's replica
@@ -128,9 +117,6 @@ func newLabelTask(ctx context.Context, a *pb.Assignment, env *taskEnv, net *mode
 	cls, ok := obj.(*classification)
 	if !ok {
 		return nil, fmt.Errorf("label shards: the job's data set is not single-label classification (%T)", obj)
-	}
-	if len(a.Peers) != int(a.WorldSize) {
-		return nil, fmt.Errorf("label shards: %d peer addresses for %d ranks", len(a.Peers), a.WorldSize)
 	}
 	lh, err := jobspec.LabelHeadOf(net)
 	if err != nil {
@@ -144,40 +130,18 @@ func newLabelTask(ctx context.Context, a *pb.Assignment, env *taskEnv, net *mode
 		return nil, err
 	}
 	c := labelCoordOf(a)
-	t := &labelTask{a: a, env: env, spec: spec, obj: cls, net: net, lh: lh, coord: c, classes: net.Options().Classes,
-		total: totalSteps, timeout: time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second)),
-		bodyOpt: optim.FromSpec(spec), headOpt: optim.FromSpec(spec), opt: aggregator.Options{Generation: a.Generation},
+	m, err := joinMesh(ctx, a, env, c, "label shard", "%s/labels-%d", "%s/label-shard-%d", totalSteps)
+	if err != nil {
+		return nil, fmt.Errorf("label shards: %w", err)
+	}
+	t := &labelTask{meshGroup: m, a: a, env: env, obj: cls, net: net, lh: lh, classes: net.Options().Classes,
+		bodyOpt: optim.FromSpec(spec), headOpt: optim.FromSpec(spec),
 		x: make([]float32, int(spec.GetBatchSize())*net.InputSize())}
 	defer func() {
 		if err != nil {
 			t.close()
 		}
 	}()
-	jctx, cancel := context.WithTimeout(ctx, t.timeout)
-	defer cancel()
-	var peers []string
-	for s := range c.shards {
-		peers = append(peers, a.Peers[c.rank(c.replica, s)])
-	}
-	if t.groupRing, err = env.ring.Join(jctx, ringrpc.RingConfig{JobID: fmt.Sprintf("%s/labels-%d", a.JobId, c.replica),
-		Generation: a.Generation, Rank: c.shard, Peers: peers, DialOptions: env.peerDial}); err != nil {
-		return nil, fmt.Errorf("label shards: joining replica %d's label group: %w", c.replica, err)
-	}
-	rg, err := tensorpar.NewRingGroup(t.groupRing, uint32(1+c.replica), a.Generation, 0)
-	if err != nil {
-		return nil, err
-	}
-	t.group = &tensorpar.Counting{Group: rg}
-	if c.replicas > 1 {
-		peers = peers[:0]
-		for d := range c.replicas {
-			peers = append(peers, a.Peers[c.rank(d, c.shard)])
-		}
-		if t.shardRing, err = env.ring.Join(jctx, ringrpc.RingConfig{JobID: fmt.Sprintf("%s/label-shard-%d", a.JobId, c.shard),
-			Generation: a.Generation, Rank: c.replica, Peers: peers, DialOptions: env.peerDial}); err != nil {
-			return nil, fmt.Errorf("label shards: joining label shard %d's replica ring: %w", c.shard, err)
-		}
-	}
 	if t.head, err = tensorpar.NewHead(t.group, lh.In, t.classes, shards); err != nil {
 		return nil, err
 	}
@@ -259,40 +223,13 @@ func (t *labelTask) gradient(ctx context.Context, _ int64, epoch int, batch []in
 // step averages the body's and the head rows' gradients over the D
 // replicas and steps both optimisers.
 func (t *labelTask) step(ctx context.Context, grads, params []float32) error {
-	if t.shardRing != nil {
-		sctx, cancel := context.WithTimeout(ctx, t.timeout)
-		defer cancel()
-		for i, g := range [][]float32{grads, t.hg} {
-			if err := aggregator.AllReduce(sctx, t.shardRing, g, 2*t.steps+int64(i), t.opt); err != nil {
-				return fmt.Errorf("all-reducing label shard %d's gradients over its %d replicas: %w", t.coord.shard, t.coord.replicas, err)
-			}
-			inv := 1 / float32(t.coord.replicas)
-			for j := range g {
-				g[j] *= inv
-			}
-		}
-	}
-	for _, g := range [][]float32{grads, t.hg} {
-		for _, v := range g {
-			if v-v != 0 {
-				return fmt.Errorf("%w at step %d on label shard %d", aggregator.ErrNonFinite, t.steps, t.coord.shard)
-			}
-		}
-	}
-	lr := float32(optim.LearningRate(t.spec, t.steps, t.total))
-	t.bodyOpt.SetLR(lr)
-	t.headOpt.SetLR(lr)
-	t.bodyOpt.Step(params, grads)
-	t.headOpt.Step(t.hp, t.hg)
-	t.steps++
-	return nil
+	return t.stepAll(ctx, [][]float32{params, t.hp}, [][]float32{grads, t.hg}, []optim.Stepper{t.bodyOpt, t.headOpt})
 }
 
 // completed writes a checkpoint when one is due, and after an epoch and
 // after the last step computes the whole model's checksum.
 func (t *labelTask) completed(ctx context.Context, epoch int, at position) error {
-	t.groupBytes.flush(t.env, t.a.JobId, t.groupRing)
-	t.shardBytes.flush(t.env, t.a.JobId, t.shardRing)
+	t.flushBytes(t.env)
 	if err := t.checkpoint(ctx, epoch, at); err != nil {
 		return err
 	}
@@ -366,16 +303,7 @@ func (t *labelTask) stats() syncStats {
 
 func (t *labelTask) close() {
 	t.report()
-	for _, r := range []*ringrpc.Ring{t.shardRing, t.groupRing} {
-		if r == nil {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := r.Shutdown(ctx); err != nil {
-			t.env.log.Debug("leaving a label-shard ring", "job", t.a.JobId, "err", err)
-		}
-		cancel()
-	}
+	t.meshGroup.close()
 }
 
 // gatherHead all-gathers the replica's head rows — with optimiser
@@ -478,21 +406,11 @@ func (t *labelTask) checkpoint(ctx context.Context, epoch int, at position) erro
 	for _, g := range t.net.BufferSegments() {
 		st.Tensors[g.Name] = models.F32Tensor(g.Shape, t.net.Buffers()[g.Offset:g.Offset+g.Len])
 	}
-	o := optim.FromSpec(t.spec)
-	switch o := o.(type) {
-	case *optim.SGD:
-		if len(bodyParts) > 0 {
-			o.SetState(whole(bodyParts[0], h[1]))
-		}
-	case *optim.Adam:
-		_, _, steps := t.bodyOpt.(*optim.Adam).State()
-		if len(bodyParts) > 0 {
-			o.SetState(whole(bodyParts[0], h[1]), whole(bodyParts[1], h[2]), steps)
-		} else {
-			o.SetState(nil, nil, steps)
-		}
+	var parts [][]float32
+	for i, b := range bodyParts {
+		parts = append(parts, whole(b, h[1+i]))
 	}
-	st.CaptureOptimizer(o, t.net.WholeSegments())
+	st.CaptureOptimizer(wholeOptimizer(t.spec, t.bodyOpt, parts), t.net.WholeSegments())
 	path, err := checkpoint.Save(t.ckpt.dir, st, int(t.spec.GetCheckpoint().GetKeep()))
 	if err != nil {
 		return fmt.Errorf("writing a checkpoint: %w", err)

@@ -85,8 +85,8 @@ func (t *labelTask) summary() labelSummary {
 		AllGatherOps: c.train.AllGatherOps + c.train.BroadcastOps, AllGatherValues: c.train.AllGatherValues + c.train.BroadcastValues,
 		FormulaAllReduceOps: c.formulaOps, FormulaAllReduceValues: c.formulaValues,
 		GroupBytesSent: c.groupBytes, FormulaGroupBytesSent: c.formulaBytes}
-	if t.shardRing != nil {
-		s.ShardRingBytesSent, _, _, _ = t.shardRing.Traffic()
+	if t.replicaRing != nil {
+		s.ShardRingBytesSent, _, _, _ = t.replicaRing.Traffic()
 	}
 	return s
 }
@@ -94,7 +94,7 @@ func (t *labelTask) summary() labelSummary {
 // report logs the shard's communication and writes it to its worker's
 // run directory (when it has one).
 func (t *labelTask) report() {
-	if t.head == nil || t.counts.steps == 0 {
+	if t.meshGroup == nil || t.head == nil || t.counts.steps == 0 {
 		return
 	}
 	s := t.summary()

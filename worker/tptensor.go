@@ -7,8 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/gradsync/gradsync/aggregator"
-	"github.com/gradsync/gradsync/aggregator/ringrpc"
 	"github.com/gradsync/gradsync/checkpoint"
 	"github.com/gradsync/gradsync/internal/optim"
 	"github.com/gradsync/gradsync/jobspec"
@@ -79,28 +77,20 @@ func tensorRest(spec *pb.JobSpec, opt models.Options) (*models.Network, error) {
 // tensorTask is a tensor-parallel job's synchronizer (see above).
 type tensorTask struct {
 	unscaled
-	a       *pb.Assignment
-	env     *taskEnv
-	spec    *pb.JobSpec
-	obj     objective
-	net     *models.Network // the replicated part alone (fc3)
-	cut     tensorCut
-	coord   labelCoord
-	total   int64
-	timeout time.Duration
+	*meshGroup // the replica's T ranks (group), this tensor rank's D replicas
+	a          *pb.Assignment
+	env        *taskEnv
+	obj        objective
+	net        *models.Network // the replicated part alone (fc3)
+	cut        tensorCut
 
-	mlp         *tensorpar.MLP
-	relu        models.ReLU // after fc2
-	group       *tensorpar.Counting
-	groupRing   *ringrpc.Ring
-	replicaRing *ringrpc.Ring // this tensor rank's D replicas; nil when D = 1
-	mlpOpt      optim.Stepper
-	netOpt      optim.Stepper
-	opt         aggregator.Options
-	ckpt        *checkpointer
+	mlp    *tensorpar.MLP
+	relu   models.ReLU // after fc2
+	mlpOpt optim.Stepper
+	netOpt optim.Stepper
+	ckpt   *checkpointer
 
 	x, dl []float32
-	steps int64
 	sum   uint64
 
 	// the training steps' communication in the group, and the formula's
@@ -108,16 +98,12 @@ type tensorTask struct {
 	counted                   tensorpar.Counts
 	formulaOps, formulaValues int64
 	groupBytes                int64 // the group ring's bytes sent in training steps
-	promGroup, promReplica    ringBytes
 }
 
 func newTensorTask(ctx context.Context, a *pb.Assignment, env *taskEnv, net *models.Network, obj objective, totalSteps int64) (_ *tensorTask, err error) {
 	spec := a.Spec
 	if _, ok := obj.(*classification); !ok {
 		return nil, fmt.Errorf("tensor parallelism: the job's data set is not single-label classification (%T)", obj)
-	}
-	if len(a.Peers) != int(a.WorldSize) {
-		return nil, fmt.Errorf("tensor parallelism: %d peer addresses for %d ranks", len(a.Peers), a.WorldSize)
 	}
 	cut, err := tensorCutOf(spec, net.Options())
 	if err != nil {
@@ -128,9 +114,12 @@ func newTensorTask(ctx context.Context, a *pb.Assignment, env *taskEnv, net *mod
 	}
 	c := groupCoord(a, jobspec.TensorRanks(spec))
 	b := int(spec.GetBatchSize())
-	t := &tensorTask{a: a, env: env, spec: spec, obj: obj, net: net, cut: cut, coord: c, total: totalSteps,
-		timeout: time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second)),
-		mlpOpt:  optim.FromSpec(spec), netOpt: optim.FromSpec(spec), opt: aggregator.Options{Generation: a.Generation},
+	m, err := joinMesh(ctx, a, env, c, "tensor rank", "%s/tensor-%d", "%s/tensor-rank-%d", totalSteps)
+	if err != nil {
+		return nil, fmt.Errorf("tensor parallelism: %w", err)
+	}
+	t := &tensorTask{meshGroup: m, a: a, env: env, obj: obj, net: net, cut: cut,
+		mlpOpt: optim.FromSpec(spec), netOpt: optim.FromSpec(spec),
 		x: make([]float32, b*cut.in), dl: make([]float32, b*cut.classes)}
 	defer func() {
 		if err != nil {
@@ -139,29 +128,6 @@ func newTensorTask(ctx context.Context, a *pb.Assignment, env *taskEnv, net *mod
 	}()
 	jctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
-	var peers []string
-	for s := range c.shards {
-		peers = append(peers, a.Peers[c.rank(c.replica, s)])
-	}
-	if t.groupRing, err = env.ring.Join(jctx, ringrpc.RingConfig{JobID: fmt.Sprintf("%s/tensor-%d", a.JobId, c.replica),
-		Generation: a.Generation, Rank: c.shard, Peers: peers, DialOptions: env.peerDial}); err != nil {
-		return nil, fmt.Errorf("tensor parallelism: joining replica %d's tensor group: %w", c.replica, err)
-	}
-	rg, err := tensorpar.NewRingGroup(t.groupRing, uint32(1+c.replica), a.Generation, 0)
-	if err != nil {
-		return nil, err
-	}
-	t.group = &tensorpar.Counting{Group: rg}
-	if c.replicas > 1 {
-		peers = peers[:0]
-		for d := range c.replicas {
-			peers = append(peers, a.Peers[c.rank(d, c.shard)])
-		}
-		if t.replicaRing, err = env.ring.Join(jctx, ringrpc.RingConfig{JobID: fmt.Sprintf("%s/tensor-rank-%d", a.JobId, c.shard),
-			Generation: a.Generation, Rank: c.replica, Peers: peers, DialOptions: env.peerDial}); err != nil {
-			return nil, fmt.Errorf("tensor parallelism: joining tensor rank %d's replica ring: %w", c.shard, err)
-		}
-	}
 	if t.mlp, err = tensorpar.NewMLPWith(jctx, t.group, cut.in, cut.hidden, cut.out, tensorpar.MLPOptions{ReLU: true, NoInputGrad: true}); err != nil {
 		return nil, err
 	}
@@ -260,39 +226,11 @@ func (t *tensorTask) gradient(ctx context.Context, _ int64, epoch int, batch []i
 }
 
 func (t *tensorTask) step(ctx context.Context, grads, params []float32) error {
-	mg := t.mlp.Grads()
-	if t.replicaRing != nil {
-		sctx, cancel := context.WithTimeout(ctx, t.timeout)
-		defer cancel()
-		for i, g := range [][]float32{grads, mg} {
-			if err := aggregator.AllReduce(sctx, t.replicaRing, g, 2*t.steps+int64(i), t.opt); err != nil {
-				return fmt.Errorf("all-reducing tensor rank %d's gradients over its %d replicas: %w", t.coord.shard, t.coord.replicas, err)
-			}
-			inv := 1 / float32(t.coord.replicas)
-			for j := range g {
-				g[j] *= inv
-			}
-		}
-	}
-	for _, g := range [][]float32{grads, mg} {
-		for _, v := range g {
-			if v-v != 0 {
-				return fmt.Errorf("%w at step %d on tensor rank %d", aggregator.ErrNonFinite, t.steps, t.coord.shard)
-			}
-		}
-	}
-	lr := float32(optim.LearningRate(t.spec, t.steps, t.total))
-	t.mlpOpt.SetLR(lr)
-	t.netOpt.SetLR(lr)
-	t.mlpOpt.Step(t.mlp.Params(), mg)
-	t.netOpt.Step(params, grads)
-	t.steps++
-	return nil
+	return t.stepAll(ctx, [][]float32{t.mlp.Params(), params}, [][]float32{t.mlp.Grads(), grads}, []optim.Stepper{t.mlpOpt, t.netOpt})
 }
 
 func (t *tensorTask) completed(ctx context.Context, epoch int, at position) error {
-	t.promGroup.flush(t.env, t.a.JobId, t.groupRing)
-	t.promReplica.flush(t.env, t.a.JobId, t.replicaRing)
+	t.flushBytes(t.env)
 	if err := t.checkpoint(ctx, epoch, at); err != nil {
 		return err
 	}
@@ -362,16 +300,7 @@ func (t *tensorTask) stats() syncStats {
 
 func (t *tensorTask) close() {
 	t.report()
-	for _, r := range []*ringrpc.Ring{t.replicaRing, t.groupRing} {
-		if r == nil {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := r.Shutdown(ctx); err != nil {
-			t.env.log.Debug("leaving a tensor-parallel ring", "job", t.a.JobId, "err", err)
-		}
-		cancel()
-	}
+	t.meshGroup.close()
 }
 
 // gatherPair returns the whole fc1 and fc2 of the shards' buffers bufs
@@ -424,21 +353,11 @@ func (t *tensorTask) checkpoint(ctx context.Context, epoch int, at position) err
 	for _, g := range t.net.WholeSegments() {
 		st.Tensors[g.Name] = models.F32Tensor(g.Shape, params[g.Offset:g.Offset+g.Len])
 	}
-	o := optim.FromSpec(t.spec)
-	switch o := o.(type) {
-	case *optim.SGD:
-		if len(netParts) > 0 {
-			o.SetState(slices.Concat(pair[1], netParts[0]))
-		}
-	case *optim.Adam:
-		_, _, steps := t.netOpt.(*optim.Adam).State()
-		if len(netParts) > 0 {
-			o.SetState(slices.Concat(pair[1], netParts[0]), slices.Concat(pair[2], netParts[1]), steps)
-		} else {
-			o.SetState(nil, nil, steps)
-		}
+	var parts [][]float32
+	for i, b := range netParts {
+		parts = append(parts, slices.Concat(pair[1+i], b))
 	}
-	st.CaptureOptimizer(o, t.net.WholeSegments())
+	st.CaptureOptimizer(wholeOptimizer(t.spec, t.netOpt, parts), t.net.WholeSegments())
 	path, err := checkpoint.Save(t.ckpt.dir, st, int(t.spec.GetCheckpoint().GetKeep()))
 	if err != nil {
 		return fmt.Errorf("writing a checkpoint: %w", err)
