@@ -43,8 +43,10 @@
 //	                    classes split; why, and the checkpoints and
 //	                    checksum gathered from the shards),
 //	                    tptensor.go tensor-parallel mlp (fc1 and fc2 a
-//	                    Megatron pair), tpstats.go what each rank's
-//	                    group sent, beside the formulas
+//	                    Megatron pair), tpmesh.go what both share
+//	                    (the rings of a replica's group and of a
+//	                    rank's replicas, the step), tpstats.go what
+//	                    each rank's group sent, beside the formulas
 //	fed*.go             fedavg: fedsim.go all clients simulated here,
 //	                    fedclient.go this worker as one real client
 //	entry*.go           entrypoint jobs: entry.go the ring, the agent

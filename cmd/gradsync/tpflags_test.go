@@ -30,3 +30,19 @@ func TestLabelShardFlags(t *testing.T) {
 		t.Errorf("parallelism %v, default workers %d", p, defaultWorkers(spec))
 	}
 }
+
+func TestTensorParallelFlag(t *testing.T) {
+	var sf specFlags
+	c := &cobra.Command{Use: "x"}
+	sf.register(c)
+	if err := c.ParseFlags([]string{"--model", "mlp", "--tensor-parallel", "2", "--data-parallel", "3"}); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := sf.build(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := spec.GetParallelism(); p.GetTensor() != 2 || p.GetLabelShards() != 0 || defaultWorkers(spec) != 6 {
+		t.Errorf("parallelism %v, default workers %d", p, defaultWorkers(spec))
+	}
+}
