@@ -25,7 +25,7 @@ func TestLabelShards(t *testing.T) {
 		t.Errorf("3 workers for 2 label shards: exit %d, %q; want InvalidArgument naming parallelism.label_shards", code, all)
 	}
 	worker := func(id string) *proc {
-		p := start(t, "worker "+id, append([]string{"worker", "--server", s.addr, "--id", id}, s.sec...)...)
+		p := start(t, "worker "+id, append([]string{"worker", "--server", s.addr, "--id", id, "--runs-dir", filepath.Join(dir, "wruns")}, s.sec...)...)
 		s.waitWorker(ctx, t, id, "IDLE")
 		return p
 	}
@@ -60,7 +60,7 @@ func TestKillTensorRank(t *testing.T) {
 	dir := t.TempDir()
 	s := startServer(ctx, t, "127.0.0.1:0", filepath.Join(dir, "data"), filepath.Join(dir, "runs"))
 	worker := func(id string) *proc {
-		p := start(t, "worker "+id, append([]string{"worker", "--server", s.addr, "--id", id}, s.sec...)...)
+		p := start(t, "worker "+id, append([]string{"worker", "--server", s.addr, "--id", id, "--runs-dir", filepath.Join(dir, "wruns")}, s.sec...)...)
 		s.waitWorker(ctx, t, id, "IDLE")
 		return p
 	}
