@@ -99,6 +99,12 @@ type Submit struct {
 	// ranks sit on the mesh pipeline.Place gives, and a lost rank is
 	// named by its stage and replica too.
 	Stages int
+	// LabelShards is the job's label shards L (0 or 1: none): rank r is
+	// label shard r mod L of replica r / L, and a lost rank is named so.
+	LabelShards int
+	// Tensor is the job's tensor-parallel ranks T (0 or 1: none): rank r
+	// is tensor rank r mod T of replica r / T, and a lost rank is named so.
+	Tensor int
 	// Memory is what each rank needs of its worker's memory (see
 	// Pending.Memory); nil: nothing stated.
 	Memory []Need
@@ -201,7 +207,8 @@ func (c *Core) Step(in Input) ([]Action, error) {
 	case Submit:
 		if c.jobs[in.Job] == nil || Final(c.jobs[in.Job].State) {
 			c.jobs[in.Job] = &Job{ID: in.Job, Mode: in.Mode, State: pb.JobState_JOB_STATE_PENDING, size: in.Workers, min: in.MinWorkers,
-				realClients: in.RealClients, minIdle: in.StepTimeoutSeconds / 2, resumeFrom: in.ResumeFrom, stages: in.Stages}
+				realClients: in.RealClients, minIdle: in.StepTimeoutSeconds / 2, resumeFrom: in.ResumeFrom, stages: in.Stages,
+				labelShards: in.LabelShards, tensor: in.Tensor}
 		}
 		if !slices.ContainsFunc(c.queue, func(p Pending) bool { return p.Job == in.Job }) {
 			c.queue = append(c.queue, Pending{Job: in.Job, Workers: in.Workers, Entrypoint: in.Entrypoint, Memory: in.Memory})

@@ -310,8 +310,16 @@ func (c *Core) RecoveryPhase(id string) Phase {
 
 // rankName names rank r of j's mesh of world ranks: "rank 2", or for a
 // pipeline job "rank 2, pipeline stage 0 of 2, replica 1"
-// (pipeline.Place's mesh, the one the workers build).
+// (pipeline.Place's mesh, the one the workers build), for a label-sharded
+// one "rank 2, label shard 0 of 2, replica 1", for a tensor-parallel one
+// "rank 2, tensor rank 0 of 2, replica 1".
 func (j *Job) rankName(r, world int) string {
+	if l := j.labelShards; l > 1 && r >= 0 {
+		return fmt.Sprintf("rank %d, label shard %d of %d, replica %d", r, r%l, l, r/l)
+	}
+	if tr := j.tensor; tr > 1 && r >= 0 {
+		return fmt.Sprintf("rank %d, tensor rank %d of %d, replica %d", r, r%tr, tr, r/tr)
+	}
 	if j.stages > 1 && r >= 0 {
 		if c, err := pipeline.Place(r, world, j.stages); err == nil {
 			return fmt.Sprintf("rank %d, pipeline stage %d of %d, replica %d", r, c.Stage, c.Stages, c.Replica)

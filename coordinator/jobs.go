@@ -55,6 +55,9 @@ type Job struct {
 	realClients bool
 	// stages: the pipeline stages of its mesh (≤ 1: none).
 	stages int
+	// labelShards, tensor: the label shards or tensor-parallel ranks of
+	// each replica of its mesh (≤ 1: none).
+	labelShards, tensor int
 }
 
 // Stopping lists the workers whose task of the ended job has not yet

@@ -47,17 +47,17 @@ func PipelineBalance(s *pb.JobSpec) models.Balance {
 // pipelineMode is the mode a spec that leaves it empty gets: pipeline
 // jobs all-reduce each stage's gradients over a ring.
 func pipelineMode(s *pb.JobSpec) string {
-	if s.GetParallelism().GetPipeline().GetStages() > 1 {
+	if p := s.GetParallelism(); p.GetPipeline().GetStages() > 1 || p.GetLabelShards() > 1 || p.GetTensor() > 1 {
 		return "ring"
 	}
 	return DefaultMode
 }
 
 // pipelineWorkers is the worker count a spec that leaves it unset gets:
-// data × stages.
+// data × stages × label shards × tensor ranks.
 func pipelineWorkers(s *pb.JobSpec) int32 {
 	p := s.GetParallelism()
-	return max(p.GetData(), 1) * max(p.GetPipeline().GetStages(), 1)
+	return max(p.GetData(), 1) * max(p.GetPipeline().GetStages(), 1) * max(p.GetLabelShards(), 1) * max(p.GetTensor(), 1)
 }
 
 // normalizePipeline checks and defaults parallelism. It runs last, on an
@@ -66,6 +66,14 @@ func normalizePipeline(s *pb.JobSpec) error {
 	par := s.GetParallelism()
 	if par == nil {
 		return nil
+	}
+	if par.LabelShards < 0 || par.LabelShards > 1 || len(par.LabelGroups) > 0 {
+		return normalizeLabelShards(s) // tensor.go
+	}
+	if par.Tensor != 0 {
+		if err := normalizeTensor(s); err != nil || par.Tensor > 1 { // tensor.go
+			return err
+		}
 	}
 	workers := s.GetWorkers()
 	if par.Data < 0 {

@@ -328,6 +328,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*pb.S
 func submitInput(j *pb.Job, now time.Time, needs []coordinator.Need) coordinator.Submit {
 	spec := j.Spec
 	return coordinator.Submit{At: now, Job: j.Id, Workers: int(spec.GetWorkers()), MinWorkers: int(spec.GetMinWorkers()), Mode: spec.GetMode(), Stages: jobspec.PipelineStages(spec),
+		LabelShards: jobspec.LabelShards(spec), Tensor: jobspec.TensorRanks(spec),
 		RealClients: jobspec.RealClients(spec), StepTimeoutSeconds: spec.GetStepTimeoutSeconds(), ResumeFrom: j.ResumeFrom,
 		Entrypoint: jobspec.IsEntrypoint(spec), Memory: needs}
 }

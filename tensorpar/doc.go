@@ -79,4 +79,11 @@
 // longest shard per layer; for Linear2D one down the grid column, then
 // one along the row), so that every rank holds the whole tensors a
 // checkpoint writes under PyTorch's names.
+//
+// Jobs: the label-sharded head runs in label-sharded jobs
+// (parallelism.label_shards, worker/tplabel.go) and the MLP, with ReLU
+// and no input gradient (MLPOptions), in tensor-parallel mlp jobs
+// (parallelism.tensor, worker/tptensor.go), each Group a RingGroup over a
+// gRPC ring of one data replica's ranks. Attention, the block, Linear2D
+// and spatial sharding are not in jobs yet.
 package tensorpar

@@ -36,6 +36,16 @@ func (m *MLP) GatherParams(ctx context.Context, grads bool) (MLPWeights, error) 
 	if grads {
 		buf = m.grads
 	}
+	return m.Gather(ctx, buf)
+}
+
+// Gather is GatherParams of any buffer laid out as Params (an optimiser's
+// state of this rank's shard): the whole block's tensors of it, on every
+// rank.
+func (m *MLP) Gather(ctx context.Context, buf []float32) (MLPWeights, error) {
+	if len(buf) != len(m.params) {
+		return MLPWeights{}, fmt.Errorf("tensorpar: MLP.Gather: %d values, want %d (laid out as Params)", len(buf), len(m.params))
+	}
 	l := m.g.Size()
 	part, err := gatherShards(ctx, m.g, buf, func(q int) int { return mlpLen(l, q, m.In, m.Hidden, m.Out) })
 	if err != nil {
@@ -147,4 +157,18 @@ func (l *Linear2D) GatherParams(ctx context.Context, grads bool) (w, b []float32
 		copy(b[lo:hi], p[(hi-lo)*l.In:])
 	}
 	return w, b, nil
+}
+
+// ShardOf copies this rank's shard of full (whole-block tensors, e.g. an
+// optimiser's state read from a checkpoint) into dst, laid out as Params.
+func (m *MLP) ShardOf(dst []float32, full MLPWeights) error {
+	if len(dst) != len(m.params) {
+		return fmt.Errorf("tensorpar: MLP.ShardOf: %d values, want %d (laid out as Params)", len(dst), len(m.params))
+	}
+	if err := full.check(m.In, m.Hidden, m.Out); err != nil {
+		return err
+	}
+	mv := newMLP(m.g, m.g.Rank(), m.In, m.Hidden, m.Out, dst, dst)
+	m.scatter(mv.W1, mv.B1, mv.W2, mv.B2, full)
+	return nil
 }

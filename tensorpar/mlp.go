@@ -74,8 +74,24 @@ type MLP struct {
 	params, grads []float32
 	fc1           *models.Linear // views W1, B1, DW1, DB1
 	fc2           rowParallel    // views W2, B2, DW2, DB2
-	act           models.GELU
+	act           activation     // GELU, or ReLU (MLPOptions)
+	noInputGrad   bool
 	batch         int
+}
+
+// activation is the element-wise layer between fc1 and fc2.
+type activation interface {
+	Forward(x []float32, batch int, train bool) []float32
+	Backward(dy []float32) []float32
+}
+
+// MLPOptions vary the block for models other than the ViT's: ReLU
+// instead of GELU between fc1 and fc2 (the mlp model's fc1, fc2), and
+// NoInputGrad for a block at the network's input, whose Backward then
+// computes no input gradient and does no all-reduce (returning nil).
+type MLPOptions struct {
+	ReLU        bool
+	NoInputGrad bool
 }
 
 // NewMLP returns rank g.Rank()'s shard of an MLP block with zero
@@ -83,6 +99,11 @@ type MLP struct {
 // with the same sizes: it checks so with one all-reduce, and a rank that
 // disagrees, or a group of another size, is an error on every rank.
 func NewMLP(ctx context.Context, g Group, in, hidden, out int) (*MLP, error) {
+	return NewMLPWith(ctx, g, in, hidden, out, MLPOptions{})
+}
+
+// NewMLPWith is NewMLP with options.
+func NewMLPWith(ctx context.Context, g Group, in, hidden, out int, opt MLPOptions) (*MLP, error) {
 	if err := checkMLP(g, in, hidden, out); err != nil {
 		return nil, err
 	}
@@ -90,7 +111,13 @@ func NewMLP(ctx context.Context, g Group, in, hidden, out int) (*MLP, error) {
 		return nil, err
 	}
 	n := mlpLen(g.Size(), g.Rank(), in, hidden, out)
-	return newMLP(g, g.Rank(), in, hidden, out, make([]float32, n), make([]float32, n)), nil
+	m := newMLP(g, g.Rank(), in, hidden, out, make([]float32, n), make([]float32, n))
+	if opt.ReLU {
+		m.act = &models.ReLU{}
+	}
+	m.noInputGrad = opt.NoInputGrad
+	m.fc1.SkipInputGrad = opt.NoInputGrad
+	return m, nil
 }
 
 // checkMLP refuses sizes that cannot be split over g, before any
@@ -148,7 +175,7 @@ func newMLP(g Group, r, in, hidden, out int, params, grads []float32) *MLP {
 	lo, hi := Span(hidden, g.Size(), r)
 	k := hi - lo
 	n1 := k*in + k
-	m := &MLP{In: in, Hidden: hidden, Out: out, Lo: lo, Hi: hi, g: g, params: params, grads: grads}
+	m := &MLP{In: in, Hidden: hidden, Out: out, Lo: lo, Hi: hi, g: g, params: params, grads: grads, act: &models.GELU{}}
 	views := func(b []float32) (w1, b1, w2, b2 []float32) {
 		return b[:k*in], b[k*in : n1], b[n1 : n1+out*k], b[n1+out*k:]
 	}
@@ -239,7 +266,8 @@ var errNoForward = errors.New("tensorpar: MLP.Backward without a successful Forw
 
 // Backward adds this rank's parameter gradients for dy (batch, Out), the
 // same on every rank, and returns dx (batch, In) summed over the group:
-// the same on every rank, owned and valid until the next Backward.
+// the same on every rank, owned and valid until the next Backward (nil,
+// and no communication, with MLPOptions.NoInputGrad).
 func (m *MLP) Backward(ctx context.Context, dy []float32) ([]float32, error) {
 	if m.batch == 0 {
 		return nil, errNoForward
@@ -250,6 +278,9 @@ func (m *MLP) Backward(ctx context.Context, dy []float32) ([]float32, error) {
 	}
 	// g: identity. fc2's bias (whole here) and shard, as models.Linear.
 	dx := m.fc1.Backward(m.act.Backward(m.fc2.backward(dy)))
+	if m.noInputGrad {
+		return nil, nil
+	}
 	// f: all-reduce the input gradient's partials.
 	if err := m.g.AllReduce(ctx, dx, Sum); err != nil {
 		return nil, fmt.Errorf("tensorpar: MLP.Backward: %w", err)

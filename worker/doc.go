@@ -37,6 +37,16 @@
 //	                    by stage, pipestats.go each stage's summary,
 //	                    pipemem.go the memory a worker offers
 //	                    (--memory-limit)
+//	tp*.go              model-parallel jobs of package tensorpar:
+//	                    tplabel.go label-sharded heads (the body
+//	                    replicated over a replica's shards, the head's
+//	                    classes split; why, and the checkpoints and
+//	                    checksum gathered from the shards),
+//	                    tptensor.go tensor-parallel mlp (fc1 and fc2 a
+//	                    Megatron pair), tpmesh.go what both share
+//	                    (the rings of a replica's group and of a
+//	                    rank's replicas, the step), tpstats.go what
+//	                    each rank's group sent, beside the formulas
 //	fed*.go             fedavg: fedsim.go all clients simulated here,
 //	                    fedclient.go this worker as one real client
 //	entry*.go           entrypoint jobs: entry.go the ring, the agent

@@ -25,6 +25,14 @@ import (
 // on the same batches), else the job's rank and world size.
 func dataShard(a *pb.Assignment) (rank, world int, err error) {
 	rank, world = int(a.Rank), int(a.WorldSize)
+	if jobspec.LabelSharded(a.Spec) { // tplabel.go
+		c := labelCoordOf(a)
+		return c.replica, c.replicas, nil
+	}
+	if jobspec.TensorParallel(a.Spec) { // tptensor.go
+		c := groupCoord(a, jobspec.TensorRanks(a.Spec))
+		return c.replica, c.replicas, nil
+	}
 	if !jobspec.Pipelined(a.Spec) {
 		return rank, world, nil
 	}
@@ -40,6 +48,12 @@ func dataShard(a *pb.Assignment) (rank, world int, err error) {
 // (models.NewStage: its parameters, gradients and buffers, with the whole
 // model's initial values of the stage).
 func newNetwork(a *pb.Assignment, opt models.Options) (*models.Network, error) {
+	if jobspec.LabelSharded(a.Spec) { // tplabel.go: the body alone
+		return labelBody(a.Spec, opt)
+	}
+	if jobspec.TensorParallel(a.Spec) { // tptensor.go: the replicated part alone
+		return tensorRest(a.Spec, opt)
+	}
 	if !jobspec.Pipelined(a.Spec) {
 		return models.New(a.Spec.Model, opt)
 	}
@@ -52,9 +66,12 @@ func newNetwork(a *pb.Assignment, opt models.Options) (*models.Network, error) {
 }
 
 // imageShare is how many ranks train on each of a rank's images: the
-// stages of a pipeline job's replica (1 otherwise), so that the ranks'
+// stages of a pipeline job's replica, the label shards or tensor ranks of
+// a label-sharded or tensor-parallel job's (1 otherwise), so that the ranks'
 // throughputs, which the coordinator sums, count each image once.
-func imageShare(spec *pb.JobSpec) float64 { return float64(jobspec.PipelineStages(spec)) }
+func imageShare(spec *pb.JobSpec) float64 {
+	return float64(jobspec.PipelineStages(spec) * jobspec.LabelShards(spec) * jobspec.TensorRanks(spec))
+}
 
 // pipeTask is one rank's pipeline stage (pipeline.Place gives it its
 // replica and stage from the ring job's assignment). Every step its

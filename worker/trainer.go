@@ -125,9 +125,14 @@ func newTrainer(a *pb.Assignment, env *taskEnv, obj objective) (*Trainer, error)
 func (t *Trainer) join(ctx context.Context) error {
 	var s synchronizer
 	var err error
-	if jobspec.Pipelined(t.spec) {
+	switch {
+	case jobspec.Pipelined(t.spec):
 		s, err = newPipeTask(ctx, t.a, t.env, t.net, t.obj, t.total)
-	} else {
+	case jobspec.LabelSharded(t.spec):
+		s, err = newLabelTask(ctx, t.a, t.env, t.net, t.obj, t.total)
+	case jobspec.TensorParallel(t.spec):
+		s, err = newTensorTask(ctx, t.a, t.env, t.net, t.obj, t.total)
+	default:
 		s, err = startSync(ctx, t.a, t.env, t.net, t.total, psStart{step: t.at.step, trainExamples: t.plan.trainLen})
 	}
 	if err != nil {

@@ -38,8 +38,9 @@ func applyPipelineFlags(spec *pb.JobSpec, f *specFlags, ch func(string) bool) {
 }
 
 // defaultWorkers is how many workers `local` starts for a spec that does
-// not say: one per stage of every data replica (the spec's default too).
+// not say: one per stage (label shard, tensor rank) of every data replica (the
+// spec's default too).
 func defaultWorkers(spec *pb.JobSpec) int {
 	p := spec.GetParallelism()
-	return int(max(p.GetData(), 1) * max(p.GetPipeline().GetStages(), 1))
+	return int(max(p.GetData(), 1) * max(p.GetPipeline().GetStages(), 1) * max(p.GetLabelShards(), 1) * max(p.GetTensor(), 1))
 }

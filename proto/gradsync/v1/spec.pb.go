@@ -399,8 +399,26 @@ type ParallelismSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Data-parallel replicas D of the whole pipeline; 0: workers / stages.
 	// The replicas of a stage all-reduce that stage's gradients.
-	Data          int32         `protobuf:"varint,1,opt,name=data,proto3" json:"data,omitempty"`
-	Pipeline      *PipelineSpec `protobuf:"bytes,2,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
+	Data     int32         `protobuf:"varint,1,opt,name=data,proto3" json:"data,omitempty"`
+	Pipeline *PipelineSpec `protobuf:"bytes,2,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
+	// Label shards L of the classifier head (0 or 1: none): each replica's
+	// L workers hold the whole body (replicated, the same batch on each) and
+	// 1/L of the head's classes; the softmax cross-entropy is computed from
+	// the shards (all-reduces of the max, the sum of exponentials and the
+	// target logit), and no worker holds all logits. workers = data × L.
+	// Rank r is label shard r mod L of replica r / L. Pipeline stages do
+	// not compose with it yet.
+	LabelShards int32 `protobuf:"varint,3,opt,name=label_shards,json=labelShards,proto3" json:"label_shards,omitempty"`
+	// The classes of each label shard, as groups the user gives (e.g.
+	// CIFAR-100's superclasses): groups go to the shards in contiguous runs;
+	// every class in exactly one group. Empty: contiguous ranges of classes.
+	LabelGroups []*LabelGroup `protobuf:"bytes,4,rep,name=label_groups,json=labelGroups,proto3" json:"label_groups,omitempty"`
+	// Tensor-parallel ranks T (0 or 1: none): each replica's T workers
+	// split the model's Megatron pairs (column- then row-parallel Linear
+	// layers; for mlp its fc1 and fc2 by hidden units) and hold the rest
+	// whole, on the same batch. workers = data × T; rank r is tensor rank
+	// r mod T of replica r / T. Models: mlp so far.
+	Tensor        int32 `protobuf:"varint,5,opt,name=tensor,proto3" json:"tensor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -449,6 +467,72 @@ func (x *ParallelismSpec) GetPipeline() *PipelineSpec {
 	return nil
 }
 
+func (x *ParallelismSpec) GetLabelShards() int32 {
+	if x != nil {
+		return x.LabelShards
+	}
+	return 0
+}
+
+func (x *ParallelismSpec) GetLabelGroups() []*LabelGroup {
+	if x != nil {
+		return x.LabelGroups
+	}
+	return nil
+}
+
+func (x *ParallelismSpec) GetTensor() int32 {
+	if x != nil {
+		return x.Tensor
+	}
+	return 0
+}
+
+// LabelGroup is a group of classes kept on one label shard.
+type LabelGroup struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Classes       []int32                `protobuf:"varint,1,rep,packed,name=classes,proto3" json:"classes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LabelGroup) Reset() {
+	*x = LabelGroup{}
+	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LabelGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LabelGroup) ProtoMessage() {}
+
+func (x *LabelGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LabelGroup.ProtoReflect.Descriptor instead.
+func (*LabelGroup) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *LabelGroup) GetClasses() []int32 {
+	if x != nil {
+		return x.Classes
+	}
+	return nil
+}
+
 // PipelineSpec splits the model by layers into stages, one per worker of
 // a replica, trained on micro-batches (GPipe or 1F1B, both flushing at
 // the step's end: a step's gradient is exactly the whole batch's).
@@ -477,7 +561,7 @@ type PipelineSpec struct {
 
 func (x *PipelineSpec) Reset() {
 	*x = PipelineSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -489,7 +573,7 @@ func (x *PipelineSpec) String() string {
 func (*PipelineSpec) ProtoMessage() {}
 
 func (x *PipelineSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[3]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -502,7 +586,7 @@ func (x *PipelineSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PipelineSpec.ProtoReflect.Descriptor instead.
 func (*PipelineSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{3}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PipelineSpec) GetStages() int32 {
@@ -561,7 +645,7 @@ type EntrypointSpec struct {
 
 func (x *EntrypointSpec) Reset() {
 	*x = EntrypointSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -573,7 +657,7 @@ func (x *EntrypointSpec) String() string {
 func (*EntrypointSpec) ProtoMessage() {}
 
 func (x *EntrypointSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[4]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -586,7 +670,7 @@ func (x *EntrypointSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EntrypointSpec.ProtoReflect.Descriptor instead.
 func (*EntrypointSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{4}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *EntrypointSpec) GetCommand() []string {
@@ -680,7 +764,7 @@ type DatasetSpec struct {
 
 func (x *DatasetSpec) Reset() {
 	*x = DatasetSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +776,7 @@ func (x *DatasetSpec) String() string {
 func (*DatasetSpec) ProtoMessage() {}
 
 func (x *DatasetSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[5]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +789,7 @@ func (x *DatasetSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetSpec.ProtoReflect.Descriptor instead.
 func (*DatasetSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{5}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DatasetSpec) GetName() string {
@@ -839,7 +923,7 @@ type DataShape struct {
 
 func (x *DataShape) Reset() {
 	*x = DataShape{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +935,7 @@ func (x *DataShape) String() string {
 func (*DataShape) ProtoMessage() {}
 
 func (x *DataShape) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[6]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +948,7 @@ func (x *DataShape) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataShape.ProtoReflect.Descriptor instead.
 func (*DataShape) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{6}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DataShape) GetChannels() int32 {
@@ -930,7 +1014,7 @@ type OptimizerSpec struct {
 
 func (x *OptimizerSpec) Reset() {
 	*x = OptimizerSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1026,7 @@ func (x *OptimizerSpec) String() string {
 func (*OptimizerSpec) ProtoMessage() {}
 
 func (x *OptimizerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[7]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1039,7 @@ func (x *OptimizerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OptimizerSpec.ProtoReflect.Descriptor instead.
 func (*OptimizerSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{7}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *OptimizerSpec) GetName() string {
@@ -1031,7 +1115,7 @@ type ScheduleSpec struct {
 
 func (x *ScheduleSpec) Reset() {
 	*x = ScheduleSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1127,7 @@ func (x *ScheduleSpec) String() string {
 func (*ScheduleSpec) ProtoMessage() {}
 
 func (x *ScheduleSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[8]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1140,7 @@ func (x *ScheduleSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduleSpec.ProtoReflect.Descriptor instead.
 func (*ScheduleSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{8}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ScheduleSpec) GetName() string {
@@ -1104,7 +1188,7 @@ type CompressionSpec struct {
 
 func (x *CompressionSpec) Reset() {
 	*x = CompressionSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1116,7 +1200,7 @@ func (x *CompressionSpec) String() string {
 func (*CompressionSpec) ProtoMessage() {}
 
 func (x *CompressionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[9]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1129,7 +1213,7 @@ func (x *CompressionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompressionSpec.ProtoReflect.Descriptor instead.
 func (*CompressionSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{9}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CompressionSpec) GetType() string {
@@ -1202,7 +1286,7 @@ type CheckpointSpec struct {
 
 func (x *CheckpointSpec) Reset() {
 	*x = CheckpointSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[10]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1214,7 +1298,7 @@ func (x *CheckpointSpec) String() string {
 func (*CheckpointSpec) ProtoMessage() {}
 
 func (x *CheckpointSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[10]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1227,7 +1311,7 @@ func (x *CheckpointSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointSpec.ProtoReflect.Descriptor instead.
 func (*CheckpointSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{10}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CheckpointSpec) GetEverySteps() int64 {
@@ -1304,7 +1388,7 @@ type FederatedSpec struct {
 
 func (x *FederatedSpec) Reset() {
 	*x = FederatedSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[11]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1316,7 +1400,7 @@ func (x *FederatedSpec) String() string {
 func (*FederatedSpec) ProtoMessage() {}
 
 func (x *FederatedSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[11]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1329,7 +1413,7 @@ func (x *FederatedSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederatedSpec.ProtoReflect.Descriptor instead.
 func (*FederatedSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{11}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *FederatedSpec) GetRounds() int32 {
@@ -1464,7 +1548,7 @@ type PartitionSpec struct {
 
 func (x *PartitionSpec) Reset() {
 	*x = PartitionSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[12]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1476,7 +1560,7 @@ func (x *PartitionSpec) String() string {
 func (*PartitionSpec) ProtoMessage() {}
 
 func (x *PartitionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[12]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1489,7 +1573,7 @@ func (x *PartitionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionSpec.ProtoReflect.Descriptor instead.
 func (*PartitionSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{12}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PartitionSpec) GetType() string {
@@ -1535,7 +1619,7 @@ type ParameterServerSpec struct {
 
 func (x *ParameterServerSpec) Reset() {
 	*x = ParameterServerSpec{}
-	mi := &file_gradsync_v1_spec_proto_msgTypes[13]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +1631,7 @@ func (x *ParameterServerSpec) String() string {
 func (*ParameterServerSpec) ProtoMessage() {}
 
 func (x *ParameterServerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_spec_proto_msgTypes[13]
+	mi := &file_gradsync_v1_spec_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +1644,7 @@ func (x *ParameterServerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParameterServerSpec.ProtoReflect.Descriptor instead.
 func (*ParameterServerSpec) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{13}
+	return file_gradsync_v1_spec_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ParameterServerSpec) GetShards() int32 {
@@ -1645,10 +1729,16 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\x05_seedB\x13\n" +
 	"\x11_eval_every_epoch\".\n" +
 	"\x0eCollectiveSpec\x12\x1c\n" +
-	"\ttransport\x18\x01 \x01(\tR\ttransport\"\\\n" +
+	"\ttransport\x18\x01 \x01(\tR\ttransport\"\xd3\x01\n" +
 	"\x0fParallelismSpec\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\x05R\x04data\x125\n" +
-	"\bpipeline\x18\x02 \x01(\v2\x19.gradsync.v1.PipelineSpecR\bpipeline\"\xb1\x01\n" +
+	"\bpipeline\x18\x02 \x01(\v2\x19.gradsync.v1.PipelineSpecR\bpipeline\x12!\n" +
+	"\flabel_shards\x18\x03 \x01(\x05R\vlabelShards\x12:\n" +
+	"\flabel_groups\x18\x04 \x03(\v2\x17.gradsync.v1.LabelGroupR\vlabelGroups\x12\x16\n" +
+	"\x06tensor\x18\x05 \x01(\x05R\x06tensor\"&\n" +
+	"\n" +
+	"LabelGroup\x12\x18\n" +
+	"\aclasses\x18\x01 \x03(\x05R\aclasses\"\xb1\x01\n" +
 	"\fPipelineSpec\x12\x16\n" +
 	"\x06stages\x18\x01 \x01(\x05R\x06stages\x12#\n" +
 	"\rmicro_batches\x18\x02 \x01(\x05R\fmicroBatches\x12\x1a\n" +
@@ -1772,44 +1862,46 @@ func file_gradsync_v1_spec_proto_rawDescGZIP() []byte {
 	return file_gradsync_v1_spec_proto_rawDescData
 }
 
-var file_gradsync_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_gradsync_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_gradsync_v1_spec_proto_goTypes = []any{
 	(*JobSpec)(nil),             // 0: gradsync.v1.JobSpec
 	(*CollectiveSpec)(nil),      // 1: gradsync.v1.CollectiveSpec
 	(*ParallelismSpec)(nil),     // 2: gradsync.v1.ParallelismSpec
-	(*PipelineSpec)(nil),        // 3: gradsync.v1.PipelineSpec
-	(*EntrypointSpec)(nil),      // 4: gradsync.v1.EntrypointSpec
-	(*DatasetSpec)(nil),         // 5: gradsync.v1.DatasetSpec
-	(*DataShape)(nil),           // 6: gradsync.v1.DataShape
-	(*OptimizerSpec)(nil),       // 7: gradsync.v1.OptimizerSpec
-	(*ScheduleSpec)(nil),        // 8: gradsync.v1.ScheduleSpec
-	(*CompressionSpec)(nil),     // 9: gradsync.v1.CompressionSpec
-	(*CheckpointSpec)(nil),      // 10: gradsync.v1.CheckpointSpec
-	(*FederatedSpec)(nil),       // 11: gradsync.v1.FederatedSpec
-	(*PartitionSpec)(nil),       // 12: gradsync.v1.PartitionSpec
-	(*ParameterServerSpec)(nil), // 13: gradsync.v1.ParameterServerSpec
-	nil,                         // 14: gradsync.v1.EntrypointSpec.EnvEntry
+	(*LabelGroup)(nil),          // 3: gradsync.v1.LabelGroup
+	(*PipelineSpec)(nil),        // 4: gradsync.v1.PipelineSpec
+	(*EntrypointSpec)(nil),      // 5: gradsync.v1.EntrypointSpec
+	(*DatasetSpec)(nil),         // 6: gradsync.v1.DatasetSpec
+	(*DataShape)(nil),           // 7: gradsync.v1.DataShape
+	(*OptimizerSpec)(nil),       // 8: gradsync.v1.OptimizerSpec
+	(*ScheduleSpec)(nil),        // 9: gradsync.v1.ScheduleSpec
+	(*CompressionSpec)(nil),     // 10: gradsync.v1.CompressionSpec
+	(*CheckpointSpec)(nil),      // 11: gradsync.v1.CheckpointSpec
+	(*FederatedSpec)(nil),       // 12: gradsync.v1.FederatedSpec
+	(*PartitionSpec)(nil),       // 13: gradsync.v1.PartitionSpec
+	(*ParameterServerSpec)(nil), // 14: gradsync.v1.ParameterServerSpec
+	nil,                         // 15: gradsync.v1.EntrypointSpec.EnvEntry
 }
 var file_gradsync_v1_spec_proto_depIdxs = []int32{
-	5,  // 0: gradsync.v1.JobSpec.dataset:type_name -> gradsync.v1.DatasetSpec
-	7,  // 1: gradsync.v1.JobSpec.optimizer:type_name -> gradsync.v1.OptimizerSpec
-	8,  // 2: gradsync.v1.JobSpec.lr_schedule:type_name -> gradsync.v1.ScheduleSpec
-	9,  // 3: gradsync.v1.JobSpec.compression:type_name -> gradsync.v1.CompressionSpec
-	10, // 4: gradsync.v1.JobSpec.checkpoint:type_name -> gradsync.v1.CheckpointSpec
-	11, // 5: gradsync.v1.JobSpec.federated:type_name -> gradsync.v1.FederatedSpec
-	12, // 6: gradsync.v1.JobSpec.partition:type_name -> gradsync.v1.PartitionSpec
-	13, // 7: gradsync.v1.JobSpec.parameter_server:type_name -> gradsync.v1.ParameterServerSpec
-	4,  // 8: gradsync.v1.JobSpec.entrypoint:type_name -> gradsync.v1.EntrypointSpec
+	6,  // 0: gradsync.v1.JobSpec.dataset:type_name -> gradsync.v1.DatasetSpec
+	8,  // 1: gradsync.v1.JobSpec.optimizer:type_name -> gradsync.v1.OptimizerSpec
+	9,  // 2: gradsync.v1.JobSpec.lr_schedule:type_name -> gradsync.v1.ScheduleSpec
+	10, // 3: gradsync.v1.JobSpec.compression:type_name -> gradsync.v1.CompressionSpec
+	11, // 4: gradsync.v1.JobSpec.checkpoint:type_name -> gradsync.v1.CheckpointSpec
+	12, // 5: gradsync.v1.JobSpec.federated:type_name -> gradsync.v1.FederatedSpec
+	13, // 6: gradsync.v1.JobSpec.partition:type_name -> gradsync.v1.PartitionSpec
+	14, // 7: gradsync.v1.JobSpec.parameter_server:type_name -> gradsync.v1.ParameterServerSpec
+	5,  // 8: gradsync.v1.JobSpec.entrypoint:type_name -> gradsync.v1.EntrypointSpec
 	2,  // 9: gradsync.v1.JobSpec.parallelism:type_name -> gradsync.v1.ParallelismSpec
 	1,  // 10: gradsync.v1.JobSpec.collective:type_name -> gradsync.v1.CollectiveSpec
-	3,  // 11: gradsync.v1.ParallelismSpec.pipeline:type_name -> gradsync.v1.PipelineSpec
-	14, // 12: gradsync.v1.EntrypointSpec.env:type_name -> gradsync.v1.EntrypointSpec.EnvEntry
-	6,  // 13: gradsync.v1.DatasetSpec.shape:type_name -> gradsync.v1.DataShape
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	4,  // 11: gradsync.v1.ParallelismSpec.pipeline:type_name -> gradsync.v1.PipelineSpec
+	3,  // 12: gradsync.v1.ParallelismSpec.label_groups:type_name -> gradsync.v1.LabelGroup
+	15, // 13: gradsync.v1.EntrypointSpec.env:type_name -> gradsync.v1.EntrypointSpec.EnvEntry
+	7,  // 14: gradsync.v1.DatasetSpec.shape:type_name -> gradsync.v1.DataShape
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_spec_proto_init() }
@@ -1818,16 +1910,16 @@ func file_gradsync_v1_spec_proto_init() {
 		return
 	}
 	file_gradsync_v1_spec_proto_msgTypes[0].OneofWrappers = []any{}
-	file_gradsync_v1_spec_proto_msgTypes[5].OneofWrappers = []any{}
-	file_gradsync_v1_spec_proto_msgTypes[7].OneofWrappers = []any{}
-	file_gradsync_v1_spec_proto_msgTypes[9].OneofWrappers = []any{}
+	file_gradsync_v1_spec_proto_msgTypes[6].OneofWrappers = []any{}
+	file_gradsync_v1_spec_proto_msgTypes[8].OneofWrappers = []any{}
+	file_gradsync_v1_spec_proto_msgTypes[10].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gradsync_v1_spec_proto_rawDesc), len(file_gradsync_v1_spec_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
