@@ -253,7 +253,7 @@ func (t *labelTask) evaluate(ctx context.Context, rank int32, _ forwarder, res *
 	conf := eval.NewConfusion(t.classes)
 	in := t.net.InputSize()
 	x := make([]float32, evalBatch*in)
-	y := make([]uint8, evalBatch)
+	y := make([]int32, evalBatch)
 	idx := make([]int, evalBatch)
 	var lossSum float64
 	for lo := 0; lo < test.Len(); lo += evalBatch {
@@ -271,7 +271,7 @@ func (t *labelTask) evaluate(ctx context.Context, rank int32, _ forwarder, res *
 	return rank == 0, nil
 }
 
-func (t *labelTask) evalBatch(ctx context.Context, x []float32, y []uint8, conf *eval.Confusion, lossSum *float64) error {
+func (t *labelTask) evalBatch(ctx context.Context, x []float32, y []int32, conf *eval.Confusion, lossSum *float64) error {
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
 	k := len(y)
@@ -285,7 +285,7 @@ func (t *labelTask) evalBatch(ctx context.Context, x []float32, y []uint8, conf 
 	if err != nil {
 		return err
 	}
-	conf.AddPredictions(pred, y)
+	conf.AddPredictionsWide(pred, y)
 	return nil
 }
 
