@@ -203,6 +203,7 @@ func (c *Core) Step(in Input) ([]Action, error) {
 			c.jobs[in.Job] = &Job{ID: in.Job, Mode: in.Mode, State: pb.JobState_JOB_STATE_PENDING, size: in.Workers, min: in.MinWorkers,
 				realClients: in.RealClients, minIdle: in.StepTimeoutSeconds / 2, resumeFrom: in.ResumeFrom, stages: in.Stages}
 		}
+		c.jobs[in.Job].memory = in.Memory
 		if !slices.ContainsFunc(c.queue, func(p Pending) bool { return p.Job == in.Job }) {
 			c.queue = append(c.queue, Pending{Job: in.Job, Workers: in.Workers, Entrypoint: in.Entrypoint, Memory: in.Memory})
 		}

@@ -55,6 +55,9 @@ type Job struct {
 	realClients bool
 	// stages: the pipeline stages of its mesh (≤ 1: none).
 	stages int
+	// memory is what each rank needs of its worker's memory (rank r:
+	// memory[r mod len]; nil: nothing stated), for new generations.
+	memory []Need
 }
 
 // Stopping lists the workers whose task of the ended job has not yet

@@ -25,14 +25,14 @@ func TestPlanStages(t *testing.T) {
 		{"growth by a part of a replica is none", []string{"a0", "b1"}, []string{"x"}, true, nil},
 		{"growth by a replica", []string{"a0", "b1"}, []string{"x", "y", "z"}, true, []string{"a0", "b1", "x", "y"}},
 	} {
-		got, ok := r.PlanStages(tc.survivors, tc.idle, 4, 2, 2, tc.grow, held)
+		got, ok := r.PlanStages(tc.survivors, tc.idle, 4, 2, 2, tc.grow, held, nil)
 		if ok != (tc.want != nil) || !slices.Equal(got, tc.want) {
 			t.Errorf("%s: %v, %v; want %v", tc.name, got, ok, tc.want)
 		}
 	}
 	// An evicted worker is never taken back.
 	r.Evict("x")
-	if got, ok := r.PlanStages([]string{"a0", "a1", "b1"}, []string{"x"}, 4, 2, 2, false, held); !ok || !slices.Equal(got, []string{"a0", "b1"}) {
+	if got, ok := r.PlanStages([]string{"a0", "a1", "b1"}, []string{"x"}, 4, 2, 2, false, held, nil); !ok || !slices.Equal(got, []string{"a0", "b1"}) {
 		t.Errorf("with x evicted: %v, %v", got, ok)
 	}
 }

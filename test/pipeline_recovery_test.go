@@ -65,11 +65,15 @@ func TestKillPipelineReplicaRecovers(t *testing.T) {
 			var busy []string
 			for _, l := range out {
 				var w struct {
-					ID  string `json:"worker_id"`
-					Job string `json:"job_id"`
+					ID     string `json:"worker_id"`
+					Job    string `json:"job_id"`
+					Memory uint64 `json:"memory_bytes"`
 				}
 				if json.Unmarshal([]byte(l), &w) == nil && w.Job == job.ID && procs[w.ID] != nil {
 					busy = append(busy, w.ID)
+					if w.Memory == 0 {
+						t.Errorf("gradsync workers --json: %s reports no memory (memory_bytes 0); every worker offers its host's or cgroup's", w.ID)
+					}
 				}
 			}
 			slices.Sort(busy)

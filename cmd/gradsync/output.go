@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -61,12 +62,14 @@ type workerLine struct {
 	GemmBackend   string    `json:"gemm_backend,omitempty"`
 	JobID         string    `json:"job_id,omitempty"`
 	LastHeartbeat time.Time `json:"last_heartbeat"`
+	// MemoryBytes is what the worker offers to a task (0: not reported).
+	MemoryBytes uint64 `json:"memory_bytes"`
 }
 
 func workerLineOf(w *pb.Worker) workerLine {
 	return workerLine{WorkerID: w.GetId(), Name: w.GetName(), State: workerStateName(w.GetState()), Address: w.GetAddress(),
 		CPUCores: w.GetResources().GetCpuCores(), GPUs: len(w.GetResources().GetGpus()),
-		GemmBackend: w.GetResources().GetGemmBackend(), JobID: w.GetJobId(), LastHeartbeat: w.GetLastHeartbeat().AsTime()}
+		GemmBackend: w.GetResources().GetGemmBackend(), JobID: w.GetJobId(), LastHeartbeat: w.GetLastHeartbeat().AsTime(), MemoryBytes: w.GetMemoryBytes()}
 }
 
 // stateEvent: the job changed state.
@@ -138,4 +141,18 @@ func certsLineOf(p security.Paths) certsLine {
 // workerStateName is the short name of a worker state ("IDLE").
 func workerStateName(s pb.WorkerState) string {
 	return strings.TrimPrefix(s.String(), "WORKER_STATE_")
+}
+
+// memoryColumn is a worker's offered memory for `gradsync workers`:
+// "15.6GiB", "512MiB", "-" when not reported.
+func memoryColumn(b uint64) string {
+	switch {
+	case b == 0:
+		return "-"
+	case b >= 1<<30:
+		return fmt.Sprintf("%.1fGiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.0fMiB", float64(b)/(1<<20))
+	}
+	return fmt.Sprintf("%.0fKiB", float64(b)/(1<<10))
 }

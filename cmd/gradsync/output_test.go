@@ -104,7 +104,7 @@ func TestJSONVocabulary(t *testing.T) {
 	p.job(&pb.Job{Id: "job-2", State: pb.JobState_JOB_STATE_PENDING, CreatedAt: timestamppb.Now()})
 	// workers, server/worker --json, certs init, bench train.
 	p.jsonLine(workerLineOf(&pb.Worker{Id: "w0", Name: "host-a", State: pb.WorkerState_WORKER_STATE_BUSY, Address: "10.0.0.1:7071",
-		Resources: &pb.Resources{CpuCores: 8, GemmBackend: "openblas"}, JobId: "job-1", LastHeartbeat: timestamppb.Now()}))
+		Resources: &pb.Resources{CpuCores: 8, GemmBackend: "openblas"}, JobId: "job-1", LastHeartbeat: timestamppb.Now(), MemoryBytes: 16 << 30}))
 	p.jsonLine(listeningEvent{Event: "listening", Address: "127.0.0.1:7070"})
 	p.jsonLine(certsLineOf(security.Paths{Dir: "certs", CA: "certs/ca.pem", Token: "certs/token"}))
 	p.jsonLine(logLine{Event: "log", JobID: "job-1", Rank: 1, Message: "epoch 1"})
