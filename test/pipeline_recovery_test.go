@@ -28,7 +28,9 @@ func TestKillPipelineReplicaRecovers(t *testing.T) {
 	s := startServer(ctx, t, "127.0.0.1:0", filepath.Join(dir, "data"), runsDir)
 	procs := map[string]*proc{}
 	for _, id := range []string{"pr-0", "pr-1", "pr-2", "pr-3", "pr-4"} {
-		procs[id] = s.startWorker(ctx, t, id)
+		// The workers write their stages' summaries into their runs directory.
+		procs[id] = start(t, "worker "+id, append([]string{"worker", "--server", s.addr, "--id", id, "--runs-dir", filepath.Join(dir, "wruns")}, s.sec...)...)
+		s.waitWorker(ctx, t, id, "IDLE")
 	}
 	spec := filepath.Join(dir, "job.yaml")
 	if err := os.WriteFile(spec, []byte("model: mlp\nmode: ring\nworkers: 4\nmin_workers: 2\nepochs: 4\nseed: 3\nlog_every_steps: 5\n"+
