@@ -116,7 +116,11 @@
 // parameters broadcast in turn; checkpoints are assembled on rank 0 the
 // same way, stage by stage, into one model.safetensors with PyTorch
 // names whatever the cut (rank 0 holds the serialised tensors while it
-// writes them). Not composed with stages yet, and refused: ps and
+// writes them). Every stage rank's progress report carries its stage's
+// figures (Progress 180–186: seconds per step, idle fraction, peak
+// micro-batches in flight, peak activation bytes), which metrics.jsonl
+// records and gradsync watch shows per stage. Not composed with stages
+// yet, and refused: ps and
 // fedavg modes, grad_accum_steps (micro_batches is the accumulation),
 // compression, grad_clip_norm (a norm over all stages), fp16/bf16,
 // activation checkpointing, streamed data sets, timed checkpoints and

@@ -46,6 +46,7 @@ func TestKillPipelineReplicaRecovers(t *testing.T) {
 	}
 	// run submits the job and follows it; with kill, it kills -9 one of
 	// the job's workers once the job reported step 20, and returns whom.
+	var lastStages []map[string]any // the undisturbed run's last progress event's stages
 	run := func(kill bool) (result, string, string) {
 		job := s.submit(ctx, t, "-f", spec)
 		watch := start(t, "watch", "watch", job.ID, "--json", "--server", s.addr)
@@ -91,6 +92,15 @@ func TestKillPipelineReplicaRecovers(t *testing.T) {
 		}
 		var r result
 		all := watch.stdout.all()
+		for _, l := range all {
+			var ev struct {
+				Event  string           `json:"event"`
+				Stages []map[string]any `json:"stages"`
+			}
+			if json.Unmarshal([]byte(l), &ev) == nil && ev.Event == "progress" {
+				lastStages = ev.Stages
+			}
+		}
 		if err := json.Unmarshal([]byte(all[len(all)-1]), &r); err != nil {
 			t.Fatal(err)
 		}
@@ -114,6 +124,16 @@ func TestKillPipelineReplicaRecovers(t *testing.T) {
 		t.Fatalf("undisturbed run: %+v", want)
 	}
 	t.Logf("undisturbed: %.2f%% after %d steps, checksum %s", 100*want.TestAccuracy, want.Steps, want.Checksum)
+	// watch --json shows every stage rank's figures.
+	t.Logf("stages in the last progress event: %v", lastStages)
+	if len(lastStages) != 4 {
+		t.Errorf("the last progress event's stages: %v; want the 4 ranks' figures", lastStages)
+	}
+	for _, st := range lastStages {
+		if st["stage"] != float64(int(st["rank"].(float64))%2) || !(st["step_seconds"].(float64) > 0) || st["peak_in_flight"] == nil {
+			t.Errorf("stage figures %v", st)
+		}
+	}
 
 	spare, victim, job := run(true)
 	rec := recovery(job)

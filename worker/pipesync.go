@@ -380,9 +380,12 @@ func (p *pipeTask) checksum([]float32) uint64 { return p.sum }
 func (p *pipeTask) stopped(context.Context, position) {}
 
 func (p *pipeTask) stats() syncStats {
-	var st syncStats
+	st := syncStats{snapshots: p.snaps.taken, snapshotCopying: p.snaps.copying}
 	if p.world != nil {
 		_, st.leftWait = p.world.WaitStats()
+	}
+	if p.exec != nil {
+		st.stage = p.figures()
 	}
 	return st
 }
