@@ -115,8 +115,9 @@
 // rank 0; the result's checksum is fed stage by stage, each stage's
 // parameters broadcast in turn; checkpoints are assembled on rank 0 the
 // same way, stage by stage, into one model.safetensors with PyTorch
-// names whatever the cut (rank 0 holds the serialised tensors while it
-// writes them). Every stage rank's progress report carries its stage's
+// names whatever the cut, each stage's tensors written to their offsets
+// in the files as they arrive (checkpoint.Writer), so no rank holds
+// every stage at once. Every stage rank's progress report carries its stage's
 // figures (Progress 180–186: seconds per step, idle fraction, peak
 // micro-batches in flight, peak activation bytes), which metrics.jsonl
 // records and gradsync watch shows per stage. Not composed with stages
