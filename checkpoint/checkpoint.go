@@ -161,47 +161,18 @@ var ErrNoCheckpoint = errors.New("checkpoint: no valid checkpoint")
 // A dir has one writer at a time: Save removes temporary folders that a
 // crashed writer left behind.
 func Save(dir string, s *State, keep int) (path string, err error) {
-	m := s.Meta
-	if m.Step < 0 {
-		return "", fmt.Errorf("checkpoint: Save: step %d < 0", m.Step)
-	}
-	if m.EpochConsumed < 0 || m.Epoch < 0 || m.WorldSize < 0 {
-		return "", fmt.Errorf("checkpoint: Save: epoch %d, consumed %d, world size %d: none may be negative", m.Epoch, m.EpochConsumed, m.WorldSize)
-	}
-	m.Format = FormatVersion
-	if m.Created.IsZero() {
-		m.Created = time.Now()
-	}
-	m.Created = m.Created.UTC().Round(0)
-	m.Files = make(map[string]File, len(dataFiles))
-
-	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return "", fmt.Errorf("checkpoint: Save: %w", err)
-		}
-		if err := syncDir(filepath.Dir(filepath.Clean(dir))); err != nil {
-			return "", fmt.Errorf("checkpoint: Save: %w", err)
-		}
-	}
-	removeLeftovers(dir)
-	tmp, err := os.MkdirTemp(dir, tmpPrefix+Prefix+strconv.FormatInt(m.Step, 10)+"-")
+	m, err := prepareMeta(s.Meta)
 	if err != nil {
 		return "", fmt.Errorf("checkpoint: Save: %w", err)
 	}
-	defer func() {
-		if err != nil {
-			os.RemoveAll(tmp)
-		}
-	}()
-	if err := os.Chmod(tmp, 0o755); err != nil {
+	m.Files = make(map[string]File, len(dataFiles))
+	modelMeta, err := modelMetadata(s.ModelMeta)
+	if err != nil {
 		return "", fmt.Errorf("checkpoint: Save: %w", err)
 	}
-	modelMeta := map[string]string{"format": "pt"}
-	for k, v := range s.ModelMeta {
-		if k == "format" {
-			return "", fmt.Errorf("checkpoint: Save: ModelMeta may not set %q (it is \"pt\")", k)
-		}
-		modelMeta[k] = v
+	tmp, err := makeTemp(dir, m.Step)
+	if err != nil {
+		return "", fmt.Errorf("checkpoint: Save: %w", err)
 	}
 	contents := map[string]struct {
 		tensors map[string]Tensor
@@ -218,10 +189,41 @@ func Save(dir string, s *State, keep int) (path string, err error) {
 			return models.WriteSafetensors(w, c.tensors, c.meta)
 		})
 		if err != nil {
+			os.RemoveAll(tmp)
 			return "", fmt.Errorf("checkpoint: Save: %s: %w", name, err)
 		}
 		m.Files[name] = f
 	}
+	return install(dir, tmp, m, keep)
+}
+
+// prepareMeta validates m and fills in Format and Created (when zero,
+// now; UTC, without a monotonic reading).
+func prepareMeta(m Meta) (Meta, error) {
+	if m.Step < 0 {
+		return Meta{}, fmt.Errorf("step %d < 0", m.Step)
+	}
+	if m.EpochConsumed < 0 || m.Epoch < 0 || m.WorldSize < 0 {
+		return Meta{}, fmt.Errorf("epoch %d, consumed %d, world size %d: none may be negative", m.Epoch, m.EpochConsumed, m.WorldSize)
+	}
+	m.Format = FormatVersion
+	if m.Created.IsZero() {
+		m.Created = time.Now()
+	}
+	m.Created = m.Created.UTC().Round(0)
+	return m, nil
+}
+
+// install finishes a checkpoint whose tensor files are in tmp (a folder
+// in dir, m.Files set): it writes meta.json, fsyncs tmp, renames it to
+// ckpt-<step> (replacing one of that step) and prunes dir (see Save).
+// tmp is removed on an error before it was renamed.
+func install(dir, tmp string, m Meta, keep int) (path string, err error) {
+	defer func() {
+		if err != nil {
+			os.RemoveAll(tmp)
+		}
+	}()
 	mb, err := encodeMeta(m)
 	if err != nil {
 		return "", fmt.Errorf("checkpoint: Save: %w", err)

@@ -108,6 +108,13 @@
 //		err = s.RestoreSGD(opt, net.Segments())
 //	}
 //
+// A checkpoint whose tensors arrive in parts (a pipeline job's stages,
+// one after the other) is written with a Writer: NewWriter takes every
+// tensor's name, dtype and shape, from which the safetensors headers and
+// each tensor's offset follow, so Put writes each tensor's bytes in place
+// as it arrives and the writer never holds them all; Commit installs the
+// folder as Save does, byte for byte the files Save writes.
+//
 // One process writes a dir at a time. Durability against power loss rests
 // on fsync doing what it says; the crash test kills the writer (SIGKILL),
 // which exercises atomicity, not the disk's cache.

@@ -142,7 +142,7 @@ func (c *Core) recover(out []Action, j *Job, lost *lostWorker, reason, failMsg s
 	if lost != nil {
 		lostID = lost.id
 	}
-	if _, ok := j.rec.Plan(c.survivors(j, lostID), c.Idle(), j.size, j.min, lost == nil); !ok {
+	if _, ok := c.planGeneration(j, lostID, lost == nil); !ok {
 		return out, false
 	}
 	p := Pin{Gen: j.Generation, Reason: reason, FailMsg: failMsg}
@@ -190,7 +190,7 @@ func (c *Core) pinned(out []Action, in Pinned) []Action {
 		path = j.resumeFrom
 	}
 	survivors := c.survivors(j, p.Lost)
-	ids, ok := j.rec.Plan(survivors, c.Idle(), j.size, j.min, p.Lost == "")
+	ids, ok := c.planGeneration(j, p.Lost, p.Lost == "")
 	if !ok {
 		return fail()
 	}
@@ -206,6 +206,15 @@ func (c *Core) pinned(out []Action, in Pinned) []Action {
 		}
 	}
 	out = c.startGeneration(out, j, j.Generation+1, ids)
+	// A pipeline job's generation runs on whole replicas: survivors left
+	// out of it are free for other work.
+	var left []string
+	for _, id := range survivors {
+		if !slices.Contains(ids, id) {
+			left = append(left, id)
+		}
+	}
+	c.release(j.ID, left)
 	return append(out, Recovering{Job: j.ID, Lost: p.Lost, Address: p.Address, Reason: p.Reason, Checkpoint: path,
 		Generation: j.Generation, Workers: len(ids), Before: len(survivors), LastStep: lastStep})
 }

@@ -58,6 +58,9 @@ type Job struct {
 	// labelShards, tensor: the label shards or tensor-parallel ranks of
 	// each replica of its mesh (≤ 1: none).
 	labelShards, tensor int
+	// memory is what each rank needs of its worker's memory (rank r:
+	// memory[r mod len]; nil: nothing stated), for new generations.
+	memory []Need
 }
 
 // Stopping lists the workers whose task of the ended job has not yet

@@ -135,8 +135,10 @@ func normalizePipeline(s *pb.JobSpec) error {
 	switch {
 	case s.GradAccumSteps != 1:
 		return errf("grad_accum_steps", "%d with pipeline stages: the micro-batches are the accumulation; set parallelism.pipeline.micro_batches instead", s.GradAccumSteps)
-	case s.MinWorkers != workers:
-		return errf("min_workers", "elastic pipeline jobs (min_workers %d < workers %d) %s", s.MinWorkers, workers, notImplementedSuffix)
+	case s.MinWorkers != workers && (s.MinWorkers%S != 0 || par.Data < 2):
+		// An elastic pipeline job loses whole replicas: its generations
+		// run on a multiple of the stages, at least one replica.
+		return errf("min_workers", "%d for a pipeline of %d stages × %d replicas; an elastic pipeline job needs 2 or more replicas and min_workers a multiple of the stages (%d..%d)", s.MinWorkers, S, par.Data, S, workers)
 	case s.GetCompression().GetType() != defaultCompression:
 		return errf("compression.type", "%s compression with pipeline stages %s", s.GetCompression().GetType(), notImplementedSuffix)
 	case s.GradClipNorm != 0:

@@ -43,6 +43,12 @@ func TestNormalizePipeline(t *testing.T) {
 	if _, err := Normalize(s, nil); err != nil {
 		t.Errorf("boundary 3 of lenet5: %v", err)
 	}
+	// Elastic: whole replicas may be lost.
+	s = pipeSpec(4, 2, 2)
+	s.MinWorkers = 2
+	if _, err := Normalize(s, nil); err != nil {
+		t.Errorf("4 workers, 2 stages, min_workers 2: %v", err)
+	}
 	// One stage: no pipeline.
 	s, err = Normalize(&pb.JobSpec{Workers: proto.Int32(2), Parallelism: &pb.ParallelismSpec{}}, nil)
 	if err != nil || Pipelined(s) || s.Mode != "ps" || s.GetParallelism().GetData() != 2 {
@@ -73,6 +79,8 @@ func TestNormalizePipelineRejects(t *testing.T) {
 		{"stage cost", "parallelism.pipeline.debug_stage_cost", "fwd=20ms,bwd=40ms", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Parallelism.Pipeline.DebugStageCost = "fwd=1" })},
 		{"stage cost twice", "parallelism.pipeline.debug_stage_cost", "each once", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Parallelism.Pipeline.DebugStageCost = "fwd=1ms,fwd=2ms" })},
 		{"skip non-finite steps", "nonfinite_policy", "use fail", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.NonfinitePolicy = "skip" })},
+		{"elastic with one replica", "min_workers", "2 or more replicas", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.MinWorkers = 1 })},
+		{"elastic by a part of a replica", "min_workers", "multiple of the stages", with(pipeSpec(4, 2, 2), func(s *pb.JobSpec) { s.MinWorkers = 3 })},
 		{"timed checkpoints", "checkpoint.every_seconds", "every_steps", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Checkpoint = &pb.CheckpointSpec{EverySeconds: 10} })},
 	} {
 		_, err := Normalize(tc.spec, nil)

@@ -115,11 +115,35 @@
 // rank 0; the result's checksum is fed stage by stage, each stage's
 // parameters broadcast in turn; checkpoints are assembled on rank 0 the
 // same way, stage by stage, into one model.safetensors with PyTorch
-// names whatever the cut (rank 0 holds the serialised tensors while it
-// writes them). Not composed with stages yet, and refused: ps and
+// names whatever the cut, each stage's tensors written to their offsets
+// in the files as they arrive (checkpoint.Writer), so no rank holds
+// every stage at once. Every stage rank's progress report carries its stage's
+// figures (Progress 180–186: seconds per step, idle fraction, peak
+// micro-batches in flight, peak activation bytes), which metrics.jsonl
+// records and gradsync watch shows per stage. Not composed with stages
+// yet, and refused: ps and
 // fedavg modes, grad_accum_steps (micro_batches is the accumulation),
 // compression, grad_clip_norm (a norm over all stages), fp16/bf16,
-// activation checkpointing, streamed data sets, elastic bounds, timed
-// checkpoints and nonfinite_policy skip; the balance option of the issue is not there (cuts are by
-// parameter count or explicit).
+// activation checkpointing, streamed data sets, timed checkpoints and
+// nonfinite_policy skip; the balance option of the issue is not there
+// (cuts are by parameter count or explicit).
+//
+// # Lost workers
+//
+// With D = 1 (or min_workers = workers) a lost stage worker fails the job,
+// naming the worker and its rank, stage and replica. A job of D ≥ 2
+// replicas with min_workers a multiple of S below workers is elastic: it
+// loses whole replicas. The coordinator's core starts a new generation
+// on the largest multiple of S workers it has, up to workers
+// (coordinator.PlanStages): the survivors, then idle workers, each
+// survivor on the stage it held where it can be; survivors that make up
+// no whole replica are freed. The ranks agree on a step whose in-memory
+// snapshot some survivor holds for every stage (every rank snapshots its
+// stage after every step) and each stage's state is broadcast from one
+// holder to that stage's ranks (worker/piperecover.go); without one they
+// start from the pinned checkpoint, and with neither the generation fails
+// once steps were trained. On the same mesh (a spare took the lost
+// worker's place) the job's parameters end bit for bit those of an
+// undisturbed run; on fewer replicas the global batch is smaller from
+// then on, as in an elastic ring job.
 package pipeline

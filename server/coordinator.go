@@ -234,6 +234,10 @@ func (s *Server) handleWorkerMessage(c *conn, m *pb.ConnectRequest) {
 				"sent_bytes_per_step": p.SentBytesPerStep, "compression_ratio": p.CompressionRatio,
 				"compute_seconds": p.ComputeSeconds, "left_wait_seconds": p.LeftWaitSeconds}
 			addPSStaleness(rec, e.job.Spec, p)
+			if p.PipelineStages > 0 { // a pipeline stage's figures over its task so far
+				rec["pipeline_stage"], rec["pipeline_replica"], rec["stage_step_seconds"] = p.PipelineStage, p.PipelineReplica, p.StageStepSeconds
+				rec["stage_idle_fraction"], rec["stage_peak_in_flight"], rec["stage_peak_activation_bytes"] = p.StageIdleFraction, p.StagePeakInFlight, p.StagePeakActivationBytes
+			}
 			if e.job.Spec.GetPrecision() == "fp16" { // the loss scaler's figures, 0 skipped included
 				rec["skipped_steps"], rec["loss_scale"] = p.SkippedSteps, p.LossScale
 			}

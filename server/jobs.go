@@ -499,7 +499,7 @@ func (s *Server) ListWorkers(ctx context.Context, req *pb.ListWorkersRequest) (*
 	out := make([]*pb.Worker, len(ws))
 	for i, w := range ws {
 		out[i] = &pb.Worker{Id: w.ID, Name: w.Name, Address: w.Address,
-			State: w.State, JobId: w.Job, LastHeartbeat: tsNow(w.Seen), ConnectedAt: tsNow(w.Connected)}
+			State: w.State, JobId: w.Job, LastHeartbeat: tsNow(w.Seen), ConnectedAt: tsNow(w.Connected), MemoryBytes: w.Memory}
 		if w.Resources != nil {
 			out[i].Resources = proto.Clone(w.Resources).(*pb.Resources)
 		}

@@ -19,10 +19,10 @@ import (
 // trained, and a job resumes from it on any cut. No rank builds the
 // whole network or optimiser for it: stage after stage, replica 0's rank
 // of the stage broadcasts its parameters, buffers and optimiser state
-// over the job's ring, and rank 0 turns each stage's part into tensors
-// as it arrives, then writes them. (Rank 0 does hold every stage's
-// tensors, serialised, while it writes: checkpoint.Save takes them all
-// at once.) Every rank decides alike when one is due (steps and epochs
+// over the job's ring, and rank 0 writes each stage's tensors into the
+// checkpoint's files as they arrive (checkpoint.Writer: the files'
+// headers follow from the names and shapes alone), so no rank holds
+// every stage's state at once. Every rank decides alike when one is due (steps and epochs
 // only: jobspec refuses every_seconds for pipeline jobs, which would
 // need rank 0's clock).
 
@@ -78,20 +78,82 @@ func (p *pipeTask) optimKinds(ctx context.Context) (int, error) {
 	return k, nil
 }
 
-// checkpointState assembles the whole model's checkpoint state on rank
-// 0 (nil on the other ranks, which only take part in the broadcasts).
-func (p *pipeTask) checkpointState(ctx context.Context, at position) (*checkpoint.State, error) {
+// stageOptim is an optimiser of the job's kind over stage st's part,
+// with part(i) as its i-th of k state buffers (nil part: zeros), to name
+// its state as a whole-model job's checkpoint does; steps is Adam's step
+// count.
+func (p *pipeTask) stageOptim(st *checkpoint.State, sg models.Stage, k int, part func(i int) []float32) {
+	if part == nil {
+		part = func(int) []float32 { return make([]float32, sg.ParamLen) }
+	}
+	o := optim.FromSpec(p.spec)
+	switch o := o.(type) {
+	case *optim.SGD:
+		if k > 0 {
+			o.SetState(part(0))
+		}
+	case *optim.Adam:
+		_, _, t := p.optim.(*optim.Adam).State()
+		if k > 0 {
+			o.SetState(part(0), part(1), t)
+		} else {
+			o.SetState(nil, nil, t)
+		}
+	}
+	st.CaptureOptimizer(o, stageSegments(p.net, sg, false))
+}
+
+// checkpointLayout is what rank 0's checkpoint.Writer needs before any
+// stage's state arrives: every tensor's name, dtype and shape in
+// model.safetensors and optim.safetensors (their data nil), and the
+// optimiser's description. It holds one stage's optimiser state at a
+// time, zeros, to name it.
+func (p *pipeTask) checkpointLayout(k int) (model, opt map[string]models.Tensor, o checkpoint.Optimizer) {
+	model, opt = map[string]models.Tensor{}, map[string]models.Tensor{}
+	for _, segs := range [][]models.Segment{p.net.WholeSegments(), p.net.WholeBufferSegments()} {
+		for _, g := range segs {
+			model[g.Name] = models.Tensor{DType: "F32", Shape: g.Shape}
+		}
+	}
+	for _, sg := range p.stages {
+		var st checkpoint.State
+		p.stageOptim(&st, sg, k, nil)
+		for name, t := range st.Optim {
+			opt[name] = models.Tensor{DType: t.DType, Shape: t.Shape}
+		}
+		o = st.Meta.Optimizer
+	}
+	return model, opt, o
+}
+
+// writeCheckpoint writes the whole model's checkpoint of the state at
+// at: stage after stage, replica 0's rank of the stage broadcasts its
+// parameters, buffers and optimiser state over the job's ring, and rank
+// 0 writes that stage's tensors into the checkpoint's files as they
+// arrive (checkpoint.Writer), holding one stage's state at a time. Every
+// rank takes part in every broadcast, whatever rank 0's writing does; a
+// failure to write is rank 0's error once the broadcasts are done.
+func (p *pipeTask) writeCheckpoint(ctx context.Context, at position) (string, error) {
 	k, err := p.optimKinds(ctx)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	var st *checkpoint.State
+	var w *checkpoint.Writer
+	var werr error // rank 0's first failure to write
 	if p.coord.Rank == 0 {
-		st = &checkpoint.State{
-			Meta: checkpoint.Meta{JobID: p.ckpt.jobID, SpecHash: specHash(p.spec), Step: at.step, Epoch: at.epoch,
-				EpochConsumed: at.consumed, WorldSize: p.ckpt.world, Seed: p.spec.GetSeed()},
-			Tensors:   map[string]models.Tensor{},
-			ModelMeta: p.ckpt.meta,
+		model, opt, o := p.checkpointLayout(k)
+		meta := checkpoint.Meta{JobID: p.ckpt.jobID, SpecHash: specHash(p.spec), Step: at.step, Epoch: at.epoch,
+			EpochConsumed: at.consumed, WorldSize: p.ckpt.world, Seed: p.spec.GetSeed(), Optimizer: o}
+		if w, werr = checkpoint.NewWriter(p.ckpt.dir, meta, p.ckpt.meta, model, opt); werr != nil {
+			w = nil
+		}
+	}
+	if w != nil {
+		defer w.Abort()
+	}
+	put := func(file, name string, t models.Tensor) {
+		if werr == nil {
+			werr = w.Put(file, name, t)
 		}
 	}
 	longest := 0
@@ -114,37 +176,30 @@ func (p *pipeTask) checkpointState(ctx context.Context, at position) (*checkpoin
 		if err := p.worldCollective(ctx, func(ctx context.Context, seq int64) error {
 			return aggregator.Broadcast(ctx, p.world, b, root, seq, p.opt)
 		}); err != nil {
-			return nil, fmt.Errorf("sharing stage %d's state for the checkpoint: %w", s, err)
+			return "", fmt.Errorf("sharing stage %d's state for the checkpoint: %w", s, err)
 		}
-		if st == nil {
+		if w == nil {
 			continue
 		}
 		for _, g := range stageSegments(p.net, sg, false) {
-			st.Tensors[g.Name] = models.F32Tensor(g.Shape, b[g.Offset:g.Offset+g.Len])
+			put(checkpoint.ModelFile, g.Name, models.F32Tensor(g.Shape, b[g.Offset:g.Offset+g.Len]))
 		}
 		for _, g := range stageSegments(p.net, sg, true) {
-			st.Tensors[g.Name] = models.F32Tensor(g.Shape, b[pl+g.Offset:pl+g.Offset+g.Len])
+			put(checkpoint.ModelFile, g.Name, models.F32Tensor(g.Shape, b[pl+g.Offset:pl+g.Offset+g.Len]))
 		}
-		// An optimiser of the job's kind over this stage's part, to name
-		// its state as a whole-model job's checkpoint does.
-		o := optim.FromSpec(p.spec)
-		part := func(i int) []float32 { return b[pl+bl+i*pl : pl+bl+(i+1)*pl] }
-		switch o := o.(type) {
-		case *optim.SGD:
-			if k > 0 {
-				o.SetState(part(0))
-			}
-		case *optim.Adam:
-			_, _, t := p.optim.(*optim.Adam).State()
-			if k > 0 {
-				o.SetState(part(0), part(1), t)
-			} else {
-				o.SetState(nil, nil, t)
-			}
+		var st checkpoint.State
+		p.stageOptim(&st, sg, k, func(i int) []float32 { return b[pl+bl+i*pl : pl+bl+(i+1)*pl] })
+		for name, t := range st.Optim {
+			put(checkpoint.OptimFile, name, t)
 		}
-		st.CaptureOptimizer(o, stageSegments(p.net, sg, false))
 	}
-	return st, nil
+	if werr != nil {
+		return "", werr
+	}
+	if w == nil {
+		return "", nil
+	}
+	return w.Commit(nil, int(p.spec.GetCheckpoint().GetKeep()))
 }
 
 // restoreStage loads this stage's part of a whole-model checkpoint into
@@ -181,13 +236,12 @@ func (p *pipeTask) checkpoint(ctx context.Context, epoch int, at position) error
 	if p.ckpt == nil || !jobspec.CheckpointDue(p.spec, at.step, at.epoch > epoch, epoch, 0) {
 		return nil
 	}
-	st, err := p.checkpointState(ctx, at)
-	if err != nil || st == nil {
-		return err
-	}
-	path, err := checkpoint.Save(p.ckpt.dir, st, int(p.spec.GetCheckpoint().GetKeep()))
+	path, err := p.writeCheckpoint(ctx, at)
 	if err != nil {
 		return fmt.Errorf("writing a checkpoint: %w", err)
+	}
+	if path == "" {
+		return nil // not rank 0
 	}
 	p.ckpt.lastSave = time.Now()
 	p.env.log.Debug("checkpoint written", "job", p.a.JobId, "path", path)

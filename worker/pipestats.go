@@ -7,7 +7,41 @@ import (
 	"path/filepath"
 
 	"github.com/gradsync/gradsync/pipeline"
+	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
+
+// stageFigures are a pipeline stage's figures over its task so far, for
+// progress reports (Progress fields 180–186; gradsync watch shows them).
+type stageFigures struct {
+	stage, stages, replica int
+	// stepSeconds is the mean wall time of the stage's steps (to the end
+	// of the step's flush on every stage); idle the share of it the stage
+	// did not compute.
+	stepSeconds, idle   float64
+	peakInFlight        int
+	peakActivationBytes int64
+}
+
+// fill writes the figures into p (nothing for a nil f).
+func (f *stageFigures) fill(p *pb.Progress) {
+	if f == nil {
+		return
+	}
+	p.PipelineStage, p.PipelineStages, p.PipelineReplica = int32(f.stage), int32(f.stages), int32(f.replica)
+	p.StageStepSeconds, p.StageIdleFraction = f.stepSeconds, f.idle
+	p.StagePeakInFlight, p.StagePeakActivationBytes = int32(f.peakInFlight), f.peakActivationBytes
+}
+
+// figures are the stage's figures for progress reports.
+func (p *pipeTask) figures() *stageFigures {
+	s := p.summary()
+	f := &stageFigures{stage: s.Stage, stages: s.Stages, replica: s.Replica, idle: s.IdleFraction,
+		peakInFlight: s.PeakInFlight, peakActivationBytes: s.PeakActivationBytes}
+	if s.Steps > 0 {
+		f.stepSeconds = s.WallSeconds / float64(s.Steps)
+	}
+	return f
+}
 
 // stageSummary is one pipeline stage's figures over its task, written
 // as <runs-dir>/<job-id>/pipeline-rank-<r>.json on its worker: the

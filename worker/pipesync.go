@@ -111,6 +111,7 @@ type pipeTask struct {
 	optim optim.Stepper
 	opt   aggregator.Options
 	ckpt  *checkpointer // nil: the job writes none
+	snaps *jobSnapshots // this rank's, kept by the worker across generations (piperecover.go)
 
 	x, lx  []float32 // the first stage's batch; the last stage's micro-batch (for the targets)
 	padded []int
@@ -165,6 +166,10 @@ func newPipeTask(ctx context.Context, a *pb.Assignment, env *taskEnv, net *model
 		batch: int(spec.GetBatchSize()), total: totalSteps, optim: optim.FromSpec(spec), opt: aggregator.Options{Generation: a.Generation},
 		timeout: time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second)), seq: -1, lossv: make([]float32, 1)}
 	p.micro = p.batch / plan.MicroBatches
+	p.snaps = &jobSnapshots{}
+	if env.snaps != nil {
+		p.snaps = env.snaps.forJob(a.JobId)
+	}
 	defer func() {
 		if err != nil {
 			p.close()
@@ -240,23 +245,41 @@ func (p *pipeTask) start(ctx context.Context, from resumeFrom) (origin, error) {
 	if p.a.CheckpointDir != "" {
 		p.ckpt = &checkpointer{dir: p.a.CheckpointDir, spec: p.spec, jobID: p.a.JobId, world: int(p.a.WorldSize), lastSave: time.Now(), meta: p.env.modelMeta}
 	}
-	source := fromScratch
+	ckptStep := int64(-1)
 	if from.ckpt != nil {
+		ckptStep = from.at.step
+	}
+	sp, err := p.agree(ctx, ckptStep, p.a.TrainedSteps)
+	if err != nil {
+		return origin{}, err
+	}
+	at := from.at
+	switch sp.source {
+	case fromMemory:
+		at = position{step: sp.step, epoch: sp.epoch, consumed: sp.consumed}
+		p.steps = at.step
+		p.env.log.Info("resumed from an in-memory snapshot", "job", p.a.JobId, "generation", p.a.Generation, "stage", p.coord.Stage,
+			"step", at.step, "newest_step", sp.newest, "epoch", at.epoch, "consumed", at.consumed, "seconds", sp.took.Seconds())
+	case fromCheckpoint:
 		// Every rank reads the whole model and keeps its stage's part of
 		// the optimiser state: a checkpoint does not depend on the cut.
 		if err := p.restoreStage(from.ckpt); err != nil {
 			return origin{}, err
 		}
-		p.steps = from.at.step
-		source = fromCheckpoint
+		p.steps = at.step
 	}
+	p.total = from.plan.total(at)
+	p.reportStart(sp, at)
+	// The state this generation starts from is its first snapshot.
+	p.snaps.reset()
+	p.snapshot(at)
 	// Every replica of a stage built (or loaded) the same part of the
 	// model: check they agree (and know the checksum, should training
 	// already be over).
 	if err := p.wholeChecksum(ctx); err != nil {
 		return origin{}, err
 	}
-	return origin{at: from.at, source: source}, nil
+	return origin{at: at, source: sp.source}, nil
 }
 
 func (p *pipeTask) beginStep(context.Context, []float32) (func(int), error) { return nil, nil }
@@ -356,6 +379,7 @@ func (p *pipeTask) step(ctx context.Context, grads, params []float32) error {
 // after the last step computes the whole model's checksum with the other
 // stages (every rank's result holds it).
 func (p *pipeTask) completed(ctx context.Context, epoch int, at position) error {
+	p.snapshot(at)
 	if err := p.checkpoint(ctx, epoch, at); err != nil {
 		return err
 	}
@@ -373,9 +397,12 @@ func (p *pipeTask) checksum([]float32) uint64 { return p.sum }
 func (p *pipeTask) stopped(context.Context, position) {}
 
 func (p *pipeTask) stats() syncStats {
-	var st syncStats
+	st := syncStats{snapshots: p.snaps.taken, snapshotCopying: p.snaps.copying}
 	if p.world != nil {
 		_, st.leftWait = p.world.WaitStats()
+	}
+	if p.exec != nil {
+		st.stage = p.figures()
 	}
 	return st
 }

@@ -68,6 +68,14 @@ func peerServers(t *testing.T, n int) []*peerServer {
 // peer endpoint, and returns the ranks' results.
 func runJob(t *testing.T, spec *pb.JobSpec, runsDir string, edit ...func(*pb.Assignment)) []*pb.JobResult {
 	t.Helper()
+	res, _ := runJobReports(t, spec, runsDir, edit...)
+	return res
+}
+
+// runJobReports is runJob that also returns what each rank sent the
+// coordinator, by rank.
+func runJobReports(t *testing.T, spec *pb.JobSpec, runsDir string, edit ...func(*pb.Assignment)) ([]*pb.JobResult, [][]*pb.ConnectRequest) {
+	t.Helper()
 	n := int(spec.GetWorkers())
 	servers := peerServers(t, n)
 	var peers []string
@@ -83,8 +91,10 @@ func runJob(t *testing.T, spec *pb.JobSpec, runsDir string, edit ...func(*pb.Ass
 	res := make([]*pb.JobResult, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
+	outs := make([]chan *pb.ConnectRequest, n)
 	for r := range n {
-		env := &taskEnv{rep: &reporter{ctx: ctx, out: make(chan *pb.ConnectRequest, 10000)},
+		outs[r] = make(chan *pb.ConnectRequest, 10000)
+		env := &taskEnv{rep: &reporter{ctx: ctx, out: outs[r]},
 			log: slog.New(slog.NewTextHandler(io.Discard, nil)), ring: servers[r].ring, pipe: servers[r].pipe,
 			peerDial: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, runsDir: runsDir}
 		a := &pb.Assignment{JobId: "job-p", Generation: 1, Rank: int32(r), WorldSize: int32(n), Spec: spec, Peers: peers,
@@ -98,7 +108,13 @@ func runJob(t *testing.T, spec *pb.JobSpec, runsDir string, edit ...func(*pb.Ass
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
-	return res
+	sent := make([][]*pb.ConnectRequest, n)
+	for r, out := range outs {
+		for len(out) > 0 {
+			sent[r] = append(sent[r], <-out)
+		}
+	}
+	return res, sent
 }
 
 func normalized(t *testing.T, in *pb.JobSpec) *pb.JobSpec {
@@ -130,7 +146,7 @@ func TestPipelineTrainerMatchesGradAccum(t *testing.T) {
 		spec := base(2*tc.replicas, 32, 1)
 		spec.Parallelism = &pb.ParallelismSpec{Pipeline: &pb.PipelineSpec{Stages: 2, MicroBatches: 4, Schedule: tc.schedule}}
 		runs := t.TempDir()
-		got := runJob(t, normalized(t, spec), runs)
+		got, sent := runJobReports(t, normalized(t, spec), runs)
 		for r, g := range got {
 			if g.ParameterChecksum != want[0].ParameterChecksum || g.Steps != want[0].Steps {
 				t.Errorf("D=%d %s rank %d: checksum %x after %d steps; whole-model ring %x after %d", tc.replicas, tc.schedule, r,
@@ -164,6 +180,18 @@ func TestPipelineTrainerMatchesGradAccum(t *testing.T) {
 			if sum.Rank != r || sum.Stage != r%2 || sum.Replica != r/2 || sum.Steps != 12 || sum.PeakInFlight != wantPeak ||
 				!(sum.IdleFraction >= 0 && sum.IdleFraction < 1) || sum.ExpectedBubble != 1.0/5 {
 				t.Errorf("D=%d %s rank %d: summary %+v", tc.replicas, tc.schedule, r, sum)
+			}
+			// Its last progress report carries the stage's figures.
+			var last *pb.Progress
+			for _, m := range sent[r] {
+				if p := m.GetProgress().GetProgress(); p != nil {
+					last = p
+				}
+			}
+			if last == nil || last.Step != 12 || last.PipelineStages != 2 || int(last.PipelineStage) != sum.Stage || int(last.PipelineReplica) != sum.Replica ||
+				int(last.StagePeakInFlight) != wantPeak || last.StagePeakActivationBytes != sum.PeakActivationBytes || last.StagePeakActivationBytes <= 0 ||
+				!(last.StageStepSeconds > 0) || last.StageIdleFraction != sum.IdleFraction {
+				t.Errorf("D=%d %s rank %d: last progress %v; want the stage's figures (summary %+v)", tc.replicas, tc.schedule, r, last, sum)
 			}
 			// The stage's worker held its stage alone (counted), plus
 			// one scratch tensor no larger than the largest tensor.

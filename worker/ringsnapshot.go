@@ -48,6 +48,9 @@ type jobSnapshots struct {
 	slots  [2]snapshot
 	valid  [2]bool
 	newest int // index of the newest valid slot
+	// stage is the pipeline stage a pipeline rank's snapshots hold
+	// (piperecover.go); 0 otherwise.
+	stage int
 
 	taken   int64         // snapshots taken since the worker got this job
 	copying time.Duration // time spent copying them

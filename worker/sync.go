@@ -162,6 +162,8 @@ type syncStats struct {
 	// scale now (0: no scaler)
 	skipped   int64
 	lossScale float32
+	// stage is a pipeline stage's figures (nil on other ranks).
+	stage *stageFigures
 }
 
 // psStart is what a ps rank tells the parameter server as it joins: the

@@ -319,6 +319,7 @@ func (t *Trainer) report(epoch int) {
 	t.times.report(p, st.leftWait)
 	p.SkippedSteps, p.LossScale = st.skipped, float64(st.lossScale)
 	st.staleness.fill(p, nil)
+	st.stage.fill(p)
 	t.env.metrics.SetImagesPerSecond(t.a.JobId, int(t.a.Rank), p.ImagesPerSecond)
 	t.env.rep.trySend(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Progress{Progress: &pb.TaskProgress{
 		JobId: t.a.JobId, Generation: t.a.Generation, Rank: t.a.Rank, Progress: p}}})

@@ -104,9 +104,9 @@ type Config struct {
 	// <RunsDir>/<job-id>/rank-<r>.log. Default "runs".
 	RunsDir string
 	// MemoryLimit caps the memory, in bytes, this worker offers to a
-	// task (--memory-limit; the host's memory where that is less); 0:
-	// none stated, and any job is placed here. The coordinator places a
-	// rank here only if what it holds fits.
+	// task (--memory-limit); 0: no cap. The worker offers the least of
+	// it, its host's memory and its cgroup's limit (offeredMemory); the
+	// coordinator places a rank here only if what it holds fits.
 	MemoryLimit uint64
 }
 

@@ -533,15 +533,15 @@ func newWorkersCmd(g *globals) *cobra.Command {
 				p := &printer{out: c.OutOrStdout(), json: g.json}
 				out := c.OutOrStdout()
 				if !g.json {
-					fmt.Fprintf(out, "%-14s %-6s %-22s %4s %4s %-9s %-28s %s\n", "ID", "STATE", "ADDRESS", "CPUS", "GPUS", "GEMM", "JOB", "LAST HEARTBEAT")
+					fmt.Fprintf(out, "%-14s %-6s %-22s %4s %4s %8s %-9s %-28s %s\n", "ID", "STATE", "ADDRESS", "CPUS", "GPUS", "MEMORY", "GEMM", "JOB", "LAST HEARTBEAT")
 				}
 				for _, w := range resp.Workers {
 					if g.json {
 						p.jsonLine(workerLineOf(w))
 						continue
 					}
-					fmt.Fprintf(out, "%-14s %-6s %-22s %4d %4d %-9s %-28s %s\n", w.Id, workerStateName(w.State), w.Address,
-						w.GetResources().GetCpuCores(), len(w.GetResources().GetGpus()), w.GetResources().GetGemmBackend(), w.JobId,
+					fmt.Fprintf(out, "%-14s %-6s %-22s %4d %4d %8s %-9s %-28s %s\n", w.Id, workerStateName(w.State), w.Address,
+						w.GetResources().GetCpuCores(), len(w.GetResources().GetGpus()), memoryColumn(w.GetMemoryBytes()), w.GetResources().GetGemmBackend(), w.JobId,
 						w.GetLastHeartbeat().AsTime().Local().Format("15:04:05"))
 				}
 				return nil

@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-const memoryLimitHelp = "cap the memory this worker offers to a task, e.g. 2GiB, 512MiB, 1.5GB (binary KiB/MiB/GiB/TiB or decimal KB/MB/GB/TB; plain bytes without a unit); the coordinator places a rank here only if what it holds (its pipeline stage, or the whole model: parameters, gradients, optimiser state, activations) fits, and fails a job no worker can hold naming what does not fit. Default: none stated (any job is placed here)"
+const memoryLimitHelp = "cap the memory this worker offers to a task, e.g. 2GiB, 512MiB, 1.5GB (binary KiB/MiB/GiB/TiB or decimal KB/MB/GB/TB; plain bytes without a unit); the coordinator places a rank here only if what it holds (its pipeline stage, or the whole model: parameters, gradients, optimiser state, activations) fits, and fails a job no worker can hold naming what does not fit. Default: the host's memory or the cgroup's limit, whichever is less (`gradsync workers` shows what each worker offers)"
 
 // parseMemory reads a --memory-limit: a number and an optional unit; ""
 // is 0 (no limit).

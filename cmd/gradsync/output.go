@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -61,12 +62,14 @@ type workerLine struct {
 	GemmBackend   string    `json:"gemm_backend,omitempty"`
 	JobID         string    `json:"job_id,omitempty"`
 	LastHeartbeat time.Time `json:"last_heartbeat"`
+	// MemoryBytes is what the worker offers to a task (0: not reported).
+	MemoryBytes uint64 `json:"memory_bytes"`
 }
 
 func workerLineOf(w *pb.Worker) workerLine {
 	return workerLine{WorkerID: w.GetId(), Name: w.GetName(), State: workerStateName(w.GetState()), Address: w.GetAddress(),
 		CPUCores: w.GetResources().GetCpuCores(), GPUs: len(w.GetResources().GetGpus()),
-		GemmBackend: w.GetResources().GetGemmBackend(), JobID: w.GetJobId(), LastHeartbeat: w.GetLastHeartbeat().AsTime()}
+		GemmBackend: w.GetResources().GetGemmBackend(), JobID: w.GetJobId(), LastHeartbeat: w.GetLastHeartbeat().AsTime(), MemoryBytes: w.GetMemoryBytes()}
 }
 
 // stateEvent: the job changed state.
@@ -94,6 +97,41 @@ type progressEvent struct {
 	EtaSeconds            float64 `json:"eta_seconds"`
 	ElapsedSeconds        float64 `json:"elapsed_seconds"`
 	LearningRate          float64 `json:"learning_rate"`
+	// Stages: a pipeline job's figures per stage rank, from each rank's
+	// latest report (omitted for other jobs).
+	Stages []stageLine `json:"stages,omitempty"`
+}
+
+// stageLine is one pipeline stage rank's figures over its task so far
+// (Progress fields 180–186).
+type stageLine struct {
+	Rank                int     `json:"rank"`
+	Stage               int32   `json:"stage"`
+	Replica             int32   `json:"replica"`
+	StepSeconds         float64 `json:"step_seconds"`
+	IdleFraction        float64 `json:"idle_fraction"`
+	PeakInFlight        int32   `json:"peak_in_flight"`
+	PeakActivationBytes int64   `json:"peak_activation_bytes"`
+}
+
+// stageLines are j's pipeline stage ranks' figures (nil for other jobs,
+// and before a stage reported).
+func stageLines(j *pb.Job) []stageLine {
+	var out []stageLine
+	for r, p := range j.GetRanks() {
+		if p.GetPipelineStages() == 0 {
+			continue
+		}
+		out = append(out, stageLine{Rank: r, Stage: p.PipelineStage, Replica: p.PipelineReplica, StepSeconds: p.StageStepSeconds,
+			IdleFraction: p.StageIdleFraction, PeakInFlight: p.StagePeakInFlight, PeakActivationBytes: p.StagePeakActivationBytes})
+	}
+	return out
+}
+
+// String is the stage's figures for humans.
+func (s stageLine) String() string {
+	return fmt.Sprintf("stage %d replica %d: %.0fms/step  idle %.1f%%  ≤%d micro-batches in flight  activations %s",
+		s.Stage, s.Replica, 1000*s.StepSeconds, 100*s.IdleFraction, s.PeakInFlight, memoryColumn(uint64(s.PeakActivationBytes)))
 }
 
 // evalEvent: a test-set evaluation (after an epoch, or a fedavg round).
@@ -138,4 +176,18 @@ func certsLineOf(p security.Paths) certsLine {
 // workerStateName is the short name of a worker state ("IDLE").
 func workerStateName(s pb.WorkerState) string {
 	return strings.TrimPrefix(s.String(), "WORKER_STATE_")
+}
+
+// memoryColumn is a worker's offered memory for `gradsync workers`:
+// "15.6GiB", "512MiB", "-" when not reported.
+func memoryColumn(b uint64) string {
+	switch {
+	case b == 0:
+		return "-"
+	case b >= 1<<30:
+		return fmt.Sprintf("%.1fGiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.0fMiB", float64(b)/(1<<20))
+	}
+	return fmt.Sprintf("%.0fKiB", float64(b)/(1<<10))
 }

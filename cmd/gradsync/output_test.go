@@ -7,6 +7,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -104,7 +105,7 @@ func TestJSONVocabulary(t *testing.T) {
 	p.job(&pb.Job{Id: "job-2", State: pb.JobState_JOB_STATE_PENDING, CreatedAt: timestamppb.Now()})
 	// workers, server/worker --json, certs init, bench train.
 	p.jsonLine(workerLineOf(&pb.Worker{Id: "w0", Name: "host-a", State: pb.WorkerState_WORKER_STATE_BUSY, Address: "10.0.0.1:7071",
-		Resources: &pb.Resources{CpuCores: 8, GemmBackend: "openblas"}, JobId: "job-1", LastHeartbeat: timestamppb.Now()}))
+		Resources: &pb.Resources{CpuCores: 8, GemmBackend: "openblas"}, JobId: "job-1", LastHeartbeat: timestamppb.Now(), MemoryBytes: 16 << 30}))
 	p.jsonLine(listeningEvent{Event: "listening", Address: "127.0.0.1:7070"})
 	p.jsonLine(certsLineOf(security.Paths{Dir: "certs", CA: "certs/ca.pem", Token: "certs/token"}))
 	p.jsonLine(logLine{Event: "log", JobID: "job-1", Rank: 1, Message: "epoch 1"})
@@ -179,5 +180,60 @@ func TestHumanSummarySaysItOnce(t *testing.T) {
 	(&printer{out: &out}).summary(fixedJob())
 	if !strings.HasPrefix(out.String(), "\njob job-1 SUCCEEDED: ") {
 		t.Errorf("summary alone:\n%s", out.String())
+	}
+}
+
+// pipelineJob is fixedJob as a pipeline job of 2 stages whose ranks
+// reported their stages' figures.
+func pipelineJob() *pb.Job {
+	j := fixedJob()
+	j.Ranks = []*pb.Progress{
+		{Step: 40, TotalSteps: 100, PipelineStages: 2, PipelineStage: 0, StageStepSeconds: 0.04, StageIdleFraction: 0.2, StagePeakInFlight: 2, StagePeakActivationBytes: 3 << 20},
+		{Step: 40, TotalSteps: 100, PipelineStages: 2, PipelineStage: 1, StageStepSeconds: 0.04, StageIdleFraction: 0.25, StagePeakInFlight: 1, StagePeakActivationBytes: 5 << 10},
+	}
+	return j
+}
+
+// TestWatchShowsStages: a pipeline job's progress shows each stage's
+// figures, in text and in --json.
+func TestWatchShowsStages(t *testing.T) {
+	var out bytes.Buffer
+	p := &printer{out: &out}
+	p.event(&pb.WatchJobResponse{Kind: pb.EventKind_EVENT_KIND_PROGRESS, Job: pipelineJob()})
+	for _, want := range []string{
+		"rank 0  stage 0 replica 0: 40ms/step  idle 20.0%  ≤2 micro-batches in flight  activations 3MiB",
+		"rank 1  stage 1 replica 0: 40ms/step  idle 25.0%  ≤1 micro-batches in flight  activations 5KiB",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("watch printed %q; want a line %q", out.String(), want)
+		}
+	}
+	out.Reset()
+	p = &printer{out: &out, json: true}
+	p.event(&pb.WatchJobResponse{Kind: pb.EventKind_EVENT_KIND_PROGRESS, Job: pipelineJob()})
+	var ev progressEvent
+	if err := json.Unmarshal(out.Bytes(), &ev); err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(out.Bytes(), &m); err != nil {
+		t.Fatal(err)
+	}
+	doc := documentedFields(t)
+	for k := range m {
+		if !doc[k] {
+			t.Errorf("field %q is not in the README's vocabulary table: %s", k, out.String())
+		}
+	}
+	want := []stageLine{{Rank: 0, Stage: 0, StepSeconds: 0.04, IdleFraction: 0.2, PeakInFlight: 2, PeakActivationBytes: 3 << 20},
+		{Rank: 1, Stage: 1, StepSeconds: 0.04, IdleFraction: 0.25, PeakInFlight: 1, PeakActivationBytes: 5 << 10}}
+	if !slices.Equal(ev.Stages, want) {
+		t.Errorf("--json stages %+v; want %+v", ev.Stages, want)
+	}
+	// Other jobs have none.
+	out.Reset()
+	p.event(&pb.WatchJobResponse{Kind: pb.EventKind_EVENT_KIND_PROGRESS, Job: fixedJob()})
+	if strings.Contains(out.String(), "stages") {
+		t.Errorf("a job without stages: %s", out.String())
 	}
 }

@@ -84,6 +84,11 @@ func (p *printer) drawBars(j *pb.Job) {
 				timing += fmt.Sprintf("  waits %.0fms", 1000*rp.GetLeftWaitSeconds())
 			}
 		}
+		if rp.GetPipelineStages() > 0 {
+			st := stageLine{Stage: rp.PipelineStage, Replica: rp.PipelineReplica, StepSeconds: rp.StageStepSeconds, IdleFraction: rp.StageIdleFraction,
+				PeakInFlight: rp.StagePeakInFlight, PeakActivationBytes: rp.StagePeakActivationBytes}
+			timing += "  " + st.String()
+		}
 		line("  rank %-2d %-14s [%s%s] %5.1f%%  %s img/s  loss %.4f%s", r, id, strings.Repeat("#", n), strings.Repeat(".", width-n),
 			100*frac, thousands(rp.GetImagesPerSecond()), rp.GetLoss(), timing)
 	}
@@ -130,7 +135,7 @@ func (p *printer) event(ev *pb.WatchJobResponse) {
 		if p.json {
 			p.jsonLine(progressEvent{Event: "progress", JobID: j.GetId(), Epoch: pr.Epoch, Epochs: j.GetSpec().GetEpochs(),
 				Step: pr.Step, TotalSteps: pr.TotalSteps, Loss: pr.Loss, ImagesPerSecond: pr.ImagesPerSecond, LoaderImagesPerSecond: pr.LoaderImagesPerSecond,
-				EtaSeconds: pr.EtaSeconds, ElapsedSeconds: pr.ElapsedSeconds, LearningRate: pr.LearningRate})
+				EtaSeconds: pr.EtaSeconds, ElapsedSeconds: pr.ElapsedSeconds, LearningRate: pr.LearningRate, Stages: stageLines(j)})
 			return
 		}
 		if p.live() && j.GetSpec().GetMode() != "fedavg" {
@@ -154,6 +159,9 @@ func (p *printer) event(ev *pb.WatchJobResponse) {
 		fmt.Fprintf(p.out, "[%6.1fs] epoch %d/%d  step %d/%d (%4.1f%%)  loss %.4f  %s img/s%s  eta %s\n",
 			pr.ElapsedSeconds, pr.Epoch, j.GetSpec().GetEpochs(), pr.Step, pr.TotalSteps, pct, pr.Loss,
 			thousands(pr.ImagesPerSecond), loaderRate(pr.LoaderImagesPerSecond), (time.Duration(pr.EtaSeconds) * time.Second).String())
+		for _, st := range stageLines(j) {
+			fmt.Fprintf(p.out, "  rank %-2d %s\n", st.Rank, st)
+		}
 	case pb.EventKind_EVENT_KIND_EVAL:
 		if p.json {
 			p.jsonLine(evalEvent{Event: "eval", JobID: j.GetId(), Epoch: ev.Epoch, TestAccuracy: ev.TestAccuracy, TestLoss: ev.TestLoss})

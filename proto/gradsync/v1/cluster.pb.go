@@ -227,6 +227,10 @@ type Worker struct {
 	JobId         string                 `protobuf:"bytes,6,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	LastHeartbeat *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_heartbeat,json=lastHeartbeat,proto3" json:"last_heartbeat,omitempty"`
 	ConnectedAt   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=connected_at,json=connectedAt,proto3" json:"connected_at,omitempty"`
+	// The memory the worker offers to a task, in bytes (Hello's
+	// memory_bytes): its host's memory or its cgroup's limit, or less with
+	// --memory-limit. 0: not reported.
+	MemoryBytes   uint64 `protobuf:"varint,180,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -315,6 +319,13 @@ func (x *Worker) GetConnectedAt() *timestamppb.Timestamp {
 		return x.ConnectedAt
 	}
 	return nil
+}
+
+func (x *Worker) GetMemoryBytes() uint64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
 }
 
 type ListWorkersRequest struct {
@@ -411,7 +422,7 @@ const file_gradsync_v1_cluster_proto_rawDesc = "" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
 	"\x04uuid\x18\x03 \x01(\tR\x04uuid\x12!\n" +
-	"\fmemory_bytes\x18\x04 \x01(\x04R\vmemoryBytes\"\xc5\x02\n" +
+	"\fmemory_bytes\x18\x04 \x01(\x04R\vmemoryBytes\"\xe9\x02\n" +
 	"\x06Worker\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
@@ -420,7 +431,8 @@ const file_gradsync_v1_cluster_proto_rawDesc = "" +
 	"\x05state\x18\x05 \x01(\x0e2\x18.gradsync.v1.WorkerStateR\x05state\x12\x15\n" +
 	"\x06job_id\x18\x06 \x01(\tR\x05jobId\x12A\n" +
 	"\x0elast_heartbeat\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\x12=\n" +
-	"\fconnected_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vconnectedAt\"\x14\n" +
+	"\fconnected_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vconnectedAt\x12\"\n" +
+	"\fmemory_bytes\x18\xb4\x01 \x01(\x04R\vmemoryBytes\"\x14\n" +
 	"\x12ListWorkersRequest\"D\n" +
 	"\x13ListWorkersResponse\x12-\n" +
 	"\aworkers\x18\x01 \x03(\v2\x13.gradsync.v1.WorkerR\aworkers*p\n" +

@@ -336,10 +336,24 @@ type Progress struct {
 	LoaderImagesPerSecond float64 `protobuf:"fixed64,100,opt,name=loader_images_per_second,json=loaderImagesPerSecond,proto3" json:"loader_images_per_second,omitempty"`
 	// precision fp16: optimiser steps the loss scaler skipped so far for
 	// inf/NaN gradients (this task), and the loss scale now.
-	SkippedSteps  int64   `protobuf:"varint,160,opt,name=skipped_steps,json=skippedSteps,proto3" json:"skipped_steps,omitempty"`
-	LossScale     float64 `protobuf:"fixed64,161,opt,name=loss_scale,json=lossScale,proto3" json:"loss_scale,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SkippedSteps int64   `protobuf:"varint,160,opt,name=skipped_steps,json=skippedSteps,proto3" json:"skipped_steps,omitempty"`
+	LossScale    float64 `protobuf:"fixed64,161,opt,name=loss_scale,json=lossScale,proto3" json:"loss_scale,omitempty"`
+	// A pipeline stage's rank (pipeline_stages > 0): its coordinates, and
+	// its stage's figures over its task so far, from its own timeline:
+	// seconds per step (the step's wall time on this stage, to the end of
+	// the step's flush), the share of it the stage was idle (the bubble, and
+	// waiting for the other stages), the most micro-batches whose
+	// activations it held at once, and what their boundary activations
+	// weighed at that peak.
+	PipelineStage            int32   `protobuf:"varint,180,opt,name=pipeline_stage,json=pipelineStage,proto3" json:"pipeline_stage,omitempty"`
+	PipelineStages           int32   `protobuf:"varint,181,opt,name=pipeline_stages,json=pipelineStages,proto3" json:"pipeline_stages,omitempty"`
+	PipelineReplica          int32   `protobuf:"varint,182,opt,name=pipeline_replica,json=pipelineReplica,proto3" json:"pipeline_replica,omitempty"`
+	StageStepSeconds         float64 `protobuf:"fixed64,183,opt,name=stage_step_seconds,json=stageStepSeconds,proto3" json:"stage_step_seconds,omitempty"`
+	StageIdleFraction        float64 `protobuf:"fixed64,184,opt,name=stage_idle_fraction,json=stageIdleFraction,proto3" json:"stage_idle_fraction,omitempty"`
+	StagePeakInFlight        int32   `protobuf:"varint,185,opt,name=stage_peak_in_flight,json=stagePeakInFlight,proto3" json:"stage_peak_in_flight,omitempty"`
+	StagePeakActivationBytes int64   `protobuf:"varint,186,opt,name=stage_peak_activation_bytes,json=stagePeakActivationBytes,proto3" json:"stage_peak_activation_bytes,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *Progress) Reset() {
@@ -515,6 +529,55 @@ func (x *Progress) GetSkippedSteps() int64 {
 func (x *Progress) GetLossScale() float64 {
 	if x != nil {
 		return x.LossScale
+	}
+	return 0
+}
+
+func (x *Progress) GetPipelineStage() int32 {
+	if x != nil {
+		return x.PipelineStage
+	}
+	return 0
+}
+
+func (x *Progress) GetPipelineStages() int32 {
+	if x != nil {
+		return x.PipelineStages
+	}
+	return 0
+}
+
+func (x *Progress) GetPipelineReplica() int32 {
+	if x != nil {
+		return x.PipelineReplica
+	}
+	return 0
+}
+
+func (x *Progress) GetStageStepSeconds() float64 {
+	if x != nil {
+		return x.StageStepSeconds
+	}
+	return 0
+}
+
+func (x *Progress) GetStageIdleFraction() float64 {
+	if x != nil {
+		return x.StageIdleFraction
+	}
+	return 0
+}
+
+func (x *Progress) GetStagePeakInFlight() int32 {
+	if x != nil {
+		return x.StagePeakInFlight
+	}
+	return 0
+}
+
+func (x *Progress) GetStagePeakActivationBytes() int64 {
+	if x != nil {
+		return x.StagePeakActivationBytes
 	}
 	return 0
 }
@@ -1341,7 +1404,7 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\arun_dir\x18\f \x01(\tR\x06runDir\x12+\n" +
 	"\x05ranks\x18\r \x03(\v2\x15.gradsync.v1.ProgressR\x05ranks\x12\x1f\n" +
 	"\vresume_from\x18\x0e \x01(\tR\n" +
-	"resumeFrom\"\xbb\x06\n" +
+	"resumeFrom\"\x8b\t\n" +
 	"\bProgress\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x05R\x05epoch\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1f\n" +
@@ -1368,7 +1431,14 @@ const file_gradsync_v1_job_proto_rawDesc = "" +
 	"\x18loader_images_per_second\x18d \x01(\x01R\x15loaderImagesPerSecond\x12$\n" +
 	"\rskipped_steps\x18\xa0\x01 \x01(\x03R\fskippedSteps\x12\x1e\n" +
 	"\n" +
-	"loss_scale\x18\xa1\x01 \x01(\x01R\tlossScale\"\xe2\b\n" +
+	"loss_scale\x18\xa1\x01 \x01(\x01R\tlossScale\x12&\n" +
+	"\x0epipeline_stage\x18\xb4\x01 \x01(\x05R\rpipelineStage\x12(\n" +
+	"\x0fpipeline_stages\x18\xb5\x01 \x01(\x05R\x0epipelineStages\x12*\n" +
+	"\x10pipeline_replica\x18\xb6\x01 \x01(\x05R\x0fpipelineReplica\x12-\n" +
+	"\x12stage_step_seconds\x18\xb7\x01 \x01(\x01R\x10stageStepSeconds\x12/\n" +
+	"\x13stage_idle_fraction\x18\xb8\x01 \x01(\x01R\x11stageIdleFraction\x120\n" +
+	"\x14stage_peak_in_flight\x18\xb9\x01 \x01(\x05R\x11stagePeakInFlight\x12>\n" +
+	"\x1bstage_peak_activation_bytes\x18\xba\x01 \x01(\x03R\x18stagePeakActivationBytes\"\xe2\b\n" +
 	"\tJobResult\x12#\n" +
 	"\rtest_accuracy\x18\x01 \x01(\x01R\ftestAccuracy\x12\x1b\n" +
 	"\ttest_loss\x18\x02 \x01(\x01R\btestLoss\x12\x1d\n" +
