@@ -43,16 +43,20 @@ type Conv2D struct {
 	// differ from Gemm's in the last bits.
 	Chain bool
 
-	x      []float32 // borrowed input of the last Forward
-	batch  int
-	y, dx  []float32 // owned, whole batch
-	col    []float32 // owned: column matrices (C·KH·KW, OutH·OutW), one per sample when kept, else one
-	kept   bool      // col holds every sample's column matrix from Forward
-	dcol   []float32 // owned scratch for Backward
-	dmask  []float32 // owned scratch: one sample's dy masked by the fused ReLU
-	dwt    []float32 // owned scratch: Σ_n col·dyᵀ, the weight gradient transposed (C·KH·KW, Out)
-	gx, gy []float32 // owned (wholeBatchChain): x gathered (C, batch·p), kept for Backward, and y gathered
-	direct bool      // 1×1 kernel, stride 1, no padding: the column matrix is the input itself
+	x     []float32 // borrowed input of the last Forward
+	batch int
+	y, dx []float32 // owned, whole batch
+	col   []float32 // owned: column matrices (C·KH·KW, OutH·OutW), one per sample when kept, else one
+	kept  bool      // col holds every sample's column matrix from Forward
+	// colsBatch: kept, and col holds them side by side as one (C·KH·KW,
+	// batch·OutH·OutW) matrix (Chain, fp32, no fused ReLU), so that
+	// Backward sums dW in one product over the batch
+	colsBatch bool
+	dcol      []float32 // owned scratch for Backward
+	dmask     []float32 // owned scratch: one sample's dy masked by the fused ReLU
+	dwt       []float32 // owned scratch: Σ_n col·dyᵀ, the weight gradient transposed (C·KH·KW, Out)
+	gx, gy    []float32 // owned (wholeBatchChain): x gathered (C, batch·p), kept for Backward, and y gathered
+	direct    bool      // 1×1 kernel, stride 1, no padding: the column matrix is the input itself
 
 	small bool              // computed by kernels.ConvSmall (few input channels)
 	cs    kernels.ConvSmall // its scratch
@@ -209,6 +213,25 @@ func (l *Conv2D) Forward(x []float32, batch int, train bool) []float32 {
 	case !l.direct:
 		l.col = grow(l.col, k*p)
 	}
+	l.colsBatch = l.kept && l.Chain && l.lp.prec == FP32 && !l.ReLU
+	if l.colsBatch {
+		// GemmChain reads sample n's columns in place at row stride
+		// batch·p: the same values as from a matrix of its own
+		bp := batch * p
+		for n := range batch {
+			kernels.Im2colStrided(l.col[n*p:], bp, x[n*in:(n+1)*in], g)
+			yn := l.y[n*l.Out*p : (n+1)*l.Out*p]
+			var beta float32
+			if l.B != nil {
+				for f, b := range l.B {
+					fill(yn[f*p:(f+1)*p], b)
+				}
+				beta = 1
+			}
+			l.prod(false, l.Out, p, k, l.W, k, l.col[n*p:], bp, beta, yn, p)
+		}
+		return l.y
+	}
 	for n := range batch {
 		xn := x[n*in : (n+1)*in]
 		yn := l.y[n*l.Out*p : (n+1)*l.Out*p]
@@ -309,6 +332,9 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 	if l.wholeBatch() {
 		return l.wholeBatchBackward(dy)
 	}
+	if l.colsBatch {
+		return l.colsBatchBackward(dy)
+	}
 	if !l.SkipInputGrad {
 		l.dx = grow(l.dx, l.batch*in)
 		if !l.direct {
@@ -357,6 +383,38 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 	l.addDWT(k)
 	if l.SkipInputGrad {
 		return nil
+	}
+	return l.dx
+}
+
+// colsBatchBackward is Backward when Forward kept the column matrices side
+// by side (colsBatch): dy gathered as (Out, batch·p) into dmask, dWᵀ =
+// col·dyᵀ in one product over the batch (Gemm) and db from the gathered
+// rows, then dx = col2im(Wᵀ·dy_n) per sample on GemmChain.
+func (l *Conv2D) colsBatchBackward(dy []float32) []float32 {
+	g := l.Geom
+	k, p, in := g.ColRows(), g.ColCols(), g.C*g.H*g.W
+	bp := l.batch * p
+	l.dmask = grow(l.dmask, l.Out*bp)
+	gatherPlanes(l.dmask, dy, l.batch, l.Out, p)
+	if l.DB != nil {
+		for f := range l.Out {
+			l.DB[f] += sum32(l.dmask[f*bp : (f+1)*bp])
+		}
+	}
+	l.dwt = grow(l.dwt, k*l.Out)
+	l.lp.gemm(false, true, k, l.Out, bp, 1, l.col, bp, l.dmask, bp, 0, l.dwt, l.Out)
+	l.addDWT(k)
+	if l.SkipInputGrad {
+		return nil
+	}
+	l.dx = grow(l.dx, l.batch*in)
+	l.dcol = grow(l.dcol, k*p)
+	for n := range l.batch {
+		dxn := l.dx[n*in : (n+1)*in]
+		l.prod(true, k, p, l.Out, l.W, k, dy[n*l.Out*p:(n+1)*l.Out*p], p, 0, l.dcol, p)
+		clear(dxn)
+		kernels.Col2im(dxn, l.dcol, g)
 	}
 	return l.dx
 }
