@@ -41,7 +41,7 @@ func (l *PatchEmbed) actBufs() (fwd, bwd []*[]float32) {
 	return []*[]float32{&l.patches, &l.y}, []*[]float32{&l.demb}
 }
 func (l *Conv2D) actBufs() (fwd, bwd []*[]float32) {
-	return []*[]float32{&l.y, &l.col, &l.wu, &l.wv, &l.wm, &l.wt},
+	return []*[]float32{&l.y, &l.col, &l.wu, &l.wv, &l.wm, &l.wt, &l.gx, &l.gy},
 		[]*[]float32{&l.dx, &l.dcol, &l.dmask, &l.dwt, &l.wdu, &l.wvt, &l.wdv}
 }
 

@@ -97,19 +97,22 @@ var mobileNetBlocks = []struct{ out, stride int }{
 func mobileNet(alpha float64) arch {
 	width := func(c int) int { return max(1, int(math.Round(float64(c)*alpha))) }
 	return func(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
+		b.chain = chainConvs
 		c := width(32)
 		stem := b.conv("conv1", geom(opt.Channels, opt.Height, opt.Width, 3, 1, 1), c, false)
 		stem.SkipInputGrad = true
-		layers := []Layer{stem, b.batchNorm("bn1", c), &ReLU{}}
+		bn, relu := b.bnReLU("bn1", c)
+		layers := []Layer{stem, bn, relu}
 		h, w := stem.Geom.OutH(), stem.Geom.OutW()
 		for i, blk := range mobileNetBlocks {
 			prefix := "layers." + strconv.Itoa(i)
 			out := width(blk.out)
 			dw := b.depthwise(prefix+".conv1", geom(c, h, w, 3, blk.stride, 1), false)
-			bn1 := b.batchNorm(prefix+".bn1", c)
+			bn1, relu1 := b.bnReLU(prefix+".bn1", c)
 			h, w = dw.Geom.OutH(), dw.Geom.OutW()
 			pw := b.conv(prefix+".conv2", geom(c, h, w, 1, 1, 0), out, false)
-			layers = append(layers, dw, bn1, &ReLU{}, pw, b.batchNorm(prefix+".bn2", out), &ReLU{})
+			bn2, relu2 := b.bnReLU(prefix+".bn2", out)
+			layers = append(layers, dw, bn1, relu1, pw, bn2, relu2)
 			c = out
 		}
 		layers = append(layers, &GlobalAvgPool{C: c}, b.fc("linear", c, opt.Classes))

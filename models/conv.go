@@ -33,16 +33,30 @@ type Conv2D struct {
 	// ReLU fuses a following ReLU into the layer: y = max(0, conv(x)),
 	// applied to each sample's output while it is in cache.
 	ReLU bool
+	// Chain runs the forward and input-gradient products of the im2col,
+	// 1×1 and Winograd paths, and the Winograd weight gradient's dU, on
+	// kernels.GemmChain instead of Gemm, in fp32 (the batch-norm
+	// architectures set it where kernels.ChainOK). The im2col and 1×1
+	// weight gradients (products with a transposed B) stay on Gemm. Each
+	// output is then one multiply-add chain in a fixed order, so its value
+	// does not depend on the columns computed beside it; the results
+	// differ from Gemm's in the last bits.
+	Chain bool
 
-	x      []float32 // borrowed input of the last Forward
-	batch  int
-	y, dx  []float32 // owned, whole batch
-	col    []float32 // owned: column matrices (C·KH·KW, OutH·OutW), one per sample when kept, else one
-	kept   bool      // col holds every sample's column matrix from Forward
-	dcol   []float32 // owned scratch for Backward
-	dmask  []float32 // owned scratch: one sample's dy masked by the fused ReLU
-	dwt    []float32 // owned scratch: Σ_n col·dyᵀ, the weight gradient transposed (C·KH·KW, Out)
-	direct bool      // 1×1 kernel, stride 1, no padding: the column matrix is the input itself
+	x     []float32 // borrowed input of the last Forward
+	batch int
+	y, dx []float32 // owned, whole batch
+	col   []float32 // owned: column matrices (C·KH·KW, OutH·OutW), one per sample when kept, else one
+	kept  bool      // col holds every sample's column matrix from Forward
+	// colsBatch: kept, and col holds them side by side as one (C·KH·KW,
+	// batch·OutH·OutW) matrix (Chain, fp32, no fused ReLU), so that
+	// Backward sums dW in one product over the batch
+	colsBatch bool
+	dcol      []float32 // owned scratch for Backward
+	dmask     []float32 // owned scratch: one sample's dy masked by the fused ReLU
+	dwt       []float32 // owned scratch: Σ_n col·dyᵀ, the weight gradient transposed (C·KH·KW, Out)
+	gx, gy    []float32 // owned (wholeBatchChain): x gathered (C, batch·p), kept for Backward, and y gathered
+	direct    bool      // 1×1 kernel, stride 1, no padding: the column matrix is the input itself
 
 	small bool              // computed by kernels.ConvSmall (few input channels)
 	cs    kernels.ConvSmall // its scratch
@@ -181,12 +195,42 @@ func (l *Conv2D) Forward(x []float32, batch int, train bool) []float32 {
 		l.cs.Forward(l.y, x, l.W, l.B, g, l.Out, batch, l.ReLU)
 		return l.y
 	}
+	if l.wholeBatchChain() {
+		// one product over the gathered batch: with GemmChain each
+		// sample's outputs are those of its own product, bit for bit
+		bp := batch * p
+		l.gx = grow(l.gx, g.C*bp)
+		l.gy = grow(l.gy, l.Out*bp)
+		gatherPlanes(l.gx, x, batch, g.C, p)
+		kernels.GemmChain(l.Out, bp, g.C, l.W, g.C, 1, l.gx, bp, false, l.gy, bp)
+		scatterPlanes(l.y, l.gy, batch, l.Out, p)
+		return l.y
+	}
 	l.kept = !l.direct && batch*k*p <= keepColsMax
 	switch {
 	case l.kept:
 		l.col = grow(l.col, batch*k*p)
 	case !l.direct:
 		l.col = grow(l.col, k*p)
+	}
+	l.colsBatch = l.kept && l.Chain && l.lp.prec == FP32 && !l.ReLU
+	if l.colsBatch {
+		// GemmChain reads sample n's columns in place at row stride
+		// batch·p: the same values as from a matrix of its own
+		bp := batch * p
+		for n := range batch {
+			kernels.Im2colStrided(l.col[n*p:], bp, x[n*in:(n+1)*in], g)
+			yn := l.y[n*l.Out*p : (n+1)*l.Out*p]
+			var beta float32
+			if l.B != nil {
+				for f, b := range l.B {
+					fill(yn[f*p:(f+1)*p], b)
+				}
+				beta = 1
+			}
+			l.prod(false, l.Out, p, k, l.W, k, l.col[n*p:], bp, beta, yn, p)
+		}
+		return l.y
 	}
 	for n := range batch {
 		xn := x[n*in : (n+1)*in]
@@ -200,7 +244,7 @@ func (l *Conv2D) Forward(x []float32, batch int, train bool) []float32 {
 		switch {
 		case l.ReLU:
 			// bias and ReLU in one pass over the output, while it is in cache
-			l.lp.gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 0, yn, p)
+			l.prod(false, l.Out, p, k, l.W, k, col, p, 0, yn, p)
 			for f := range l.Out {
 				var b float32
 				if l.B != nil {
@@ -215,9 +259,9 @@ func (l *Conv2D) Forward(x []float32, batch int, train bool) []float32 {
 			for f, b := range l.B {
 				fill(yn[f*p:(f+1)*p], b)
 			}
-			l.lp.gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 1, yn, p)
+			l.prod(false, l.Out, p, k, l.W, k, col, p, 1, yn, p)
 		default:
-			l.lp.gemm(false, false, l.Out, p, k, 1, l.W, k, col, p, 0, yn, p)
+			l.prod(false, l.Out, p, k, l.W, k, col, p, 0, yn, p)
 		}
 	}
 	return l.y
@@ -234,6 +278,22 @@ func (l *Conv2D) sampleCol(n, kk int) []float32 {
 	default:
 		return l.col[:kk]
 	}
+}
+
+// prod is C = A·B (beta 0) or C += A·B (beta 1) with A (m×k) row-major
+// at row stride lda, or its transpose stored (k×m) with transA, and B
+// (k×n) row-major: on kernels.GemmChain when Chain is set and the layer
+// computes in fp32, else l.lp.gemm.
+func (l *Conv2D) prod(transA bool, m, n, k int, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	if l.Chain && l.lp.prec == FP32 {
+		rsA, csA := lda, 1
+		if transA {
+			rsA, csA = 1, lda
+		}
+		kernels.GemmChain(m, n, k, a, rsA, csA, b, ldb, beta == 1, c, ldc)
+		return
+	}
+	l.lp.gemm(transA, false, m, n, k, 1, a, lda, b, ldb, beta, c, ldc)
 }
 
 // fill sets every element of dst to v.
@@ -271,6 +331,9 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 	}
 	if l.wholeBatch() {
 		return l.wholeBatchBackward(dy)
+	}
+	if l.colsBatch {
+		return l.colsBatchBackward(dy)
 	}
 	if !l.SkipInputGrad {
 		l.dx = grow(l.dx, l.batch*in)
@@ -310,16 +373,48 @@ func (l *Conv2D) Backward(dy []float32) []float32 {
 		}
 		dxn := l.dx[n*in : (n+1)*in]
 		if l.direct {
-			l.lp.gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, dxn, p)
+			l.prod(true, k, p, l.Out, l.W, k, dyn, p, 0, dxn, p)
 			continue
 		}
-		l.lp.gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, l.dcol, p)
+		l.prod(true, k, p, l.Out, l.W, k, dyn, p, 0, l.dcol, p)
 		clear(dxn)
 		kernels.Col2im(dxn, l.dcol, g)
 	}
 	l.addDWT(k)
 	if l.SkipInputGrad {
 		return nil
+	}
+	return l.dx
+}
+
+// colsBatchBackward is Backward when Forward kept the column matrices side
+// by side (colsBatch): dy gathered as (Out, batch·p) into dmask, dWᵀ =
+// col·dyᵀ in one product over the batch (Gemm) and db from the gathered
+// rows, then dx = col2im(Wᵀ·dy_n) per sample on GemmChain.
+func (l *Conv2D) colsBatchBackward(dy []float32) []float32 {
+	g := l.Geom
+	k, p, in := g.ColRows(), g.ColCols(), g.C*g.H*g.W
+	bp := l.batch * p
+	l.dmask = grow(l.dmask, l.Out*bp)
+	gatherPlanes(l.dmask, dy, l.batch, l.Out, p)
+	if l.DB != nil {
+		for f := range l.Out {
+			l.DB[f] += sum32(l.dmask[f*bp : (f+1)*bp])
+		}
+	}
+	l.dwt = grow(l.dwt, k*l.Out)
+	l.lp.gemm(false, true, k, l.Out, bp, 1, l.col, bp, l.dmask, bp, 0, l.dwt, l.Out)
+	l.addDWT(k)
+	if l.SkipInputGrad {
+		return nil
+	}
+	l.dx = grow(l.dx, l.batch*in)
+	l.dcol = grow(l.dcol, k*p)
+	for n := range l.batch {
+		dxn := l.dx[n*in : (n+1)*in]
+		l.prod(true, k, p, l.Out, l.W, k, dy[n*l.Out*p:(n+1)*l.Out*p], p, 0, l.dcol, p)
+		clear(dxn)
+		kernels.Col2im(dxn, l.dcol, g)
 	}
 	return l.dx
 }
@@ -358,6 +453,26 @@ func (l *Conv2D) wholeBatch() bool {
 	return l.direct && !l.ReLU && l.Geom.ColCols() <= wholeBatchMaxP
 }
 
+// wholeBatchChain reports whether Forward and the input gradient of
+// wholeBatchBackward run as one GemmChain product over the gathered batch
+// (a 1×1 stride-1 convolution on small planes without bias or fused ReLU,
+// with Chain in fp32): per sample, OpenBLAS's thin products and GemmChain
+// with a plane of 16 or fewer columns waste most of each call or
+// register.
+func (l *Conv2D) wholeBatchChain() bool {
+	return l.wholeBatch() && l.Chain && l.lp.prec == FP32 && l.B == nil && kernels.ChainOK()
+}
+
+// scatterPlanes is gatherPlanes' inverse: it sets dst (batch, rows, p)
+// from src (rows, batch·p).
+func scatterPlanes(dst, src []float32, batch, rows, p int) {
+	for n := range batch {
+		for r := range rows {
+			copy(dst[(n*rows+r)*p:(n*rows+r+1)*p], src[(r*batch+n)*p:(r*batch+n+1)*p])
+		}
+	}
+}
+
 // gatherPlanes sets dst (rows, batch·p) to src (batch, rows, p): row r of
 // dst holds plane r of every sample in turn.
 func gatherPlanes(dst, src []float32, batch, rows, p int) {
@@ -368,31 +483,43 @@ func gatherPlanes(dst, src []float32, batch, rows, p int) {
 	}
 }
 
-// wholeBatchBackward is Backward's whole-batch path: dcol holds x and
-// dmask dy gathered as (C, batch·p) and (Out, batch·p); dW += dy·xᵀ
-// (accumulated transposed, as on the per-sample path) in one GEMM and
-// db += Σ dy; dx = Wᵀ·dy_n per sample.
+// wholeBatchBackward is Backward's whole-batch path: dcol (or gx, on the
+// wholeBatchChain path) holds x and dmask dy gathered as (C, batch·p) and
+// (Out, batch·p); dW += dy·xᵀ (accumulated transposed, as on the
+// per-sample path) in one GEMM and db += Σ dy; dx = Wᵀ·dy_n per sample,
+// or for the gathered batch at once on the wholeBatchChain path.
 func (l *Conv2D) wholeBatchBackward(dy []float32) []float32 {
 	c, p := l.Geom.C, l.Geom.ColCols()
 	bp := l.batch * p
 	l.dmask = grow(l.dmask, l.Out*bp)
-	l.dcol = grow(l.dcol, c*bp)
 	gatherPlanes(l.dmask, dy, l.batch, l.Out, p)
-	gatherPlanes(l.dcol, l.x, l.batch, c, p)
+	gx := l.gx // x gathered by Forward
+	if !l.wholeBatchChain() {
+		l.dcol = grow(l.dcol, c*bp)
+		gatherPlanes(l.dcol, l.x, l.batch, c, p)
+		gx = l.dcol
+	}
 	if l.DB != nil {
 		for f := range l.Out {
 			l.DB[f] += sum32(l.dmask[f*bp : (f+1)*bp])
 		}
 	}
 	l.dwt = grow(l.dwt, c*l.Out)
-	l.lp.gemm(false, true, c, l.Out, bp, 1, l.dcol, bp, l.dmask, bp, 0, l.dwt, l.Out)
+	l.lp.gemm(false, true, c, l.Out, bp, 1, gx, bp, l.dmask, bp, 0, l.dwt, l.Out)
 	l.addDWT(c)
 	if l.SkipInputGrad {
 		return nil
 	}
 	l.dx = grow(l.dx, l.batch*c*p)
+	if l.wholeBatchChain() {
+		// dx gathered = Wᵀ·dy gathered, then scattered
+		l.dcol = grow(l.dcol, c*bp)
+		kernels.GemmChain(c, bp, l.Out, l.W, 1, c, l.dmask, bp, false, l.dcol, bp)
+		scatterPlanes(l.dx, l.dcol, l.batch, c, p)
+		return l.dx
+	}
 	for n := range l.batch {
-		l.lp.gemm(true, false, c, p, l.Out, 1, l.W, c, dy[n*l.Out*p:(n+1)*l.Out*p], p, 0, l.dx[n*c*p:(n+1)*c*p], p)
+		l.prod(true, c, p, l.Out, l.W, c, dy[n*l.Out*p:(n+1)*l.Out*p], p, 0, l.dx[n*c*p:(n+1)*c*p], p)
 	}
 	return l.dx
 }
@@ -419,7 +546,7 @@ func (l *Conv2D) smallBackward(dy []float32) []float32 {
 			dyn = l.dmask
 		}
 		dxn := l.dx[n*in : (n+1)*in]
-		l.lp.gemm(true, false, k, p, l.Out, 1, l.W, k, dyn, p, 0, l.dcol, p)
+		l.prod(true, k, p, l.Out, l.W, k, dyn, p, 0, l.dcol, p)
 		clear(dxn)
 		kernels.Col2im(dxn, l.dcol, g)
 	}
@@ -490,7 +617,7 @@ func (l *Conv2D) winoForward(x []float32, batch int) {
 			kernels.WinogradInput(v, sv, x[n0*in:(n0+b)*in], g, b)
 		}
 		for xi := range pts {
-			l.lp.gemm(false, false, l.Out, P, g.C, 1, l.wu[xi*l.Out*g.C:], g.C, v[xi*sv:], P, 0, l.wm[xi*sm:], P)
+			l.prod(false, l.Out, P, g.C, l.wu[xi*l.Out*g.C:], g.C, v[xi*sv:], P, 0, l.wm[xi*sm:], P)
 		}
 		switch {
 		case l.wino4 && l.pooled:
@@ -607,13 +734,13 @@ func (l *Conv2D) winoBackward(dy []float32) []float32 {
 		// transposed operand runs ~1.8× faster here, more than the copy costs
 		kernels.WinogradTransposeVN(l.wvt, g.C*P, v, sv, g.C, P, pts)
 		for xi := range pts {
-			l.lp.gemm(false, false, l.Out, g.C, P, 1, l.wm[xi*sm:], P, l.wvt[xi*g.C*P:], g.C, 1, l.wdu[xi*l.Out*g.C:], g.C)
+			l.prod(false, l.Out, g.C, P, l.wm[xi*sm:], P, l.wvt[xi*g.C*P:], g.C, 1, l.wdu[xi*l.Out*g.C:], g.C)
 		}
 		if l.SkipInputGrad {
 			continue
 		}
 		for xi := range pts {
-			l.lp.gemm(true, false, g.C, P, l.Out, 1, l.wu[xi*l.Out*g.C:], g.C, l.wm[xi*sm:], P, 0, l.wdv[xi*sv:], P)
+			l.prod(true, g.C, P, l.Out, l.wu[xi*l.Out*g.C:], g.C, l.wm[xi*sm:], P, 0, l.wdv[xi*sv:], P)
 		}
 		if l.wino4 {
 			kernels.Winograd4InputGrad(l.dx[n0*in:(n0+b)*in], l.wdv, sv, g, b)

@@ -158,11 +158,13 @@ var convViTStem = []int{32, vitDim}
 // Every convolution is padded, so any input size works.
 func convViT(b *builder, opt Options) ([]Layer, func(*rand.Rand)) {
 	var layers []Layer
+	b.chain = chainConvs
 	c, h, w := opt.Channels, opt.Height, opt.Width
 	for i, out := range convViTStem {
 		conv := b.conv("stem."+fmt.Sprint(3*i), geom(c, h, w, 3, 2, 1), out, false)
 		conv.SkipInputGrad = i == 0
-		layers = append(layers, conv, b.batchNorm("stem."+fmt.Sprint(3*i+1), out), &ReLU{})
+		bn, relu := b.bnReLU("stem."+fmt.Sprint(3*i+1), out)
+		layers = append(layers, conv, bn, relu)
 		c, h, w = out, conv.Geom.OutH(), conv.Geom.OutW()
 	}
 	t := h * w

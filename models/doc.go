@@ -49,6 +49,18 @@
 //
 // Where it is exact, an activation is fused into its neighbour for speed:
 // a ReLU before a max pool runs inside the pool (relu∘max = max∘relu,
-// gradients included) and a ReLU after a convolution inside the
-// convolution. Parameter names and results are unchanged.
+// gradients included), a ReLU after a convolution inside the
+// convolution, and a ReLU after a batch norm inside the batch norm
+// (BatchNorm2d.ReLU; the ReLU layer stays in the list, marked Fused, so
+// layer indices and checkpointing blocks do not move). Parameter names
+// and results are unchanged.
+//
+// The batch-norm architectures (resnet8, resnet18, se-resnet8,
+// mobilenet, convvit) run their convolutions' forward and input-gradient
+// products, and Winograd's dU, on kernels.GemmChain where the CPU has
+// AVX-512 (Conv2D.Chain): each output is one multiply-add chain in a
+// fixed order, so a 1×1 convolution on small planes can run its whole
+// batch as one product and still give every sample the values it gets
+// alone (the threads' slices stay consistent). Their results differ from
+// the OpenBLAS path in the last bits; the other architectures keep Gemm.
 package models

@@ -113,6 +113,15 @@ func (l *Linear) Backward(dy []float32) []float32 {
 
 // ReLU is the elementwise max(0, x) over any shape.
 type ReLU struct {
+	// Fused marks a ReLU that the layer before it applies to its own
+	// output and gradient (BatchNorm2d.ReLU), in the same
+	// pass over memory: Forward returns x and Backward dy, both borrowed.
+	// The layer stays in the list so that layer indices, names and
+	// checkpointing blocks do not change; its input is the fused layer's
+	// output, already ≥ 0 (or NaN), on which max(0, ·) is the identity.
+	Fused bool
+
+	n     int       // Fused: the length of the last Forward's x
 	y, dx []float32 // owned; y doubles as the mask for Backward
 }
 
@@ -121,16 +130,32 @@ func (l *ReLU) Forward(x []float32, batch int, train bool) []float32 {
 	if batch < 1 || len(x)%batch != 0 {
 		panic(fmt.Sprintf("models: ReLU.Forward: len(x)=%d is not a multiple of batch %d", len(x), batch))
 	}
-	l.y = grow(l.y, len(x))
-	for i, v := range x {
-		l.y[i] = max(v, 0)
+	if l.Fused {
+		l.n = len(x)
+		return x
 	}
+	l.y = grow(l.y, len(x))
+	reluTo(l.y, x)
 	return l.y
+}
+
+// reluTo sets dst = max(x, 0) elementwise (dst may be x).
+func reluTo(dst, x []float32) {
+	dst = dst[:len(x)]
+	for i, v := range x {
+		dst[i] = max(v, 0)
+	}
 }
 
 // Backward returns dx = dy where the input was positive, 0 elsewhere (the
 // subgradient at 0 is 0, as in PyTorch).
 func (l *ReLU) Backward(dy []float32) []float32 {
+	if l.Fused {
+		if len(dy) != l.n {
+			panic(fmt.Sprintf("models: ReLU.Backward: len(dy)=%d, want %d", len(dy), l.n))
+		}
+		return dy
+	}
 	if len(dy) != len(l.y) {
 		panic(fmt.Sprintf("models: ReLU.Backward: len(dy)=%d, want %d", len(dy), len(l.y)))
 	}

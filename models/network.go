@@ -95,6 +95,7 @@ type builder struct {
 	seed     uint64
 	dropouts []*Dropout
 	bns      []*BatchNorm2d     // in declaration order, for SetThreads
+	chain    bool               // conv sets Conv2D.Chain (the batch-norm architectures: chainConvs)
 	inits    []func(*rand.Rand) // in declaration order
 }
 

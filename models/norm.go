@@ -19,8 +19,13 @@ import (
 // RunningMean and RunningVar are buffers: views into the network's buffer
 // storage, not into its gradient buffer.
 type BatchNorm2d struct {
-	C              int
-	Eps, Momentum  float32
+	C             int
+	Eps, Momentum float32
+	// ReLU fuses a following ReLU (marked Fused): y = max(0, x̂·γ + β),
+	// taken on each plane while it is in cache, and Backward gates dy by
+	// y > 0 plane by plane before its sums: the unfused pair's values bit
+	// for bit, with one pass over memory fewer each way.
+	ReLU           bool
 	Weight, Bias   []float32 // (C) parameter views
 	DWeight, DBias []float32 // (C) gradient views
 	RunningMean    []float32 // (C) buffer view
@@ -150,8 +155,25 @@ func (l *BatchNorm2d) normalize(x []float32, c int, mean, inv float32) {
 		if l.group != nil {
 			xh = l.xhat[off : off+hw]
 		}
-		kernels.BNNormalize(xh, l.y[off:off+hw], x[off:off+hw], mean, inv, g, b)
+		y := l.y[off : off+hw]
+		kernels.BNNormalize(xh, y, x[off:off+hw], mean, inv, g, b)
+		if l.ReLU {
+			reluTo(y, y)
+		}
 	}
+}
+
+// gatedDy returns the plane of dy at [off, off+hw): dy itself, or with a
+// fused ReLU, dy gated by y > 0 written to the same plane of dx (which
+// Backward then overwrites in place with the input gradient).
+func (l *BatchNorm2d) gatedDy(dy []float32, off int) []float32 {
+	d := dy[off : off+l.hw]
+	if !l.ReLU {
+		return d
+	}
+	dx := l.dx[off : off+l.hw]
+	reluMask(dx, d, l.y[off:off+l.hw])
+	return dx
 }
 
 // Backward adds dγ += Σ dy·x̂ and dβ += Σ dy per channel and returns dx. In
@@ -174,7 +196,7 @@ func (l *BatchNorm2d) Backward(dy []float32) []float32 {
 		mean, inv := l.mean[c], l.invStd[c]
 		for n := range batch {
 			off := (n*l.C + c) * hw
-			ady.AddDotNorm(&adyx, dy[off:off+hw], l.x[off:off+hw], mean, inv)
+			ady.AddDotNorm(&adyx, l.gatedDy(dy, off), l.x[off:off+hw], mean, inv)
 		}
 		sdy, sdyx := ady.Sum(), adyx.Sum()
 		l.DWeight[c] += float32(sdyx)
@@ -186,7 +208,11 @@ func (l *BatchNorm2d) Backward(dy []float32) []float32 {
 		}
 		for n := range batch {
 			off := (n*l.C + c) * hw
-			kernels.BNInputGradNorm(l.dx[off:off+hw], dy[off:off+hw], l.x[off:off+hw], mean, inv, k, meanDy, meanDyx)
+			d := dy[off : off+hw]
+			if l.ReLU {
+				d = l.dx[off : off+hw] // gated in the first pass
+			}
+			kernels.BNInputGradNorm(l.dx[off:off+hw], d, l.x[off:off+hw], mean, inv, k, meanDy, meanDyx)
 		}
 	}
 	return l.dx

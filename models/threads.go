@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"sync"
+
+	"github.com/gradsync/gradsync/internal/kernels"
 )
 
 // One worker's step on several cores (SetThreads): the batch is cut into
@@ -333,26 +335,21 @@ func (l *BatchNorm2d) forwardGroup(x []float32) {
 	g, hw, batch, cc := l.group, l.hw, l.batch, l.C
 	part := g.parts[l.thread]
 	for c := range cc {
-		var s float64
+		var s kernels.Acc64
 		for n := range batch {
-			for _, v := range x[(n*cc+c)*hw : (n*cc+c+1)*hw] {
-				s += float64(v)
-			}
+			s.AddF32(x[(n*cc+c)*hw : (n*cc+c+1)*hw])
 		}
-		part[c] = s
+		part[c] = s.Sum()
 	}
 	g.wait()
 	m := g.batch * hw
 	for c := range cc {
 		mu := g.total(0, c) / float64(m)
-		var ss float64
+		var ss kernels.Acc64
 		for n := range batch {
-			for _, v := range x[(n*cc+c)*hw : (n*cc+c+1)*hw] {
-				d := float64(v) - mu
-				ss += d * d
-			}
+			ss.AddSqDev(x[(n*cc+c)*hw:(n*cc+c+1)*hw], mu)
 		}
-		part[cc+c] = ss
+		part[cc+c] = ss.Sum()
 	}
 	g.wait()
 	for c := range cc {
@@ -382,16 +379,12 @@ func (l *BatchNorm2d) backwardGroup(dy []float32) {
 	g, hw, batch, cc := l.group, l.hw, l.batch, l.C
 	part := g.parts[l.thread]
 	for c := range cc {
-		var sdy, sdyx float64
+		var sdy, sdyx kernels.Acc64
 		for n := range batch {
 			off := (n*cc + c) * hw
-			xh := l.xhat[off : off+hw]
-			for i, d := range dy[off : off+hw] {
-				sdy += float64(d)
-				sdyx += float64(d) * float64(xh[i])
-			}
+			sdy.AddDot(&sdyx, l.gatedDy(dy, off), l.xhat[off:off+hw])
 		}
-		part[2*cc+c], part[3*cc+c] = sdy, sdyx
+		part[2*cc+c], part[3*cc+c] = sdy.Sum(), sdyx.Sum()
 	}
 	g.wait()
 	m := float64(g.batch * hw)
@@ -408,11 +401,12 @@ func (l *BatchNorm2d) backwardGroup(dy []float32) {
 		}
 		for n := range batch {
 			off := (n*cc + c) * hw
-			xh := l.xhat[off : off+hw]
 			dx := l.dx[off : off+hw]
-			for i, d := range dy[off : off+hw] {
-				dx[i] = k * (d - meanDy - xh[i]*meanDyx)
+			d := dy[off : off+hw]
+			if l.ReLU {
+				d = dx // gated in the first pass
 			}
+			kernels.BNInputGrad(dx, d, l.xhat[off:off+hw], k, meanDy, meanDyx)
 		}
 	}
 }

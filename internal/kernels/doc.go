@@ -5,6 +5,8 @@
 // 3×3 stride-1 ones, and direct depthwise convolutions (depthwise.go, with
 // AVX-512 kernels for MobileNet's 3×3 ones: depthwise_fast.go).
 // Batch norm's float64 lane sums and elementwise passes (bnorm.go).
+// GemmChain (gemm_chain.go): an AVX-512 product for convolutions' thin
+// shapes whose every element is one multiply-add chain in a fixed order.
 // Mixed precision: bf16/fp16 conversions (half.go), GemmBF16, KernelSet.
 //
 // All slices are plain row-major []float32 owned by the caller; kernels

@@ -41,11 +41,29 @@ func (g ConvGeom) check(op string) {
 func Im2col(dst, src []float32, g ConvGeom) {
 	g.check("Im2col")
 	outH, outW := g.OutH(), g.OutW()
-	if len(src) != g.C*g.H*g.W {
-		panic(fmt.Sprintf("kernels: Im2col: len(src)=%d, want C·H·W=%d", len(src), g.C*g.H*g.W))
-	}
 	if len(dst) != g.ColRows()*outH*outW {
 		panic(fmt.Sprintf("kernels: Im2col: len(dst)=%d, want %d×%d", len(dst), g.ColRows(), outH*outW))
+	}
+	im2col(dst, outH*outW, src, g)
+}
+
+// Im2colStrided is Im2col with the column matrix's rows ld ≥ OutH·OutW
+// values apart in dst (a batch's matrices side by side: sample n's at
+// dst[n·OutH·OutW:], ld = batch·OutH·OutW); the values between rows are
+// left alone.
+func Im2colStrided(dst []float32, ld int, src []float32, g ConvGeom) {
+	g.check("Im2colStrided")
+	p := g.OutH() * g.OutW()
+	if ld < p || len(dst) < (g.ColRows()-1)*ld+p {
+		panic(fmt.Sprintf("kernels: Im2colStrided: len(dst)=%d, ld=%d for %d rows of %d", len(dst), ld, g.ColRows(), p))
+	}
+	im2col(dst, ld, src, g)
+}
+
+func im2col(dst []float32, ld int, src []float32, g ConvGeom) {
+	outH, outW := g.OutH(), g.OutW()
+	if len(src) != g.C*g.H*g.W {
+		panic(fmt.Sprintf("kernels: Im2col: len(src)=%d, want C·H·W=%d", len(src), g.C*g.H*g.W))
 	}
 	cols := g.colRanges()
 	block := outH * outW // one (c,ki,kj) row of the column matrix
@@ -57,7 +75,7 @@ func Im2col(dst, src []float32, g ConvGeom) {
 			for kj := range g.KW {
 				lo, hi := cols.get(g, kj, outW)
 				blk := dst[d : d+block]
-				d += block
+				d += ld
 				if ohLo >= ohHi || lo >= hi {
 					clear(blk)
 					continue

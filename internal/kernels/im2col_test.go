@@ -89,6 +89,26 @@ func TestIm2colMatchesNaive(t *testing.T) {
 				t.Fatalf("%+v: col[%d]=%v, want %v", g, i, got[i], want[i])
 			}
 		}
+		// strided rows: sample 1 of 3 side by side; the other samples'
+		// columns are left alone
+		p, k := g.ColCols(), g.ColRows()
+		ld := 3 * p
+		wide := make([]float32, k*ld)
+		for i := range wide {
+			wide[i] = -7
+		}
+		Im2colStrided(wide[p:], ld, src, g)
+		for row := range k {
+			for j := range ld {
+				v, w := wide[row*ld+j], float32(-7)
+				if j >= p && j < 2*p {
+					w = want[row*p+j-p]
+				}
+				if v != w {
+					t.Fatalf("%+v: strided col row %d, column %d = %v, want %v", g, row, j, v, w)
+				}
+			}
+		}
 	}
 }
 

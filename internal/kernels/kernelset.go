@@ -9,8 +9,9 @@ package kernels
 //     the AVX2 ones below;
 //   - "avx512": AVX-512 conversions, the AVX2 kernels, GemmBF16 in Go;
 //   - with either of those two, the AVX-512 depthwise kernels (3×3,
-//     padding 1, stride 1 or 2: depthwise_fast.go) and batch-norm
-//     kernels (bnorm.go), which need only AVX512F;
+//     padding 1, stride 1 or 2: depthwise_fast.go), batch-norm
+//     kernels (bnorm.go) and GemmChain (gemm_chain.go), which need only
+//     AVX512F;
 //   - "avx2+fma": the AVX2/FMA convolution and Winograd kernels and F16C
 //     conversions;
 //   - "avx2": the AVX2 Winograd kernels without the FMA ones;

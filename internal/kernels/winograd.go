@@ -143,14 +143,27 @@ func WinogradInput(v []float32, s int, x []float32, g ConvGeom, batch int) {
 	pn := th * tw
 	P := batch * pn
 	checkPoints("WinogradInput", "v", v, s, g.C*P)
-	var t [4][stripMax]float32 // the strip's rows after the row pass
+	var t [4][stripMax]float32  // the strip's rows after the row pass
+	var rp [4][stripMax]float32 // a strip's rows with the padding made explicit
+	vlo, vhi := winoVectorTiles(g)
+	wp := 2*tw + 2 // a zero-padded strip's width: every tile's patch lies inside it
 	for n := range batch {
 		for c := range g.C {
 			img := x[(n*g.C+c)*plane : (n*g.C+c+1)*plane]
 			for ty := range th {
 				iy := 2*ty - g.PadH
 				o := c*P + n*pn + ty*tw // tile (ty, 0)
-				if iy < 0 || iy+4 > g.H || g.W > stripMax {
+				inside := iy >= 0 && iy+4 <= g.H && g.W <= stripMax
+				if (!inside || vlo != 0 || vhi != tw) && wp <= stripMax {
+					// Tiles that read padding or past the image: copy the
+					// strip's rows into zero-padded rows once, then every tile
+					// is an interior one (the same additions on the same
+					// values as edgePatch's zeros).
+					padStrip(&rp, img, g, iy, wp)
+					winoInputStrip(v[o:], s, &rp, &t, tw, wp)
+					continue
+				}
+				if !inside {
 					for tx := range tw {
 						d := g.edgePatch(img, iy, 2*tx-g.PadW)
 						inputTransform(v[o+tx:o+tx+15*s+1], s, &d)
@@ -164,7 +177,6 @@ func WinogradInput(v []float32, s int, x []float32, g ConvGeom, batch int) {
 				// Vector kernel: blocks of 8 interior tiles, the last block
 				// moved back to end at the last tile it can read (tiles done
 				// twice get the same values).
-				vlo, vhi := winoVectorTiles(g)
 				for tx := vlo; tx < vhi; tx += 8 {
 					tx = min(tx, vhi-8)
 					ix := 2*tx - g.PadW
@@ -179,10 +191,7 @@ func WinogradInput(v []float32, s int, x []float32, g ConvGeom, batch int) {
 				// Row pass once per column of the 4-row strip (neighbouring
 				// tiles share two columns), then the column pass per tile.
 				t0, t1, t2, t3 := t[0][:g.W], t[1][:g.W], t[2][:g.W], t[3][:g.W]
-				for j := range r0 {
-					a, b, c, d := r0[j], r1[j], r2[j], r3[j]
-					t0[j], t1[j], t2[j], t3[j] = a-c, b+c, c-b, b-d
-				}
+				rowPass(t0, t1, t2, t3, r0, r1, r2, r3)
 				for tx := range tw {
 					if tx >= vlo && tx < vhi {
 						continue
@@ -193,20 +202,75 @@ func WinogradInput(v []float32, s int, x []float32, g ConvGeom, batch int) {
 						inputTransform(v[o+tx:o+tx+15*s+1], s, &d)
 						continue
 					}
-					q := v[o+tx : o+tx+15*s+1]
-					a, b, c, d := t0[ix], t0[ix+1], t0[ix+2], t0[ix+3]
-					q[0], q[s], q[2*s], q[3*s] = a-c, b+c, c-b, b-d
-					a, b, c, d = t1[ix], t1[ix+1], t1[ix+2], t1[ix+3]
-					q[4*s], q[5*s], q[6*s], q[7*s] = a-c, b+c, c-b, b-d
-					a, b, c, d = t2[ix], t2[ix+1], t2[ix+2], t2[ix+3]
-					q[8*s], q[9*s], q[10*s], q[11*s] = a-c, b+c, c-b, b-d
-					a, b, c, d = t3[ix], t3[ix+1], t3[ix+2], t3[ix+3]
-					q[15*s] = b - d
-					q[12*s], q[13*s], q[14*s] = a-c, b+c, c-b
+					colPass(v[o+tx:o+tx+15*s+1], s, t0, t1, t2, t3, ix)
 				}
 			}
 		}
 	}
+}
+
+// padStrip sets rp's rows [0, wp) to the image rows iy … iy+3 of img (one
+// plane of g) shifted right by PadW columns, with zeros where a row or
+// column falls outside the image.
+func padStrip(rp *[4][stripMax]float32, img []float32, g ConvGeom, iy, wp int) {
+	for i := range 4 {
+		row := rp[i][:wp]
+		y := iy + i
+		if y < 0 || y >= g.H {
+			clear(row)
+			continue
+		}
+		clear(row[:g.PadW])
+		copy(row[g.PadW:g.PadW+g.W], img[y*g.W:(y+1)*g.W])
+		clear(row[g.PadW+g.W:])
+	}
+}
+
+// winoInputStrip writes the transforms of the tw tiles of one zero-padded
+// strip rp (rows of wp = 2·tw + 2 values; tile tx's patch starts at
+// column 2·tx) to v[ξ·s + tx]: with the vector kernel when there are 8
+// tiles or more, else by the row pass into t and the column pass per
+// tile.
+func winoInputStrip(v []float32, s int, rp, t *[4][stripMax]float32, tw, wp int) {
+	if winoSIMD && tw >= 8 {
+		for tx := 0; tx < tw; tx += 8 {
+			tx = min(tx, tw-8)
+			_ = v[tx+7+15*s]
+			winoInput8(&v[tx], s, &rp[0][2*tx], &rp[1][2*tx], &rp[2][2*tx], &rp[3][2*tx])
+		}
+		return
+	}
+	t0, t1, t2, t3 := t[0][:wp], t[1][:wp], t[2][:wp], t[3][:wp]
+	rowPass(t0, t1, t2, t3, rp[0][:wp], rp[1][:wp], rp[2][:wp], rp[3][:wp])
+	for tx := range tw {
+		colPass(v[tx:tx+15*s+1], s, t0, t1, t2, t3, 2*tx)
+	}
+}
+
+// rowPass sets t0..t3 to Bᵀ applied down the columns of the rows r0..r3:
+// r0−r2, r1+r2, r2−r1, r1−r3.
+func rowPass(t0, t1, t2, t3, r0, r1, r2, r3 []float32) {
+	t0, t1, t2, t3 = t0[:len(r0)], t1[:len(r0)], t2[:len(r0)], t3[:len(r0)]
+	r1, r2, r3 = r1[:len(r0)], r2[:len(r0)], r3[:len(r0)]
+	for j := range r0 {
+		a, b, c, d := r0[j], r1[j], r2[j], r3[j]
+		t0[j], t1[j], t2[j], t3[j] = a-c, b+c, c-b, b-d
+	}
+}
+
+// colPass writes the column pass of the tile whose row-passed patch is
+// t·[ix : ix+4] to q[ξ·s], ξ = 0..15.
+func colPass(q []float32, s int, t0, t1, t2, t3 []float32, ix int) {
+	q = q[:15*s+1]
+	a, b, c, d := t0[ix], t0[ix+1], t0[ix+2], t0[ix+3]
+	q[0], q[s], q[2*s], q[3*s] = a-c, b+c, c-b, b-d
+	a, b, c, d = t1[ix], t1[ix+1], t1[ix+2], t1[ix+3]
+	q[4*s], q[5*s], q[6*s], q[7*s] = a-c, b+c, c-b, b-d
+	a, b, c, d = t2[ix], t2[ix+1], t2[ix+2], t2[ix+3]
+	q[8*s], q[9*s], q[10*s], q[11*s] = a-c, b+c, c-b, b-d
+	a, b, c, d = t3[ix], t3[ix+1], t3[ix+2], t3[ix+3]
+	q[15*s] = b - d
+	q[12*s], q[13*s], q[14*s] = a-c, b+c, c-b
 }
 
 // winoVectorTiles returns the tiles [lo, hi) of each row of tiles that
@@ -291,6 +355,8 @@ func WinogradInputGrad(dx, dv []float32, s int, g ConvGeom, batch int) {
 	P := batch * pn
 	checkPoints("WinogradInputGrad", "dv", dv, s, g.C*P)
 	var t [4][stripMax]float32 // the strip's gradient before the row pass's adjoint
+	lo, hi := winoVectorTiles(g)
+	wp := 2*tw + 2 // a zero-padded strip's width, as in WinogradInput
 	for n := range batch {
 		for c := range g.C {
 			img := dx[(n*g.C+c)*plane : (n*g.C+c+1)*plane]
@@ -298,6 +364,15 @@ func WinogradInputGrad(dx, dv []float32, s int, g ConvGeom, batch int) {
 				iy := 2*ty - g.PadH
 				o := c*P + n*pn + ty*tw // tile (ty, 0)
 				strip := iy >= 0 && iy+4 <= g.H && g.W <= stripMax
+				if (!strip || lo != 0 || hi != tw) && wp <= stripMax {
+					// Tiles that touch padding: gather the strip's gradient in
+					// padded rows (every tile interior), then add the rows'
+					// image part. Each position sums its tiles' contributions
+					// before it reaches dx, so dx can differ from the per-tile
+					// path in the last bits.
+					winoInputGradStrip(img, dv[o:], s, &t, g, iy, tw, wp)
+					continue
+				}
 				t0, t1, t2, t3 := t[0][:g.W], t[1][:g.W], t[2][:g.W], t[3][:g.W]
 				vlo, vhi := 0, 0
 				if strip {
@@ -332,28 +407,7 @@ func WinogradInputGrad(dx, dv []float32, s int, g ConvGeom, batch int) {
 						g.addEdgePatch(img, iy, ix, &d)
 						continue
 					}
-					// adjoint of the column pass, per row of the tile
-					v15 := q[15*s]
-					a, b, c, d := q[0], q[s], q[2*s], q[3*s]
-					t0[ix] += a
-					t0[ix+1] += b - c + d
-					t0[ix+2] += b + c - a
-					t0[ix+3] -= d
-					a, b, c, d = q[4*s], q[5*s], q[6*s], q[7*s]
-					t1[ix] += a
-					t1[ix+1] += b - c + d
-					t1[ix+2] += b + c - a
-					t1[ix+3] -= d
-					a, b, c, d = q[8*s], q[9*s], q[10*s], q[11*s]
-					t2[ix] += a
-					t2[ix+1] += b - c + d
-					t2[ix+2] += b + c - a
-					t2[ix+3] -= d
-					a, b, c, d = q[12*s], q[13*s], q[14*s], v15
-					t3[ix] += a
-					t3[ix+1] += b - c + d
-					t3[ix+2] += b + c - a
-					t3[ix+3] -= d
+					colPassT(t0, t1, t2, t3, ix, q, s)
 				}
 				if !strip {
 					continue
@@ -375,6 +429,107 @@ func WinogradInputGrad(dx, dv []float32, s int, g ConvGeom, batch int) {
 					r2[j] += b + c - a
 					r3[j] -= d
 				}
+			}
+		}
+	}
+}
+
+// colPassT adds the adjoint of the column pass of the tile whose dv is
+// q[ξ·s] into the strip rows t·[ix : ix+4].
+func colPassT(t0, t1, t2, t3 []float32, ix int, q []float32, s int) {
+	q = q[:15*s+1]
+	v15 := q[15*s]
+	a, b, c, d := q[0], q[s], q[2*s], q[3*s]
+	t0[ix] += a
+	t0[ix+1] += b - c + d
+	t0[ix+2] += b + c - a
+	t0[ix+3] -= d
+	a, b, c, d = q[4*s], q[5*s], q[6*s], q[7*s]
+	t1[ix] += a
+	t1[ix+1] += b - c + d
+	t1[ix+2] += b + c - a
+	t1[ix+3] -= d
+	a, b, c, d = q[8*s], q[9*s], q[10*s], q[11*s]
+	t2[ix] += a
+	t2[ix+1] += b - c + d
+	t2[ix+2] += b + c - a
+	t2[ix+3] -= d
+	a, b, c, d = q[12*s], q[13*s], q[14*s], v15
+	t3[ix] += a
+	t3[ix+1] += b - c + d
+	t3[ix+2] += b + c - a
+	t3[ix+3] -= d
+}
+
+// winoInputGradStrip is WinogradInputGrad for the tw tiles of one strip
+// (rows iy … iy+3 of img, one plane of dx) through zero-padded rows of
+// wp = 2·tw + 2 values in t, in which tile tx starts at column 2·tx: the
+// column pass's adjoint of every tile into t (the vector kernel when
+// there are 8 tiles or more), then the row pass's adjoint of t's image
+// columns into the image rows that exist.
+func winoInputGradStrip(img, dv []float32, s int, t *[4][stripMax]float32, g ConvGeom, iy, tw, wp int) {
+	t0, t1, t2, t3 := t[0][:wp], t[1][:wp], t[2][:wp], t[3][:wp]
+	clear(t0)
+	clear(t1)
+	clear(t2)
+	clear(t3)
+	if winoSIMD && tw >= 8 {
+		for tx := 0; tx < tw; tx += 8 {
+			st := min(tx, tw-8)
+			_ = dv[st+7+15*s]
+			winoInputGrad8(&t0[2*st], &t1[2*st], &t2[2*st], &t3[2*st], &dv[st], s, &winoMask[8-(tx-st)])
+			tx = st
+		}
+	} else {
+		for tx := range tw {
+			colPassT(t0, t1, t2, t3, 2*tx, dv[tx:], s)
+		}
+	}
+	w, pw := g.W, g.PadW
+	t0, t1, t2, t3 = t0[pw:pw+w], t1[pw:pw+w], t2[pw:pw+w], t3[pw:pw+w]
+	if iy >= 0 && iy+4 <= g.H {
+		r0 := img[iy*w : (iy+1)*w]
+		r1 := img[(iy+1)*w : (iy+2)*w]
+		r2 := img[(iy+2)*w : (iy+3)*w]
+		r3 := img[(iy+3)*w : (iy+4)*w]
+		j0 := 0
+		if winoSIMD && w >= 8 {
+			winoRowT(&r0[0], &r1[0], &r2[0], &r3[0], &t0[0], &t1[0], &t2[0], &t3[0], w)
+			j0 = w &^ 7
+		}
+		for j := j0; j < w; j++ {
+			a, b, c, d := t0[j], t1[j], t2[j], t3[j]
+			r0[j] += a
+			r1[j] += b - c + d
+			r2[j] += b + c - a
+			r3[j] -= d
+		}
+		return
+	}
+	// a strip that reaches into the padding rows: the rows outside get
+	// nothing
+	for i := range 4 {
+		y := iy + i
+		if y < 0 || y >= g.H {
+			continue
+		}
+		r := img[y*w : (y+1)*w]
+		switch i {
+		case 0:
+			for j, a := range t0 {
+				r[j] += a
+			}
+		case 1:
+			for j, b := range t1 {
+				r[j] += b - t2[j] + t3[j]
+			}
+		case 2:
+			for j, b := range t1 {
+				r[j] += b + t2[j] - t0[j]
+			}
+		case 3:
+			for j, d := range t3 {
+				r[j] -= d
 			}
 		}
 	}

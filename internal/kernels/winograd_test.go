@@ -716,3 +716,59 @@ func TestWinogradTransposeVN(t *testing.T) {
 		}
 	}
 }
+
+// TestWinogradInputPaddedStrips: the zero-padded strips that carry every
+// tile touching padding give edgePatch's transform bit for bit, and
+// addEdgePatch's input gradient within a few ulps (each position's
+// contributions are summed in the strip first), with the vector kernels
+// on and off, on the boundary geometries and resnet8's (28×28, 14×14 and
+// 7×7 with padding 1; 32×32, 16×16, 8×8).
+func TestWinogradInputPaddedStrips(t *testing.T) {
+	w := func(c, h, wd, pad int) ConvGeom {
+		return ConvGeom{C: c, H: h, W: wd, KH: 3, KW: 3, StrideH: 1, StrideW: 1, PadH: pad, PadW: pad}
+	}
+	geoms := append(winogradGeoms(), w(2, 28, 28, 1), w(3, 14, 14, 1), w(2, 7, 7, 1), w(2, 32, 32, 1),
+		w(1, 16, 16, 1), w(3, 8, 8, 1), w(1, 15, 17, 1), w(1, 2, 2, 1))
+	r := rand.New(rand.NewPCG(12, 12))
+	for _, simd := range []bool{false, true} {
+		withSIMD(simd, func() {
+			for _, g := range geoms {
+				const batch = 3
+				th, tw := g.WinogradTiles()
+				pn := th * tw
+				P := batch * pn
+				s := WinogradStride(g.C * P)
+				plane := g.H * g.W
+				x := randSlice(r, batch*g.C*plane)
+				want, got := make([]float32, 16*s), make([]float32, 16*s)
+				dv := randSlice(r, 16*s)
+				dxWant := randSlice(r, len(x))
+				dxGot := slices.Clone(dxWant)
+				for n := range batch {
+					for c := range g.C {
+						for ty := range th {
+							for tx := range tw {
+								o := c*P + n*pn + ty*tw + tx
+								img := x[(n*g.C+c)*plane : (n*g.C+c+1)*plane]
+								d := g.edgePatch(img, 2*ty-g.PadH, 2*tx-g.PadW)
+								inputTransform(want[o:o+15*s+1], s, &d)
+								e := inputTransformT(dv[o:o+15*s+1], s)
+								g.addEdgePatch(dxWant[(n*g.C+c)*plane:(n*g.C+c+1)*plane], 2*ty-g.PadH, 2*tx-g.PadW, &e)
+							}
+						}
+					}
+				}
+				WinogradInput(got, s, x, g, batch)
+				if i := sameBits(got, want); i >= 0 {
+					t.Fatalf("simd %v %+v: v[%d] = %v, per tile %v", simd, g, i, got[i], want[i])
+				}
+				WinogradInputGrad(dxGot, dv, s, g, batch)
+				for i := range dxWant {
+					if d := math.Abs(float64(dxGot[i] - dxWant[i])); d > 1e-5*(1+math.Abs(float64(dxWant[i]))) {
+						t.Fatalf("simd %v %+v: dx[%d] = %v, per tile %v", simd, g, i, dxGot[i], dxWant[i])
+					}
+				}
+			}
+		})
+	}
+}
