@@ -267,10 +267,20 @@ func networkGradient(t *testing.T, name string, checks int, train bool, part, pa
 }
 
 // smoothen replaces every ReLU in ls (and in residual branches) by a GELU.
+// A ReLU fused into the batch norm before it (ReLU.Fused) is that batch
+// norm's own max(0, ·): the batch norm is unfused, or the GELU would
+// follow a ReLU that is still there.
 func smoothen(ls []Layer) {
 	for i, l := range ls {
 		switch l := l.(type) {
 		case *ReLU:
+			if l.Fused {
+				bn, ok := ls[i-1].(*BatchNorm2d)
+				if !ok || !bn.ReLU {
+					panic(fmt.Sprintf("layer %d: a fused ReLU after %T", i, ls[i-1]))
+				}
+				bn.ReLU = false
+			}
 			ls[i] = &GELU{}
 		case *Residual:
 			smoothen(l.Body)
