@@ -189,7 +189,7 @@ func Save(dir string, s *State, keep int) (path string, err error) {
 			return models.WriteSafetensors(w, c.tensors, c.meta)
 		})
 		if err != nil {
-			os.RemoveAll(tmp)
+			releaseTemp(tmp)
 			return "", fmt.Errorf("checkpoint: Save: %s: %w", name, err)
 		}
 		m.Files[name] = f
@@ -217,13 +217,9 @@ func prepareMeta(m Meta) (Meta, error) {
 // install finishes a checkpoint whose tensor files are in tmp (a folder
 // in dir, m.Files set): it writes meta.json, fsyncs tmp, renames it to
 // ckpt-<step> (replacing one of that step) and prunes dir (see Save).
-// tmp is removed on an error before it was renamed.
+// tmp is released (removed if it is still there) in every case.
 func install(dir, tmp string, m Meta, keep int) (path string, err error) {
-	defer func() {
-		if err != nil {
-			os.RemoveAll(tmp)
-		}
-	}()
+	defer releaseTemp(tmp) // renamed, or removed here
 	mb, err := encodeMeta(m)
 	if err != nil {
 		return "", fmt.Errorf("checkpoint: Save: %w", err)
@@ -511,20 +507,6 @@ func discard(dir, name string) error {
 		return err
 	}
 	return os.RemoveAll(trash)
-}
-
-// removeLeftovers removes the temporary and trash folders of earlier,
-// crashed Saves; errors are ignored (the next Save retries).
-func removeLeftovers(dir string) {
-	des, err := os.ReadDir(dir)
-	if err != nil {
-		return
-	}
-	for _, de := range des {
-		if n := de.Name(); strings.HasPrefix(n, tmpPrefix+Prefix) || strings.HasPrefix(n, trashPrefix+Prefix) {
-			os.RemoveAll(filepath.Join(dir, n))
-		}
-	}
 }
 
 // countWriter counts the bytes written through it.

@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 
 	"github.com/gradsync/gradsync/models"
 )
@@ -272,33 +271,9 @@ func (w *Writer) Abort() {
 	}
 	w.files = nil
 	if !w.done {
-		os.RemoveAll(w.tmp)
+		releaseTemp(w.tmp)
 	}
 	w.done = true
-}
-
-// makeTemp creates dir (durably) if needed, removes what a crashed
-// writer left there, and makes the temporary folder of step's
-// checkpoint.
-func makeTemp(dir string, step int64) (string, error) {
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return "", err
-		}
-		if err := syncDir(filepath.Dir(filepath.Clean(dir))); err != nil {
-			return "", err
-		}
-	}
-	removeLeftovers(dir)
-	tmp, err := os.MkdirTemp(dir, tmpPrefix+Prefix+strconv.FormatInt(step, 10)+"-")
-	if err != nil {
-		return "", err
-	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		os.RemoveAll(tmp)
-		return "", err
-	}
-	return tmp, nil
 }
 
 // modelMetadata is model.safetensors's __metadata__: "format": "pt" and
