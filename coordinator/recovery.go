@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -92,9 +93,10 @@ type Pin struct {
 
 // failing is a rank's failure waiting for its deadline.
 type failing struct {
-	at  time.Time
-	msg string
-	gen uint64
+	at      time.Time
+	msg     string
+	gen     uint64
+	reports int // the ranks' reports in msg
 }
 
 // Phase reports where the recovery stands; a failure deadline during
@@ -163,12 +165,22 @@ func (r *Recovery) RingFailed(gen uint64, world, rank int, links *pb.RingLinks, 
 
 // RankFailed starts the Failing phase: the job fails at now+wait with
 // msg unless a recovery to a generation after gen begins first. A
-// failure already waiting keeps its deadline.
+// failure already waiting keeps its deadline; the reports of other ranks
+// of its generation are added to its message (up to maxReports in all),
+// so that the rank whose own error broke the ring is named even when its
+// neighbour's "peer gone" arrived first.
 func (r *Recovery) RankFailed(now time.Time, gen uint64, msg string, wait time.Duration) {
-	if r.fail == nil {
-		r.fail = &failing{at: now.Add(wait), msg: msg, gen: gen}
+	switch {
+	case r.fail == nil:
+		r.fail = &failing{at: now.Add(wait), msg: msg, gen: gen, reports: 1}
+	case r.fail.gen == gen && r.fail.reports < maxReports && !strings.Contains(r.fail.msg, msg):
+		r.fail.msg += "; also " + msg
+		r.fail.reports++
 	}
 }
+
+// maxReports is how many ranks' reports a failure's message gathers.
+const maxReports = 3
 
 // Due reports, for a job now at generation gen, whether a waiting
 // failure's deadline has passed, and the message to fail with.

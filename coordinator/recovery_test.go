@@ -94,7 +94,10 @@ func TestRecoveryTooFewWorkers(t *testing.T) {
 
 // TestRecoveryFailsAfterDeadline: a ring rank's broken step starts the
 // Failing phase; nothing happens until the deadline (5 s), then the job
-// fails with the rank's error; a second failure keeps the first deadline.
+// fails with the rank's error; a second failure keeps the first deadline
+// and is added to the message (the rank whose own error broke the ring
+// may report after its neighbour's "peer gone"); a third of another
+// generation is not.
 // If the job moved on to another generation meanwhile (a recovery that
 // then broke too), the message says there was no recovery.
 func TestRecoveryFailsAfterDeadline(t *testing.T) {
@@ -102,6 +105,8 @@ func TestRecoveryFailsAfterDeadline(t *testing.T) {
 	r.RankFailed(at(1), 1, "rank 1 (worker w1): ring broke", 5*time.Second)
 	wantPhase(t, &r, coordinator.Failing)
 	r.RankFailed(at(4), 1, "rank 2 (worker w2): ring broke", 5*time.Second)
+	r.RankFailed(at(4.5), 1, "rank 2 (worker w2): ring broke", 5*time.Second) // the same again: once
+	r.RankFailed(at(4.6), 2, "rank 0 (worker w0): ring broke", 5*time.Second)
 	if _, due := r.Due(at(5.9), 1); due {
 		t.Fatal("due before the deadline")
 	}
@@ -109,10 +114,11 @@ func TestRecoveryFailsAfterDeadline(t *testing.T) {
 		t.Fatal("due at the deadline itself; want after it")
 	}
 	msg, due := r.Due(at(6.1), 1)
-	if !due || msg != "rank 1 (worker w1): ring broke" {
+	const both = "rank 1 (worker w1): ring broke; also rank 2 (worker w2): ring broke"
+	if !due || msg != both {
 		t.Fatalf("due %v %q", due, msg)
 	}
-	if msg, _ := r.Due(at(7), 2); msg != "rank 1 (worker w1): ring broke (no recovery)" {
+	if msg, _ := r.Due(at(7), 2); msg != both+" (no recovery)" {
 		t.Fatalf("after a generation change: %q", msg)
 	}
 }
