@@ -49,7 +49,12 @@ func makeTemp(dir string, step int64) (string, error) {
 		return "", err
 	}
 	tmp := strings.TrimSuffix(lf.Name(), lockSuffix)
-	if err := os.Mkdir(tmp, 0o755); err != nil {
+	err = os.Mkdir(tmp, 0o755)
+	if err == nil {
+		err = os.Chmod(tmp, 0o755) // whatever the umask, as a finished checkpoint's
+	}
+	if err != nil {
+		os.Remove(tmp)
 		os.Remove(lf.Name())
 		lf.Close()
 		return "", err

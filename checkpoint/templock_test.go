@@ -10,19 +10,14 @@ import (
 // TestTwoWritersOfOneFolder: a checkpoint being written (a Writer, its
 // temporary folder claimed) survives another writer's Save in the same
 // folder — which removes what crashed writers left — and commits. This
-// is an elastic job's generation change: the old generation's rank 0
-// writes its checkpoint at stop while the new one's writes the next.
-// Before the temporary folders were claimed, the Save removed the
-// Writer's folder and its Commit failed (TestElasticShrinkAndGrow failed
-// in CI with "peer gone" when the new rank 0's checkpoint was removed
-// that way).
+// is an elastic job's generation change: an old rank 0, evicted or slow
+// to stop, writes its checkpoint at stop while the new generation's rank
+// 0 on another worker writes the next. Before the temporary folders were
+// claimed, the Save removed the Writer's folder and its Commit failed.
 func TestTwoWritersOfOneFolder(t *testing.T) {
 	dir := t.TempDir()
 	st := small(50)
-	w, err := NewWriter(dir, st.Meta, nil, specs(st.Tensors), specs(st.Optim))
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := smallWriter(t, dir, st)
 	if _, err := Save(dir, small(40), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -64,11 +59,7 @@ func TestCrashedWritersLeftovers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st := small(20)
-	w, err := NewWriter(dir, st.Meta, nil, specs(st.Tensors), specs(st.Optim))
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := smallWriter(t, dir, small(20))
 	if _, err := Save(dir, small(10), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -79,4 +70,14 @@ func TestCrashedWritersLeftovers(t *testing.T) {
 	if got, want := names(t, dir), []string{"ckpt-10"}; !slices.Equal(got, want) {
 		t.Errorf("after the Writer's Abort: %v, want %v", got, want)
 	}
+}
+
+// smallWriter starts a Writer of st in dir.
+func smallWriter(t *testing.T, dir string, st *State) *Writer {
+	t.Helper()
+	w, err := NewWriter(dir, st.Meta, nil, specs(st.Tensors), specs(st.Optim))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
 }
