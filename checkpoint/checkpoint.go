@@ -158,8 +158,10 @@ var ErrNoCheckpoint = errors.New("checkpoint: no valid checkpoint")
 // they failed verification) and are removed, as is an existing folder
 // with the same step, which is replaced.
 //
-// A dir has one writer at a time: Save removes temporary folders that a
-// crashed writer left behind.
+// Writers of one dir, in one process or several, may overlap: each
+// claims its temporary folder with a lock file beside it, and Save
+// removes only the temporary folders whose lock nobody holds (a crashed
+// writer's).
 func Save(dir string, s *State, keep int) (path string, err error) {
 	m, err := prepareMeta(s.Meta)
 	if err != nil {

@@ -78,7 +78,10 @@
 // the folder, renames it to ckpt-<step> and fsyncs the parent; only then
 // does it remove older checkpoints beyond the newest keep. A crash at any
 // moment leaves either the previous set of checkpoints or the new one,
-// plus perhaps a hidden temporary folder that the next Save removes.
+// plus perhaps a hidden temporary folder that the next Save removes. A
+// writer claims its temporary folder with a lock file (flock) beside it,
+// so that cleaning up never removes the folder of another writer still
+// at work in the same dir (templock.go).
 //
 // Latest returns the newest checkpoint that verifies: meta.json parses and
 // matches meta_sha256, the folder name matches its step, every tensor
