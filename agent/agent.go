@@ -74,8 +74,15 @@ type Server struct {
 	pb.UnimplementedAgentServer
 	cfg Config
 
-	// mu protects next, wake, failed, shm and buckets.
+	// mu protects next, wake, failed, shm, buckets, inFlight, lastEnd
+	// and lastCall.
 	mu sync.Mutex
+	// inFlight counts the collective calls under way (waiting for their
+	// turn or running); lastEnd is when the last one ended (or when the
+	// Server was made) and lastCall names it ("" before the first).
+	inFlight int
+	lastEnd  time.Time
+	lastCall string
 	// next is the sequence number of the collective whose turn it is.
 	next int64
 	// wake is closed (and replaced) whenever next advances or failed is
@@ -107,7 +114,22 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Server{cfg: cfg, wake: make(chan struct{})}, nil
+	return &Server{cfg: cfg, wake: make(chan struct{}), lastEnd: time.Now()}, nil
+}
+
+// Idle reports how long the script has made no collective call at now:
+// the time since its last call ended (or since the Server was made), 0
+// while a call is under way; last names that call, e.g. "all-reduce 41"
+// ("" before the first). A script whose peers wait in a collective while
+// its own agent is idle for about the step timeout is the one that
+// hangs.
+func (s *Server) Idle(now time.Time) (idle time.Duration, last string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inFlight > 0 {
+		return 0, s.lastCall
+	}
+	return now.Sub(s.lastEnd), s.lastCall
 }
 
 // Err returns the error that broke the server's ring, or nil.
@@ -340,6 +362,15 @@ func (s *Server) opt() aggregator.Options {
 func (s *Server) collective(ctx context.Context, seq int64, what string, fn func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StepTimeout)
 	defer cancel()
+	s.mu.Lock()
+	s.inFlight++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.inFlight--
+		s.lastEnd, s.lastCall = time.Now(), fmt.Sprintf("%s %d", what, seq)
+		s.mu.Unlock()
+	}()
 	if err := s.waitTurn(ctx, seq, what); err != nil {
 		return err
 	}

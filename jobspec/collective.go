@@ -18,7 +18,8 @@ func SharedMemory(s *pb.JobSpec) bool {
 
 // normalizeCollective checks collective.transport: a known value, and
 // shared memory only where it is implemented (the ring of a ring-mode
-// job whose ranks train the whole model in the worker).
+// job whose ranks train the whole model, in the worker or in an
+// entrypoint's script through the agent).
 func normalizeCollective(s *pb.JobSpec) error {
 	t := s.GetCollective().GetTransport()
 	if t != "" && !slices.Contains(Transports, t) {
@@ -32,8 +33,6 @@ func normalizeCollective(s *pb.JobSpec) error {
 		return errf("collective.transport", "%s with mode %s %s; use mode ring", t, s.GetMode(), notImplementedSuffix)
 	case Pipelined(s):
 		return errf("collective.transport", "%s with pipeline stages %s", t, notImplementedSuffix)
-	case IsEntrypoint(s):
-		return errf("collective.transport", "%s for an entrypoint job %s", t, notImplementedSuffix)
 	}
 	return nil
 }

@@ -10,7 +10,10 @@
 #   bash scripts/ddp_vs_gradsync.sh                               # 2 epochs, 3 rounds
 #   bash scripts/ddp_vs_gradsync.sh --epochs 1 --max-steps 50 --rounds 1
 #   bash scripts/ddp_vs_gradsync.sh --powersgd-rank 2             # both with PowerSGD
+#   bash scripts/ddp_vs_gradsync.sh --transport grpc              # gradsync's ring on gRPC
 #
+# --transport T: the gradsync ring's data plane (collective.transport; default
+# auto: shared memory between the workers of this host, as here).
 # --powersgd-rank R [--powersgd-start N]: gradsync gets --compress
 # powersgd:rank=R,start_iter=N; DDP gets PyTorch's powerSGD_hook with
 # matrix_approximation_rank R and start_powerSGD_iter N (default 10 for both).
@@ -24,7 +27,7 @@
 # comparing on a quiet machine: the script prints the load before each run.
 set -euo pipefail
 
-workers=2 epochs=2 max_steps=0 batch=128 threads=1 rounds=3 seed=1 psgd_rank=0 psgd_start=10
+workers=2 epochs=2 max_steps=0 batch=128 threads=1 rounds=3 seed=1 psgd_rank=0 psgd_start=10 transport=auto
 while [ $# -gt 0 ]; do
   case $1 in
     --workers) workers=$2; shift 2 ;;
@@ -36,7 +39,8 @@ while [ $# -gt 0 ]; do
     --seed) seed=$2; shift 2 ;;
     --powersgd-rank) psgd_rank=$2; shift 2 ;;
     --powersgd-start) psgd_start=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --transport) transport=$2; shift 2 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "ddp_vs_gradsync: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -93,11 +97,11 @@ run_ddp() {
 run_gradsync() {
   local runs=$tmp/runs-$1
   (cd "$root" && "$bin" local --workers "$workers" --runs-dir "$runs" \
-    --entrypoint "$py $script ${common[*]}" "${gs_extra[@]}") >"$tmp/gs-$1.log" 2>&1 || true
+    --transport "$transport" --entrypoint "$py $script ${common[*]}" "${gs_extra[@]}") >"$tmp/gs-$1.log" 2>&1 || true
   result "$runs"/*/rank-0.log
 }
 
-echo "ddp_vs_gradsync: $workers processes, global batch $batch, epochs $epochs, max steps $max_steps, threads $threads, seed $seed$( [ "$psgd_rank" -gt 0 ] && echo ", PowerSGD rank $psgd_rank from step $psgd_start")"
+echo "ddp_vs_gradsync: $workers processes, global batch $batch, epochs $epochs, max steps $max_steps, threads $threads, seed $seed, gradsync transport $transport$( [ "$psgd_rank" -gt 0 ] && echo ", PowerSGD rank $psgd_rank from step $psgd_start")"
 printf '%-6s %-9s %-10s %s\n' round mode accuracy 'images/s'
 : >"$tmp/table"
 for i in $(seq 1 "$rounds"); do

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/gradsync/gradsync/agent"
-	"github.com/gradsync/gradsync/aggregator/ringrpc"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/jobspec"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
@@ -45,8 +44,7 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 		return nil, fmt.Errorf("entrypoint jobs run in mode ring; got %q", mode)
 	}
 	log := env.log.With("job", a.JobId, "rank", a.Rank)
-	ring, err := env.ring.Join(ctx, ringrpc.RingConfig{JobID: a.JobId, Generation: a.Generation, Rank: int(a.Rank),
-		Peers: a.Peers, DialOptions: env.peerDial})
+	jr, err := joinRing(ctx, a, env)
 	if err != nil {
 		return nil, err
 	}
@@ -56,14 +54,10 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 			// run) need nothing more from it, and an orderly shutdown
 			// would wait for them. Break the ring at once, so the
 			// failure is reported now, not after the shutdown timeout.
-			_ = ring.Close()
+			jr.abort()
 			return
 		}
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := ring.Shutdown(sctx); err != nil {
-			log.Debug("leaving the ring", "err", err)
-		}
+		jr.leave()
 	}()
 	timeout := time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second))
 	sc, err := jobspec.CompressionScheme(spec.GetCompression(), spec.GetSeed())
@@ -71,7 +65,7 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 		return nil, err
 	}
 	rep := newEntryReports(a, env.rep)
-	srv, err := agent.New(agent.Config{Ring: ring, JobID: a.JobId, Generation: a.Generation, StepTimeout: timeout,
+	srv, err := agent.New(agent.Config{Ring: jr.data, JobID: a.JobId, Generation: a.Generation, StepTimeout: timeout,
 		Report: rep.report, Logger: log, Compression: sc, Peers: a.Peers})
 	if err != nil {
 		return nil, err
@@ -115,13 +109,27 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 	}
 	start := time.Now()
 	log.Info("starting entrypoint", "command", strings.Join(p.command, " "), "log", logPath)
-	err = p.run(ctx)
+	pctx, stopScript := context.WithCancelCause(ctx)
+	defer stopScript(nil) // before the agent's defer: ends the watcher
+	wg.Add(1)
+	go func() { // owned by runEntrypoint: watches for a hung script until it ends
+		defer wg.Done()
+		if hung := watchHung(pctx, jr.grpc, srv, timeout, time.Now); hung != nil {
+			log.Warn("stopping a hung entrypoint", "why", hung)
+			stopScript(hung)
+		}
+	}()
+	err = p.run(pctx)
+	var hung *hungScript
+	if errors.As(context.Cause(pctx), &hung) {
+		err = hung // stopped by the watcher, whatever its exit status
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("entrypoint stopped: %w", ctx.Err())
 		}
 		msg := fmt.Sprintf("rank %d on worker %s: %v", a.Rank, env.worker, err)
-		if aerr := srv.Err(); aerr != nil {
+		if aerr := srv.Err(); aerr != nil && hung == nil {
 			msg += fmt.Sprintf(" (the agent's ring failed first: %v)", aerr)
 		}
 		if tail := p.stderrTail(); tail != "" {
@@ -132,6 +140,51 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 	res = rep.result()
 	res.WallSeconds = time.Since(start).Seconds()
 	return res, nil
+}
+
+// hungScript is why the watcher stopped a script: its peers broke the
+// ring while it had made no collective call for over half the step
+// timeout, so the others gave up waiting for it.
+type hungScript struct {
+	idle    time.Duration
+	last    string
+	timeout time.Duration
+	cause   error
+}
+
+func (h *hungScript) Error() string {
+	last := "none"
+	if h.last != "" {
+		last = h.last
+	}
+	return fmt.Sprintf("its script had made no collective call for %v (the last: %s; the step timeout is %v) when its peers broke the ring (%v): stopped as hung",
+		h.idle.Round(100*time.Millisecond), last, h.timeout, h.cause)
+}
+
+// brokenRing is a ring that tells when a neighbour broke it while this
+// rank made no call (ringrpc's does).
+type brokenRing interface {
+	Broken() <-chan struct{}
+	BrokenErr() error
+}
+
+// watchHung waits until ctx ends or ring breaks. A script that has made
+// no collective call for over half the step timeout when its peers break
+// the ring is the one they gave up waiting for: watchHung returns why, and
+// its rank reports it with its worker and its stderr, which its peers
+// cannot (now is the clock). A script that was calling learns of the break from its next
+// call and exits on its own (nil).
+func watchHung(ctx context.Context, ring brokenRing, srv *agent.Server, timeout time.Duration, now func() time.Time) *hungScript {
+	select {
+	case <-ring.Broken():
+	case <-ctx.Done():
+		return nil
+	}
+	idle, last := srv.Idle(now())
+	if idle < timeout/2 {
+		return nil
+	}
+	return &hungScript{idle: idle, last: last, timeout: timeout, cause: ring.BrokenErr()}
 }
 
 // localRanks is a rank's LOCAL_RANK and LOCAL_WORLD_SIZE: its place among

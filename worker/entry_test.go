@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gradsync/gradsync/agent"
+	"github.com/gradsync/gradsync/aggregator"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -182,5 +184,44 @@ func TestEntryReports(t *testing.T) {
 	}
 	if len(out) != 0 {
 		t.Fatalf("the final report went up as %v; it is the task's result", <-out)
+	}
+}
+
+// brokenAt is a ring's Broken side, closed by the test.
+type brokenAt struct {
+	ch  chan struct{}
+	err error
+}
+
+func (b *brokenAt) Broken() <-chan struct{} { return b.ch }
+func (b *brokenAt) BrokenErr() error        { return b.err }
+
+// TestWatchHung: a ring broken while the script has made no call for
+// half the step timeout names the script as hung; one broken while a
+// call is under way, or soon after one, is left to the script's own
+// error; the watcher returns when its context ends.
+func TestWatchHung(t *testing.T) {
+	const timeout = time.Minute
+	srv, err := agent.New(agent.Config{Ring: aggregator.NewMemRing(1, 1)[0], StepTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring := &brokenAt{ch: make(chan struct{}), err: errors.New("rank 0 is gone")}
+	close(ring.ch)
+	// Just made: idle for far less than half the timeout.
+	if h := watchHung(t.Context(), ring, srv, timeout, time.Now); h != nil {
+		t.Errorf("a fresh agent's script called hung: %v", h)
+	}
+	// Half the timeout later, with no call made.
+	later := func() time.Time { return time.Now().Add(timeout / 2) }
+	h := watchHung(t.Context(), ring, srv, timeout, later)
+	if h == nil || !strings.Contains(h.Error(), "rank 0 is gone") || !strings.Contains(h.Error(), "the last: none") {
+		t.Errorf("an idle script: %v, want it named hung with the ring's cause", h)
+	}
+	// Not broken: returns when the context ends.
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if h := watchHung(ctx, &brokenAt{ch: make(chan struct{})}, srv, timeout, later); h != nil {
+		t.Errorf("an unbroken ring: %v", h)
 	}
 }

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/gradsync/gradsync/aggregator"
@@ -187,33 +188,12 @@ func startSync(ctx context.Context, a *pb.Assignment, env *taskEnv, net *models.
 		}
 		return &psTask{psClient: c, log: env.log}, nil
 	case "ring":
-		r, err := env.ring.Join(ctx, ringrpc.RingConfig{JobID: a.JobId, Generation: a.Generation, Rank: int(a.Rank),
-			Peers: a.Peers, DialOptions: env.peerDial})
+		jr, err := joinRing(ctx, a, env)
 		if err != nil {
 			return nil, err
 		}
-		// Leave the ring gracefully: the neighbours may still need the
-		// last frames; Shutdown waits for them (bounded), then closes.
-		leave := func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := r.Shutdown(ctx); err != nil {
-				env.log.Debug("leaving the ring", "job", a.JobId, "err", err)
-			}
-		}
-		var data aggregator.Ring = r
-		if jobspec.SharedMemory(a.Spec) {
-			shm, err := moveToSharedMemory(ctx, r, a, env)
-			if err != nil {
-				r.Close()
-				return nil, err
-			}
-			if shm != nil {
-				grpcLeave := leave
-				data, leave = shm, func() { shm.Close(); grpcLeave() }
-			}
-		}
-		rs, err := newRingSync(ctx, data, leave, a, net, totalSteps, env.metrics)
+		leave := jr.leave
+		rs, err := newRingSync(ctx, jr.data, leave, a, net, totalSteps, env.metrics)
 		if err != nil {
 			leave()
 			return nil, err
@@ -225,6 +205,62 @@ func startSync(ctx context.Context, a *pb.Assignment, env *taskEnv, net *models.
 	default:
 		return nil, fmt.Errorf("mode %q is not supported by this worker", mode)
 	}
+}
+
+// joinedRing is a ring rank's collectives: the gRPC ring it joined and,
+// where the job asks for shared memory and every rank could move there,
+// the shared-memory ring the collectives then run over.
+type joinedRing struct {
+	grpc *ringrpc.Ring
+	shm  *shmring.Ring   // nil: the collectives stay on gRPC
+	data aggregator.Ring // shm if set, else grpc
+	log  *slog.Logger
+}
+
+// joinRing joins rank a.Rank's ring and, for collective.transport shm or
+// auto, negotiates its shared-memory data plane. Ring-mode Trainers and
+// entrypoint jobs' agents both start their collectives here.
+func joinRing(ctx context.Context, a *pb.Assignment, env *taskEnv) (*joinedRing, error) {
+	r, err := env.ring.Join(ctx, ringrpc.RingConfig{JobID: a.JobId, Generation: a.Generation, Rank: int(a.Rank),
+		Peers: a.Peers, DialOptions: env.peerDial})
+	if err != nil {
+		return nil, err
+	}
+	jr := &joinedRing{grpc: r, data: r, log: env.log.With("job", a.JobId, "rank", a.Rank)}
+	if jobspec.SharedMemory(a.Spec) {
+		shm, err := moveToSharedMemory(ctx, r, a, env)
+		if err != nil {
+			r.Close()
+			return nil, err
+		}
+		if shm != nil {
+			jr.shm, jr.data = shm, shm
+		}
+	}
+	return jr, nil
+}
+
+// leave leaves the ring gracefully: the neighbours may still need the
+// last frames; the gRPC ring's Shutdown waits for them (bounded), then
+// closes.
+func (j *joinedRing) leave() {
+	if j.shm != nil {
+		j.shm.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := j.grpc.Shutdown(ctx); err != nil {
+		j.log.Debug("leaving the ring", "err", err)
+	}
+}
+
+// abort breaks the ring at once: the rank failed, its peers need nothing
+// more from it, and an orderly shutdown would wait for them.
+func (j *joinedRing) abort() {
+	if j.shm != nil {
+		j.shm.Close()
+	}
+	j.grpc.Close()
 }
 
 // moveToSharedMemory negotiates the ring's shared-memory data plane

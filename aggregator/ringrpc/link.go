@@ -41,6 +41,7 @@ func (e *Endpoint) Join(ctx context.Context, cfg RingConfig) (*Ring, error) {
 		flush:    make(chan struct{}),
 		acked:    make(chan struct{}),
 		sendDone: make(chan struct{}),
+		broken:   make(chan struct{}),
 		inbox:    make(chan *inFrame, inbox),
 		inFree:   make(chan *inFrame, inbox+2),
 	}
@@ -215,6 +216,23 @@ func (r *Ring) sendFailed(err error) {
 	r.sendOne.Do(func() {
 		r.sendErr = r.peerGone(r.right, err)
 		close(r.sendDone)
+		select {
+		case <-r.acked: // the right neighbour took the half-close: in order
+		default:
+			r.markBroken(r.sendErr)
+		}
+	})
+}
+
+// markBroken records that a link broke out of order while the ring was
+// open (the first reason wins); a ring closed by this rank is not broken.
+func (r *Ring) markBroken(err error) {
+	if r.ctx.Err() != nil {
+		return
+	}
+	r.brokenOnce.Do(func() {
+		r.brokenErr = err
+		close(r.broken)
 	})
 }
 
@@ -252,5 +270,8 @@ func (r *Ring) leftEnded(err error, eof bool) {
 		r.leftEOF = eof
 		r.leftErr = err
 		close(r.leftDone)
+		if !eof {
+			r.markBroken(err) // already a *PeerError naming the left neighbour
+		}
 	}
 }

@@ -162,6 +162,12 @@ type Ring struct {
 	sendErr  error
 	sendOne  sync.Once
 
+	// broken is closed when a link broke out of order while the ring was
+	// open; brokenErr (written once, before the close) says why.
+	broken     chan struct{}
+	brokenErr  error
+	brokenOnce sync.Once
+
 	// Inbound: frames from the left neighbour's stream.
 	inbox  chan *inFrame
 	inFree chan *inFrame
@@ -185,6 +191,26 @@ type Ring struct {
 	curStep     int64
 	waitNanos   atomic.Int64
 	collectives atomic.Int64
+}
+
+// Broken returns a channel that is closed when a link of this ring
+// breaks out of order while the ring is open: the left neighbour's stream
+// ended without a half-close, or the outbound link failed before the
+// right neighbour acknowledged one. It is never closed by this rank's own
+// Close or by an orderly Shutdown of the ring. BrokenErr then says why (a
+// *aggregator.PeerError naming the neighbour). A rank that makes no calls
+// learns from it that its ring is gone: the agent of a script that stopped
+// calling uses it to tell that its peers gave up waiting.
+func (r *Ring) Broken() <-chan struct{} { return r.broken }
+
+// BrokenErr is why Broken's channel was closed (nil before).
+func (r *Ring) BrokenErr() error {
+	select {
+	case <-r.broken:
+		return r.brokenErr
+	default:
+		return nil
+	}
 }
 
 // WaitStats reports over how many collectives this rank has received

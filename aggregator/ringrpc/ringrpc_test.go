@@ -525,3 +525,63 @@ func TestShutdownAfterAbandonedCollective(t *testing.T) {
 		t.Fatalf("Shutdown after an abandoned collective: %v (ctx %v); want an immediate close", err, sctx.Err())
 	}
 }
+
+// TestBrokenWhenNeighbourCloses: a rank that makes no calls learns from
+// Broken that its left neighbour broke the ring; an orderly Shutdown of
+// every rank breaks nothing.
+func TestBrokenWhenNeighbourCloses(t *testing.T) {
+	c := newCluster(t, 3, true)
+	rings := c.join(t, 1)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	// One collective first, so that every stream is up.
+	var wg sync.WaitGroup
+	for _, r := range rings {
+		wg.Go(func() {
+			if err := aggregator.Barrier(ctx, r, 1, aggregator.Options{Generation: 1}); err != nil {
+				t.Errorf("rank %d: %v", r.Rank(), err)
+			}
+		})
+	}
+	wg.Wait()
+	if r := rings[1]; r.BrokenErr() != nil {
+		t.Fatalf("rank 1 broken before anything happened: %v", r.BrokenErr())
+	}
+	rings[0].Close()
+	select {
+	case <-rings[1].Broken():
+	case <-ctx.Done():
+		t.Fatal("rank 1 never learnt that its left neighbour closed the ring")
+	}
+	pe := new(aggregator.PeerError)
+	if err := rings[1].BrokenErr(); !errors.As(err, &pe) || pe.Rank != 0 {
+		t.Errorf("rank 1: broken by %v, want a *PeerError naming rank 0", err)
+	}
+	select {
+	case <-rings[0].Broken():
+		t.Error("rank 0 closed its own ring and calls it broken")
+	default:
+	}
+	rings[1].Close()
+	rings[2].Close()
+
+	// Orderly: every rank shuts down after a collective; none is broken.
+	rings = c.join(t, 2)
+	for _, r := range rings {
+		wg.Go(func() {
+			err := aggregator.Barrier(ctx, r, 1, aggregator.Options{Generation: 2})
+			if err == nil {
+				err = r.Shutdown(ctx)
+			}
+			if err != nil {
+				t.Errorf("rank %d: %v", r.Rank(), err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, r := range rings {
+		if err := r.BrokenErr(); err != nil {
+			t.Errorf("rank %d: an orderly shutdown broke it: %v", r.Rank(), err)
+		}
+	}
+}

@@ -61,9 +61,12 @@ class TestThroughWorkers(unittest.TestCase):
 
     def test_equivalence_with_full_batch(self):
         # Several buckets and one, through shared memory; several through the socket.
-        for bucket, shm in (("0.002", "1"), ("4", "1"), ("0.002", "0")):
-            with self.subTest(bucket_mb=bucket, shared_memory=shm):
-                p, logs = run_local("equiv_entry.py", extra_env={"EQUIV_BUCKET_MB": bucket, "EQUIV_SHM": shm})
+        # The ring between the workers on gRPC, and on shared memory.
+        for bucket, shm, transport in (("0.002", "1", "grpc"), ("4", "1", "grpc"), ("0.002", "0", "grpc"),
+                                       ("0.002", "1", "shm")):
+            with self.subTest(bucket_mb=bucket, shared_memory=shm, transport=transport):
+                p, logs = run_local("equiv_entry.py", extra_env={"EQUIV_BUCKET_MB": bucket, "EQUIV_SHM": shm},
+                                    args=("--transport", transport))
                 self.assertEqual(p.returncode, 0, p.stdout + p.stderr + str(logs))
                 self.assertIn("SUCCEEDED", p.stdout)
                 for r in (0, 1):
@@ -103,6 +106,10 @@ class TestThroughWorkers(unittest.TestCase):
         self.assertIn("FAILED", out)
         self.assertIn("rank 1 (", out)
         self.assertIn("never joined it within the step timeout", out)
+        # Rank 1's own worker names it, its idle script and its stderr.
+        self.assertRegex(out, r"rank 1 on worker local-\d+ \(.*?\): its script had made no collective call")
+        self.assertIn("stopped as hung", out)
+        self.assertIn("hanging on purpose", out)
         self.assertIn("hanging on purpose", logs.get("rank-1.log", ""))
         self.assertNotIn("completed", logs.get("rank-0.log", ""))
 
