@@ -92,8 +92,8 @@ func normalizePipeline(s *pb.JobSpec) error {
 	}
 	S := p.Stages
 	if S == 1 {
-		if p.MicroBatches != 0 || p.Schedule != "" || len(p.Boundaries) > 0 || p.DebugStageCost != "" {
-			return errf(pipelineField+"stages", "micro_batches, schedule, boundaries and debug_stage_cost apply to 2 or more stages; stages is 1")
+		if p.MicroBatches != 0 || p.Schedule != "" || len(p.Boundaries) > 0 || p.DebugStageCost != "" || p.Balance != "" {
+			return errf(pipelineField+"stages", "micro_batches, schedule, boundaries, balance and debug_stage_cost apply to 2 or more stages; stages is 1")
 		}
 		if par.Data != 0 && par.Data != workers {
 			return errf("parallelism.data", "%d data replicas of 1 stage on %d workers; want data = workers", par.Data, workers)
@@ -128,6 +128,13 @@ func normalizePipeline(s *pb.JobSpec) error {
 	if _, _, err := StageCost(p.DebugStageCost); err != nil {
 		return errf(pipelineField+"debug_stage_cost", "%v", err)
 	}
+	switch p.Balance {
+	case "":
+		p.Balance = BalanceParams
+	case BalanceParams, BalanceTime:
+	default:
+		return errf(pipelineField+"balance", "unknown balance %q; allowed: %s, %s", p.Balance, BalanceParams, BalanceTime)
+	}
 	if !slices.Contains(pipeline.Schedules(), pipeline.Schedule(p.Schedule)) {
 		return errf(pipelineField+"schedule", "unknown schedule %q; allowed: 1f1b, gpipe", p.Schedule)
 	}
@@ -161,6 +168,13 @@ func normalizePipeline(s *pb.JobSpec) error {
 		return errf("model", "%v", err)
 	}
 	defer net.Close()
+	if p.Balance == BalanceTime && len(p.Boundaries) == 0 {
+		b, err := timedBoundaries(net, int(S), int(s.GetBatchSize()/p.MicroBatches))
+		if err != nil {
+			return errf(pipelineField+"balance", "%v", err)
+		}
+		p.Boundaries = b
+	}
 	if _, err := models.Partition(net, int(S), models.Balance{Boundaries: p.Boundaries}); err != nil {
 		var pe *models.PartitionError
 		if errors.As(err, &pe) {
@@ -169,6 +183,36 @@ func normalizePipeline(s *pb.JobSpec) error {
 		return errf(pipelineField+"boundaries", "%v", err)
 	}
 	return nil
+}
+
+// The values of parallelism.pipeline.balance.
+const (
+	BalanceParams = "params"
+	BalanceTime   = "time"
+)
+
+// balanceReps is how many timed steps balance time measures.
+const balanceReps = 5
+
+// timedBoundaries is the cut of net into stages that minimises the
+// slowest stage's time, as measured here on micro-batches of micro
+// samples (models.BlockTimes: the measurement trains net, which normalize
+// builds only to check the cut), written as boundaries: the first block
+// name of stages 1..S−1.
+func timedBoundaries(m *models.Network, stages, micro int) ([]string, error) {
+	times, err := models.BlockTimes(m, max(micro, 1), balanceReps)
+	if err != nil {
+		return nil, err
+	}
+	parts, err := models.Partition(m, stages, models.Balance{By: models.ByTime, Times: times})
+	if err != nil {
+		return nil, err
+	}
+	b := make([]string, 0, stages-1)
+	for _, st := range parts[1:] {
+		b = append(b, st.Blocks[0].Name)
+	}
+	return b, nil
 }
 
 // maxStageCost bounds each duration of debug_stage_cost.

@@ -2,6 +2,7 @@ package jobspec
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -81,6 +82,8 @@ func TestNormalizePipelineRejects(t *testing.T) {
 		{"skip non-finite steps", "nonfinite_policy", "use fail", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.NonfinitePolicy = "skip" })},
 		{"elastic with one replica", "min_workers", "2 or more replicas", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.MinWorkers = 1 })},
 		{"elastic by a part of a replica", "min_workers", "multiple of the stages", with(pipeSpec(4, 2, 2), func(s *pb.JobSpec) { s.MinWorkers = 3 })},
+		{"balance", "parallelism.pipeline.balance", "allowed: params, time", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Parallelism.Pipeline.Balance = "flops" })},
+		{"balance on one stage", "parallelism.pipeline.stages", "2 or more stages", with(pipeSpec(2, 1, 0), func(s *pb.JobSpec) { s.Parallelism.Pipeline.Balance = "time" })},
 		{"timed checkpoints", "checkpoint.every_seconds", "every_steps", with(pipeSpec(2, 2, 2), func(s *pb.JobSpec) { s.Checkpoint = &pb.CheckpointSpec{EverySeconds: 10} })},
 	} {
 		_, err := Normalize(tc.spec, nil)
@@ -88,6 +91,35 @@ func TestNormalizePipelineRejects(t *testing.T) {
 		if !errors.As(err, &fe) || fe.Field != tc.field || !strings.Contains(fe.Msg, tc.msg) {
 			t.Errorf("%s: got %v; want a FieldError on %s saying %q", tc.name, err, tc.field, tc.msg)
 		}
+	}
+}
+
+// TestBalanceTime: balance time measures the blocks once, at
+// normalization, and writes its cut into boundaries, which a second
+// normalization (a resume, a worker) keeps; params is the default.
+func TestBalanceTime(t *testing.T) {
+	s := &pb.JobSpec{Model: "resnet8", Workers: proto.Int32(3), Parallelism: &pb.ParallelismSpec{Pipeline: &pb.PipelineSpec{Stages: 3, MicroBatches: 4, Balance: "time"}}}
+	n, err := Normalize(s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := n.GetParallelism().GetPipeline()
+	if p.GetBalance() != "time" || len(p.GetBoundaries()) != 2 {
+		t.Fatalf("balance %q, boundaries %q; want time and 2 boundaries", p.GetBalance(), p.GetBoundaries())
+	}
+	again, err := Normalize(proto.Clone(n).(*pb.JobSpec), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := again.GetParallelism().GetPipeline().GetBoundaries(); !slices.Equal(b, p.GetBoundaries()) {
+		t.Errorf("normalized again: boundaries %q, first %q", b, p.GetBoundaries())
+	}
+	d, err := Normalize(pipeSpec(2, 2, 2), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := d.GetParallelism().GetPipeline(); p.GetBalance() != "params" || len(p.GetBoundaries()) != 0 {
+		t.Errorf("default: balance %q, boundaries %q; want params and none (cut when the job runs)", p.GetBalance(), p.GetBoundaries())
 	}
 }
 

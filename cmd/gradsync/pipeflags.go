@@ -6,7 +6,7 @@ import pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 // that were given (ch: whether a flag was), over the job file's.
 func applyPipelineFlags(spec *pb.JobSpec, f *specFlags, ch func(string) bool) {
 	if !ch("pipeline-stages") && !ch("micro-batches") && !ch("schedule") && !ch("pipeline-schedule") &&
-		!ch("data-parallel") && !ch("pipeline-boundaries") && !ch("debug-stage-cost") {
+		!ch("data-parallel") && !ch("pipeline-boundaries") && !ch("pipeline-balance") && !ch("debug-stage-cost") {
 		return
 	}
 	if spec.Parallelism == nil {
@@ -31,6 +31,9 @@ func applyPipelineFlags(spec *pb.JobSpec, f *specFlags, ch func(string) bool) {
 	}
 	if ch("pipeline-boundaries") {
 		p.Boundaries = f.boundaries
+	}
+	if ch("pipeline-balance") {
+		p.Balance = f.balance
 	}
 	if ch("debug-stage-cost") {
 		p.DebugStageCost = f.stageCost

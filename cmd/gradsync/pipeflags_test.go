@@ -20,7 +20,7 @@ func TestPipelineFlags(t *testing.T) {
 	c := &cobra.Command{Use: "x"}
 	sf.register(c)
 	if err := c.ParseFlags([]string{"-f", file, "--pipeline-stages", "2", "--micro-batches", "8", "--data-parallel", "3",
-		"--pipeline-boundaries", "3", "--debug-stage-cost", "fwd=1ms"}); err != nil {
+		"--pipeline-boundaries", "3", "--pipeline-balance", "time", "--debug-stage-cost", "fwd=1ms"}); err != nil {
 		t.Fatal(err)
 	}
 	spec, err := sf.build(c)
@@ -30,7 +30,7 @@ func TestPipelineFlags(t *testing.T) {
 	p := spec.GetParallelism()
 	if p.GetData() != 3 || p.GetPipeline().GetStages() != 2 || p.GetPipeline().GetMicroBatches() != 8 ||
 		p.GetPipeline().GetSchedule() != "gpipe" || !slices.Equal(p.GetPipeline().GetBoundaries(), []string{"3"}) ||
-		p.GetPipeline().GetDebugStageCost() != "fwd=1ms" || defaultWorkers(spec) != 6 {
+		p.GetPipeline().GetDebugStageCost() != "fwd=1ms" || p.GetPipeline().GetBalance() != "time" || defaultWorkers(spec) != 6 {
 		t.Errorf("parallelism %v", p)
 	}
 	var plain specFlags

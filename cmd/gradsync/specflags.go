@@ -47,6 +47,7 @@ type specFlags struct {
 	schedule     string
 	dataPar      int32
 	boundaries   []string
+	balance      string
 	stageCost    string
 	// model parallelism (tensorpar)
 	labelShards int32
@@ -111,7 +112,8 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.schedule, "schedule", "", "pipeline schedule: 1f1b (default) or gpipe")
 	fl.StringVar(&f.schedule, "pipeline-schedule", "", "the same as --schedule")
 	fl.Int32Var(&f.dataPar, "data-parallel", 0, "pipeline: data-parallel replicas D of the pipeline (default: workers / stages)")
-	fl.StringSliceVar(&f.boundaries, "pipeline-boundaries", nil, "pipeline: the blocks where stages 1..S-1 start, comma-separated (default: cut by parameter count)")
+	fl.StringSliceVar(&f.boundaries, "pipeline-boundaries", nil, "pipeline: the blocks where stages 1..S-1 start, comma-separated (default: cut by --pipeline-balance)")
+	fl.StringVar(&f.balance, "pipeline-balance", "", "pipeline: without --pipeline-boundaries, cut so that the largest stage holds the fewest parameters (params, default) or the slowest stage takes the least time (time: each block timed on a micro-batch when the job is submitted; the cut is written into the job's boundaries)")
 	fl.StringVar(&f.stageCost, "debug-stage-cost", "", "pipeline, for measuring schedules: every micro-batch's forward and backward on every stage take at least this long, e.g. fwd=20ms,bwd=40ms")
 	fl.Int32Var(&f.labelShards, "label-shards", 0, "split the classifier head's classes over this many workers of each data replica, which hold the rest of the model whole (default 1: none; workers = data × label shards)")
 	fl.Int32Var(&f.tensor, "tensor-parallel", 0, "split the model's Megatron layer pairs (mlp: fc1 and fc2) over this many workers of each data replica (default 1: none; workers = data × tensor)")

@@ -555,8 +555,16 @@ type PipelineSpec struct {
 	// can be measured without the machine's cores distorting it. Empty:
 	// none.
 	DebugStageCost string `protobuf:"bytes,5,opt,name=debug_stage_cost,json=debugStageCost,proto3" json:"debug_stage_cost,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// How the model is cut when boundaries are empty: "params" (default:
+	// the largest stage holds the fewest parameters it can) or "time" (the
+	// slowest stage takes the least time it can: each block's forward and
+	// backward on a micro-batch are timed once, when the job is submitted,
+	// on the machine that accepts it, and the cut found is written into
+	// boundaries, so every rank and a resumed run use the same one). With
+	// boundaries given, they are the cut.
+	Balance       string `protobuf:"bytes,6,opt,name=balance,proto3" json:"balance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PipelineSpec) Reset() {
@@ -620,6 +628,13 @@ func (x *PipelineSpec) GetBoundaries() []string {
 func (x *PipelineSpec) GetDebugStageCost() string {
 	if x != nil {
 		return x.DebugStageCost
+	}
+	return ""
+}
+
+func (x *PipelineSpec) GetBalance() string {
+	if x != nil {
+		return x.Balance
 	}
 	return ""
 }
@@ -1738,7 +1753,7 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\x06tensor\x18\x05 \x01(\x05R\x06tensor\"&\n" +
 	"\n" +
 	"LabelGroup\x12\x18\n" +
-	"\aclasses\x18\x01 \x03(\x05R\aclasses\"\xb1\x01\n" +
+	"\aclasses\x18\x01 \x03(\x05R\aclasses\"\xcb\x01\n" +
 	"\fPipelineSpec\x12\x16\n" +
 	"\x06stages\x18\x01 \x01(\x05R\x06stages\x12#\n" +
 	"\rmicro_batches\x18\x02 \x01(\x05R\fmicroBatches\x12\x1a\n" +
@@ -1746,7 +1761,8 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\n" +
 	"boundaries\x18\x04 \x03(\tR\n" +
 	"boundaries\x12(\n" +
-	"\x10debug_stage_cost\x18\x05 \x01(\tR\x0edebugStageCost\"\xbb\x01\n" +
+	"\x10debug_stage_cost\x18\x05 \x01(\tR\x0edebugStageCost\x12\x18\n" +
+	"\abalance\x18\x06 \x01(\tR\abalance\"\xbb\x01\n" +
 	"\x0eEntrypointSpec\x12\x18\n" +
 	"\acommand\x18\x01 \x03(\tR\acommand\x12\x1f\n" +
 	"\vworking_dir\x18\x02 \x01(\tR\n" +
