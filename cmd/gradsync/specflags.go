@@ -114,7 +114,7 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.StringSliceVar(&f.boundaries, "pipeline-boundaries", nil, "pipeline: the blocks where stages 1..S-1 start, comma-separated (default: cut by parameter count)")
 	fl.StringVar(&f.stageCost, "debug-stage-cost", "", "pipeline, for measuring schedules: every micro-batch's forward and backward on every stage take at least this long, e.g. fwd=20ms,bwd=40ms")
 	fl.Int32Var(&f.labelShards, "label-shards", 0, "split the classifier head's classes over this many workers of each data replica, which hold the rest of the model whole (default 1: none; workers = data × label shards)")
-	fl.Int32Var(&f.tensor, "tensor-parallel", 0, "split the model's Megatron layer pairs (mlp: fc1 and fc2) over this many workers of each data replica (default 1: none; workers = data × tensor)")
+	fl.Int32Var(&f.tensor, "tensor-parallel", 0, "split the model's Megatron layer pairs (mlp: fc1 and fc2; vit-tiny: each transformer block's attention by heads and its MLP) over this many workers of each data replica (default 1: none; workers = data × tensor)")
 	fl.Float64Var(&f.gradClip, "grad-clip", 0, "clip the averaged gradient to this global L2 norm (default: off)")
 	fl.Int32Var(&f.rounds, "rounds", 0, "fedavg: rounds (default 10)")
 	fl.Int32Var(&f.clients, "clients", 0, "fedavg: number of clients (default 10)")
