@@ -12,6 +12,7 @@ import (
 	"github.com/gradsync/gradsync/models"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 	"github.com/gradsync/gradsync/tensorpar"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestTensorParallelMatchesSingleWorker trains 20 steps tensor-parallel,
@@ -102,48 +103,50 @@ func TestTensorParallelMatchesSingleWorker(t *testing.T) {
 }
 
 // TestTensorParallelResumeOnAnotherMesh checkpoints a T = 2 job at step
-// 10 (mlp, vit-tiny) and resumes it on T = 4 and on one whole-model
-// worker: both end at step 20 within float rounding of the job that
-// never stopped, and on the same mesh bit for bit.
+// 10 and resumes it on T = 4 and on one whole-model worker: both end at
+// step 20 within float rounding of the job that never stopped, and on
+// the same mesh bit for bit (resumeOnMeshes). mlp steps SGD with
+// momentum, vit-tiny Adam, so that both optimisers' state is gathered
+// into the checkpoint and sharded again from it. With Adam, vit-tiny's
+// key biases (in_proj_bias[D:2D] of each block) are left out of the
+// comparison: their gradient is zero but for rounding (a query's scores
+// all move by q·b_k, which the softmax ignores), and Adam normalises
+// that noise into steps of up to lr, which differ with the order of any
+// sum — between two whole-model runs too (measured: up to 0.4 of the
+// tensor's largest entry, whole model against T = 2 after 10 steps,
+// while the q and v biases agree within 2e-8).
 func TestTensorParallelResumeOnAnotherMesh(t *testing.T) {
 	for _, model := range []string{"mlp", "vit-tiny"} {
 		t.Run(model, func(t *testing.T) {
 			if model != "mlp" && testing.Short() {
 				t.Skip("vit-tiny: -short")
 			}
-			spec := func(tr int32) *pb.JobSpec {
+			var keyBiasesLeftOut func(*checkpoint.State)
+			if model == "vit-tiny" {
+				keyBiasesLeftOut = func(st *checkpoint.State) {
+					d := models.ViTTiny().D
+					for i := range models.ViTTiny().Depth {
+						name := fmt.Sprintf("blocks.%d.attn.in_proj_bias", i)
+						v, err := st.Tensors[name].Float32s()
+						if err != nil {
+							t.Fatal(err)
+						}
+						clear(v[d : 2*d])
+						st.Tensors[name] = models.F32Tensor(st.Tensors[name].Shape, v)
+					}
+				}
+			}
+			resumeOnMeshes(t, "T", func(tr int32) *pb.JobSpec {
 				s := labelSpec(model, max(tr, 1), 16)
 				s.Checkpoint.EverySteps = 10
+				if model == "vit-tiny" {
+					s.Optimizer = &pb.OptimizerSpec{Name: "adam", Lr: proto.Float64(0.001)}
+				}
 				if tr > 0 {
 					s.Parallelism = &pb.ParallelismSpec{Tensor: tr}
 				}
 				return normalized(t, s)
-			}
-			dir := t.TempDir()
-			want := runJob(t, spec(2), "", func(a *pb.Assignment) { a.CheckpointDir = dir })
-			ws, err := checkpoint.Load(filepath.Join(dir, "ckpt-20"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, tr := range []int32{2, 4, 0} {
-				out := t.TempDir()
-				got := runJob(t, spec(tr), "", func(a *pb.Assignment) {
-					a.ResumeFrom, a.CheckpointDir = filepath.Join(dir, "ckpt-10"), out
-				})
-				if got[0].Steps != 20 || tr == 2 && got[0].ParameterChecksum != want[0].ParameterChecksum {
-					t.Errorf("T=%d resumed at step 10: checksum %x after %d steps; the T=2 job's %x after 20", tr, got[0].ParameterChecksum, got[0].Steps, want[0].ParameterChecksum)
-				}
-				gs, err := checkpoint.Load(filepath.Join(out, "ckpt-20"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				pw, pn := tensorDiffs(t, gs.Tensors, ws.Tensors)
-				ow, on := tensorDiffs(t, gs.Optim, ws.Optim)
-				t.Logf("%s T=%d (0: one whole-model worker) resumed at step 10: at step 20 parameters within %.2g (%s), momentum %.2g (%s) of the T=2 job's", model, tr, pw, pn, ow, on)
-				if pw > 1e-5 || ow > 1e-5 {
-					t.Errorf("T=%d resumed: parameters differ by %.3g (%s), momentum by %.3g (%s); want ≤ 1e-5", tr, pw, pn, ow, on)
-				}
-			}
+			}, keyBiasesLeftOut)
 		})
 	}
 }
