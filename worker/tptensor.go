@@ -396,14 +396,14 @@ func (t *tensorTask) shardedParams() int {
 // (params and grads, the Trainer's network's).
 func (t *tensorTask) pieces(params, grads []float32) ([][]float32, [][]float32, []optim.Stepper) {
 	var ps, gs [][]float32
-	var os []optim.Stepper
+	var opts []optim.Stepper
 	if t.stem != nil {
-		ps, gs, os = append(ps, t.stem.Params()), append(gs, t.stem.Grads()), append(os, t.stemOpt)
+		ps, gs, opts = append(ps, t.stem.Params()), append(gs, t.stem.Grads()), append(opts, t.stemOpt)
 	}
 	for i, u := range t.units {
-		ps, gs, os = append(ps, u.params()), append(gs, u.grads()), append(os, t.unitOpts[i])
+		ps, gs, opts = append(ps, u.params()), append(gs, u.grads()), append(opts, t.unitOpts[i])
 	}
-	return append(ps, params), append(gs, grads), append(os, t.netOpt)
+	return append(ps, params), append(gs, grads), append(opts, t.netOpt)
 }
 
 func (t *tensorTask) start(ctx context.Context, from resumeFrom) (origin, error) {
@@ -506,8 +506,8 @@ func (t *tensorTask) gradient(ctx context.Context, _ int64, epoch int, batch []i
 }
 
 func (t *tensorTask) step(ctx context.Context, grads, params []float32) error {
-	ps, gs, os := t.pieces(params, grads)
-	return t.stepAll(ctx, ps, gs, os)
+	ps, gs, opts := t.pieces(params, grads)
+	return t.stepAll(ctx, ps, gs, opts)
 }
 
 func (t *tensorTask) completed(ctx context.Context, epoch int, at position) error {
@@ -627,12 +627,12 @@ func (t *tensorTask) checkpoint(ctx context.Context, epoch int, at position) err
 	if t.ckpt == nil || t.coord.replica != 0 || !jobspec.CheckpointDue(t.spec, at.step, at.epoch > epoch, epoch, 0) {
 		return nil
 	}
-	ps, _, os := t.pieces(t.net.Params(), nil)
+	ps, _, opts := t.pieces(t.net.Params(), nil)
 	bufs := [][][]float32{ps}
 	nstate := len(optimParts(t.netOpt))
 	for i := range nstate {
-		state := make([][]float32, len(os))
-		for j, o := range os {
+		state := make([][]float32, len(opts))
+		for j, o := range opts {
 			parts := optimParts(o)
 			if len(parts) != nstate {
 				return fmt.Errorf("tensor rank %d: %d optimiser buffers for piece %d of the model, %d for the rest", t.coord.shard, len(parts), j, nstate)
