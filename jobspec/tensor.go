@@ -2,6 +2,7 @@ package jobspec
 
 import (
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/gradsync/gradsync/models"
@@ -182,7 +183,7 @@ func TensorRanks(s *pb.JobSpec) int { return max(int(s.GetParallelism().GetTenso
 func TensorParallel(s *pb.JobSpec) bool { return TensorRanks(s) > 1 }
 
 // TensorModels are the models a tensor-parallel job can split.
-var TensorModels = []string{"mlp"}
+var TensorModels = []string{"mlp", "vit-tiny"}
 
 // normalizeTensor checks and defaults a tensor-parallel spec's
 // parallelism (tensor set): workers = data × T, data-parallel replicas of
@@ -219,8 +220,30 @@ func normalizeTensor(s *pb.JobSpec) error {
 	if err := modelParallelLimits(s, "tensor parallelism"); err != nil {
 		return err
 	}
-	if hidden := 256; int(tr) > hidden { // mlp's fc1 → fc2 units
-		return errf(tensorField, "%d tensor-parallel ranks for mlp's %d hidden units; allowed 1..%d", tr, hidden, hidden)
+	switch s.Model {
+	case "mlp":
+		if hidden := 256; int(tr) > hidden { // mlp's fc1 → fc2 units
+			return errf(tensorField, "%d tensor-parallel ranks for mlp's %d hidden units; allowed 1..%d", tr, hidden, hidden)
+		}
+	case "vit-tiny":
+		// Every rank holds whole heads and an equal share of each MLP's
+		// hidden units.
+		v := models.ViTTiny()
+		if v.Heads%int(tr) != 0 || v.MLP%int(tr) != 0 {
+			return errf(tensorField, "%d tensor-parallel ranks do not divide vit-tiny's %d attention heads and %d MLP hidden units; allowed: %s",
+				tr, v.Heads, v.MLP, strings.Join(commonDivisors(v.Heads, v.MLP), ", "))
+		}
 	}
 	return nil
+}
+
+// commonDivisors lists the common divisors of a and b, from 1 up.
+func commonDivisors(a, b int) []string {
+	var out []string
+	for d := 1; d <= min(a, b); d++ {
+		if a%d == 0 && b%d == 0 {
+			out = append(out, strconv.Itoa(d))
+		}
+	}
+	return out
 }

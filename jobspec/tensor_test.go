@@ -90,6 +90,11 @@ func TestNormalizeTensor(t *testing.T) {
 	if s, err = Normalize(&pb.JobSpec{Model: "mlp", Parallelism: &pb.ParallelismSpec{Tensor: 3}}, nil); err != nil || s.GetWorkers() != 3 {
 		t.Errorf("workers default: %v, %v", s, err)
 	}
+	for _, tr := range []int32{2, 4} { // vit-tiny: 4 heads, MLP 128
+		if s, err = Normalize(&pb.JobSpec{Model: "vit-tiny", Parallelism: &pb.ParallelismSpec{Tensor: tr}}, nil); err != nil || s.GetWorkers() != tr || TensorRanks(s) != int(tr) {
+			t.Errorf("vit-tiny T=%d: %v, %v", tr, s, err)
+		}
+	}
 	for _, tc := range []struct {
 		name, field, msg string
 		spec             *pb.JobSpec
@@ -99,6 +104,10 @@ func TestNormalizeTensor(t *testing.T) {
 		{"workers not a multiple", "parallelism.tensor", "do not divide 3 workers", &pb.JobSpec{Model: "mlp", Workers: proto.Int32(3), Parallelism: &pb.ParallelismSpec{Tensor: 2}}},
 		{"with label shards", "parallelism.tensor", "one or the other", &pb.JobSpec{Model: "mlp", Workers: proto.Int32(4), Parallelism: &pb.ParallelismSpec{Tensor: 2, LabelShards: 2}}},
 		{"ps", "mode", "mode ring", &pb.JobSpec{Model: "mlp", Mode: "ps", Workers: proto.Int32(2), Parallelism: &pb.ParallelismSpec{Tensor: 2}}},
+		{"vit-tiny T=3", "parallelism.tensor", "3 tensor-parallel ranks do not divide vit-tiny's 4 attention heads and 128 MLP hidden units; allowed: 1, 2, 4",
+			&pb.JobSpec{Model: "vit-tiny", Parallelism: &pb.ParallelismSpec{Tensor: 3}}},
+		{"vit-tiny T=8", "parallelism.tensor", "8 tensor-parallel ranks do not divide vit-tiny's 4 attention heads",
+			&pb.JobSpec{Model: "vit-tiny", Workers: proto.Int32(16), Parallelism: &pb.ParallelismSpec{Tensor: 8}}},
 	} {
 		_, err := Normalize(tc.spec, nil)
 		var fe *FieldError

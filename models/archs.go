@@ -243,6 +243,17 @@ const (
 	vitMLP   = 128
 )
 
+// TransformerSizes are a transformer's sizes: D values per token, Heads
+// attention heads, an MLP of MLP hidden units, Depth blocks, Patch×Patch
+// patches.
+type TransformerSizes struct{ D, Heads, MLP, Depth, Patch int }
+
+// ViTTiny returns vit-tiny's sizes (for the jobs that split its blocks:
+// tensor parallelism).
+func ViTTiny() TransformerSizes {
+	return TransformerSizes{D: vitDim, Heads: vitHeads, MLP: vitMLP, Depth: vitDepth, Patch: vitPatch}
+}
+
 // vitTiny is a small pre-norm vision transformer: 7×7 patches embedded to
 // 64 values plus a class token and learned position embeddings, two
 // blocks of x += attn(norm1(x)); x += mlp(norm2(x)) with 4 heads and a

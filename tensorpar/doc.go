@@ -81,9 +81,10 @@
 // checkpoint writes under PyTorch's names.
 //
 // Jobs: the label-sharded head runs in label-sharded jobs
-// (parallelism.label_shards, worker/tplabel.go) and the MLP, with ReLU
-// and no input gradient (MLPOptions), in tensor-parallel mlp jobs
+// (parallelism.label_shards, worker/tplabel.go); the MLP, with ReLU and
+// no input gradient (MLPOptions), in tensor-parallel mlp jobs, and the
+// block (attention and MLP) in tensor-parallel vit-tiny jobs
 // (parallelism.tensor, worker/tptensor.go), each Group a RingGroup over a
-// gRPC ring of one data replica's ranks. Attention, the block, Linear2D
-// and spatial sharding are not in jobs yet.
+// gRPC ring of one data replica's ranks. Linear2D and spatial sharding
+// are not in jobs yet.
 package tensorpar

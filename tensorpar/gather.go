@@ -71,6 +71,16 @@ func (a *Attention) GatherParams(ctx context.Context, grads bool) (AttentionWeig
 	if grads {
 		buf = a.grads
 	}
+	return a.Gather(ctx, buf)
+}
+
+// Gather is GatherParams of any buffer laid out as Params (an optimiser's
+// state of this rank's shard): the whole attention's tensors of it, on
+// every rank.
+func (a *Attention) Gather(ctx context.Context, buf []float32) (AttentionWeights, error) {
+	if len(buf) != len(a.params) {
+		return AttentionWeights{}, fmt.Errorf("tensorpar: Attention.Gather: %d values, want %d (laid out as Params)", len(buf), len(a.params))
+	}
 	part, err := gatherShards(ctx, a.g, buf, func(q int) int { return attentionLen(a.g.Size(), q, a.D, a.Heads) })
 	if err != nil {
 		return AttentionWeights{}, fmt.Errorf("tensorpar: Attention.GatherParams: %w", err)
@@ -86,26 +96,73 @@ func (a *Attention) GatherParams(ctx context.Context, grads bool) (AttentionWeig
 	return w, nil
 }
 
+// ShardOf copies this rank's shard of full (whole-attention tensors, e.g.
+// an optimiser's state read from a checkpoint) into dst, laid out as
+// Params.
+func (a *Attention) ShardOf(dst []float32, full AttentionWeights) error {
+	if len(dst) != len(a.params) {
+		return fmt.Errorf("tensorpar: Attention.ShardOf: %d values, want %d (laid out as Params)", len(dst), len(a.params))
+	}
+	return newAttention(a.g, a.g.Rank(), a.D, a.Heads, a.Tokens, dst, dst).SetFromFull(full)
+}
+
 // GatherParams returns the whole block's weights on every rank of the
 // group: the layer norms from this rank (they are replicated), the
 // attention's and the MLP's gathered (two all-gathers). With grads it
 // gathers the gradients instead.
 func (b *Block) GatherParams(ctx context.Context, grads bool) (BlockWeights, error) {
-	at, err := b.Attn.GatherParams(ctx, grads)
-	if err != nil {
-		return BlockWeights{}, err
-	}
-	mlp, err := b.MLP.GatherParams(ctx, grads)
-	if err != nil {
-		return BlockWeights{}, err
-	}
-	n1, n2 := b.Norm1, b.Norm2
-	src := [][]float32{n1.Weight, n1.Bias, n2.Weight, n2.Bias}
+	buf := b.params
 	if grads {
-		src = [][]float32{n1.DWeight, n1.DBias, n2.DWeight, n2.DBias}
+		buf = b.grads
+	}
+	return b.Gather(ctx, buf)
+}
+
+// blockViews splits buf, laid out as Params, into its parts: the layer
+// norms, the attention's shard and the MLP's.
+func (b *Block) blockViews(buf []float32) (n1w, n1b, attn, n2w, n2b, mlp []float32) {
+	d, na := b.D, len(b.Attn.params)
+	return buf[:d], buf[d : 2*d], buf[2*d : 2*d+na], buf[2*d+na : 3*d+na], buf[3*d+na : 4*d+na], buf[4*d+na:]
+}
+
+// Gather is GatherParams of any buffer laid out as Params (an optimiser's
+// state of this rank's shard): the whole block's tensors of it, on every
+// rank, its layer norms' from this rank.
+func (b *Block) Gather(ctx context.Context, buf []float32) (BlockWeights, error) {
+	if len(buf) != len(b.params) {
+		return BlockWeights{}, fmt.Errorf("tensorpar: Block.Gather: %d values, want %d (laid out as Params)", len(buf), len(b.params))
+	}
+	n1w, n1b, attn, n2w, n2b, mlp := b.blockViews(buf)
+	at, err := b.Attn.Gather(ctx, attn)
+	if err != nil {
+		return BlockWeights{}, err
+	}
+	m, err := b.MLP.Gather(ctx, mlp)
+	if err != nil {
+		return BlockWeights{}, err
 	}
 	cl := func(s []float32) []float32 { return append([]float32(nil), s...) }
-	return BlockWeights{Norm1W: cl(src[0]), Norm1B: cl(src[1]), Attn: at, Norm2W: cl(src[2]), Norm2B: cl(src[3]), MLP: mlp}, nil
+	return BlockWeights{Norm1W: cl(n1w), Norm1B: cl(n1b), Attn: at, Norm2W: cl(n2w), Norm2B: cl(n2b), MLP: m}, nil
+}
+
+// ShardOf copies this rank's shard of full (whole-block tensors, e.g. an
+// optimiser's state read from a checkpoint) into dst, laid out as Params.
+func (b *Block) ShardOf(dst []float32, full BlockWeights) error {
+	if len(dst) != len(b.params) {
+		return fmt.Errorf("tensorpar: Block.ShardOf: %d values, want %d (laid out as Params)", len(dst), len(b.params))
+	}
+	if err := full.check(b.D, b.Hidden); err != nil {
+		return err
+	}
+	n1w, n1b, attn, n2w, n2b, mlp := b.blockViews(dst)
+	copy(n1w, full.Norm1W)
+	copy(n1b, full.Norm1B)
+	copy(n2w, full.Norm2W)
+	copy(n2b, full.Norm2B)
+	if err := b.Attn.ShardOf(attn, full.Attn); err != nil {
+		return err
+	}
+	return b.MLP.ShardOf(mlp, full.MLP)
 }
 
 // GatherParams returns the whole layer's weight (Out, In) and bias (Out),

@@ -78,3 +78,51 @@ func TestGatherParams(t *testing.T) {
 		})
 	}
 }
+
+// TestBlockGatherAndShardOf: ShardOf of whole-block tensors (an
+// optimiser's state read from a checkpoint) gives each rank its shard,
+// and Gather of the shards gives the whole tensors back bit for bit on
+// every rank — for T = 1..4, uneven shards included; ShardOf of the
+// block's own weights is the rank's Params.
+func TestBlockGatherAndShardOf(t *testing.T) {
+	c := blockCase{d: 10, heads: 5, tokens: 3, hidden: 7, batch: 2}
+	for l := 1; l <= 4; l++ {
+		t.Run(fmt.Sprintf("T%d", l), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(67, uint64(l)))
+			w, state := randBlock(rng, c.d, c.hidden), randBlock(rng, c.d, c.hidden)
+			gs := groups(t, l)
+			bs := newBlocks(t, gs, w, c)
+			err := each(l, func(ctx context.Context, r int) error {
+				buf := make([]float32, len(bs[r].Params()))
+				if err := bs[r].ShardOf(buf, w); err != nil {
+					return err
+				}
+				if !slicesBitEqual(buf, bs[r].Params()) {
+					t.Errorf("rank %d: ShardOf of the whole weights differs from Params", r)
+				}
+				if err := bs[r].ShardOf(buf, state); err != nil {
+					return err
+				}
+				whole, err := bs[r].Gather(ctx, buf)
+				if err != nil {
+					return err
+				}
+				for _, p := range flatBlock(whole, state) {
+					if !slicesBitEqual(p.got, p.want) {
+						t.Errorf("rank %d: Gather(ShardOf(%s)) differs from it", r, p.name)
+					}
+				}
+				if err := bs[r].ShardOf(buf[1:], w); err == nil {
+					t.Errorf("rank %d: ShardOf into %d values: no error", r, len(buf)-1)
+				}
+				if _, err := bs[r].Gather(ctx, buf[1:]); err == nil {
+					t.Errorf("rank %d: Gather of %d values: no error", r, len(buf)-1)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

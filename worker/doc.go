@@ -43,7 +43,10 @@
 //	                    classes split; why, and the checkpoints and
 //	                    checksum gathered from the shards),
 //	                    tptensor.go tensor-parallel mlp (fc1 and fc2 a
-//	                    Megatron pair), tpmesh.go what both share
+//	                    Megatron pair) and vit-tiny (each transformer
+//	                    block split by heads and MLP units; the patch
+//	                    embedding, norms and head replicated),
+//	                    tpmesh.go what both share
 //	                    (the rings of a replica's group and of a
 //	                    rank's replicas, the step), tpstats.go what
 //	                    each rank's group sent, beside the formulas

@@ -130,29 +130,46 @@ func TestLabelShardsResumeOnAnotherMesh(t *testing.T) {
 		}
 		return normalized(t, s)
 	}
+	resumeOnMeshes(t, "L", spec, nil)
+}
+
+// resumeOnMeshes runs spec(2) (a job of 2 label shards or tensor ranks,
+// what names them: L, T) to step 20 with a checkpoint at step 10, and
+// resumes from that on spec(2), spec(4) and spec(0) (one whole-model
+// worker): each ends at step 20 within 1e-5 (relative to each tensor's
+// largest entry) of the job that never stopped, parameters and optimiser
+// state, and spec(2) with its checksum, bit for bit. prep, unless nil,
+// edits both checkpoints before they are compared.
+func resumeOnMeshes(t *testing.T, what string, spec func(n int32) *pb.JobSpec, prep func(*checkpoint.State)) {
+	t.Helper()
 	dir := t.TempDir()
 	want := runJob(t, spec(2), "", func(a *pb.Assignment) { a.CheckpointDir = dir })
 	ws, err := checkpoint.Load(filepath.Join(dir, "ckpt-20"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range []int32{2, 4, 0} {
+	for _, n := range []int32{2, 4, 0} {
 		out := t.TempDir()
-		got := runJob(t, spec(l), "", func(a *pb.Assignment) {
+		got := runJob(t, spec(n), "", func(a *pb.Assignment) {
 			a.ResumeFrom, a.CheckpointDir = filepath.Join(dir, "ckpt-10"), out
 		})
-		if got[0].Steps != 20 || l == 2 && got[0].ParameterChecksum != want[0].ParameterChecksum {
-			t.Errorf("L=%d resumed at step 10: checksum %x after %d steps; the 2-shard job's %x after 20", l, got[0].ParameterChecksum, got[0].Steps, want[0].ParameterChecksum)
+		if got[0].Steps != 20 || n == 2 && got[0].ParameterChecksum != want[0].ParameterChecksum {
+			t.Errorf("%s=%d resumed at step 10: checksum %x after %d steps; the %s=2 job's %x after 20", what, n, got[0].ParameterChecksum, got[0].Steps, what, want[0].ParameterChecksum)
 		}
 		gs, err := checkpoint.Load(filepath.Join(out, "ckpt-20"))
 		if err != nil {
 			t.Fatal(err)
 		}
+		if prep != nil {
+			prep(gs)
+			prep(ws)
+		}
 		pw, pn := tensorDiffs(t, gs.Tensors, ws.Tensors)
 		ow, on := tensorDiffs(t, gs.Optim, ws.Optim)
-		t.Logf("L=%d (0: one whole-model worker) resumed at step 10: at step 20 parameters within %.2g (%s), optimiser state %.2g (%s) of the 2-shard job's", l, pw, pn, ow, on)
+		t.Logf("%s %s=%d (0: one whole-model worker) resumed at step 10: at step 20 parameters within %.2g (%s), optimiser state %.2g (%s) of the %s=2 job's",
+			spec(2).Model, what, n, pw, pn, ow, on, what)
 		if pw > 1e-5 || ow > 1e-5 {
-			t.Errorf("L=%d resumed: parameters differ by %.3g (%s), momentum by %.3g (%s); want ≤ 1e-5", l, pw, pn, ow, on)
+			t.Errorf("%s=%d resumed: parameters differ by %.3g (%s), optimiser state by %.3g (%s); want ≤ 1e-5", what, n, pw, pn, ow, on)
 		}
 	}
 }

@@ -113,17 +113,31 @@ func (t *labelTask) report() {
 // <runs-dir>/<job-id>/tensor-rank-<r>.json on its worker (and logged):
 // mlp's Megatron pair does one all-reduce of b·Out values a step
 // (forward's g) and none backward (no input gradient at the network's
-// input). Counted values are exact (the Group's calls, evaluation and
-// checksums left out).
+// input); each of vit-tiny's transformer blocks does 2 all-reduces of
+// b·s·D values forward and 2 backward (Megatron's four per layer).
+// Counted values are exact (the Group's calls, evaluation and checksums
+// left out).
 type tensorSummary struct {
-	Rank                   int   `json:"rank"`
-	TensorRank             int   `json:"tensor_rank"`
-	Tensor                 int   `json:"tensor"`
-	Replica                int   `json:"replica"`
-	Replicas               int   `json:"replicas"`
-	Steps                  int64 `json:"steps"`
-	HiddenHeld             int   `json:"hidden_units_held"`
-	PairParamsHeld         int   `json:"pair_params_held"`
+	Rank       int    `json:"rank"`
+	TensorRank int    `json:"tensor_rank"`
+	Tensor     int    `json:"tensor"`
+	Replica    int    `json:"replica"`
+	Replicas   int    `json:"replicas"`
+	Model      string `json:"model"`
+	Steps      int64  `json:"steps"`
+	// HiddenHeld is the MLP hidden units this rank holds (of each block),
+	// HeadsHeld its attention heads (of each block; vit-tiny).
+	HiddenHeld int `json:"hidden_units_held"`
+	HeadsHeld  int `json:"heads_held,omitempty"`
+	// ShardedParamsHeld is what this rank holds of the sharded layers
+	// (mlp: fc1 and fc2; vit-tiny: the transformer blocks, whose layer
+	// norms every rank holds whole), ShardedParamsWhole the whole of
+	// them; ReplicatedParams the rest of the model, held whole by every
+	// rank (mlp: fc3; vit-tiny: the patch embedding, the final norm and
+	// the head).
+	ShardedParamsHeld      int   `json:"sharded_params_held"`
+	ShardedParamsWhole     int   `json:"sharded_params_whole"`
+	ReplicatedParams       int   `json:"replicated_params"`
 	AllReduceOps           int64 `json:"group_all_reduce_ops"`
 	AllReduceValues        int64 `json:"group_all_reduce_values"`
 	AllGatherOps           int64 `json:"group_all_gather_ops"`
@@ -132,15 +146,31 @@ type tensorSummary struct {
 	GroupBytesSent         int64 `json:"group_bytes_sent"`
 }
 
+func (t *tensorTask) summary() tensorSummary {
+	s := tensorSummary{Rank: int(t.a.Rank), TensorRank: t.coord.shard, Tensor: t.coord.shards, Replica: t.coord.replica, Replicas: t.coord.replicas,
+		Model: t.cut.model, Steps: t.trainSteps, ShardedParamsHeld: t.shardedParams(), ShardedParamsWhole: t.cut.sharded.ParamLen,
+		ReplicatedParams: t.net.NumParams(),
+		AllReduceOps:     t.counted.AllReduceOps, AllReduceValues: t.counted.AllReduceValues, AllGatherOps: t.counted.AllGatherOps,
+		FormulaAllReduceOps: t.formulaOps, FormulaAllReduceValues: t.formulaValues, GroupBytesSent: t.groupBytes}
+	if t.stem != nil {
+		s.ReplicatedParams += t.stem.NumParams()
+	}
+	switch u := t.units[0].(type) {
+	case *mlpUnit:
+		s.HiddenHeld = u.m.Hi - u.m.Lo
+	case *blockUnit:
+		s.HiddenHeld, s.HeadsHeld = u.b.MLP.Hi-u.b.MLP.Lo, u.b.Attn.HeadHi-u.b.Attn.HeadLo
+	}
+	return s
+}
+
 func (t *tensorTask) report() {
-	if t.mlp == nil || t.trainSteps == 0 {
+	if len(t.units) == 0 || t.trainSteps == 0 {
 		return
 	}
-	s := tensorSummary{Rank: int(t.a.Rank), TensorRank: t.coord.shard, Tensor: t.coord.shards, Replica: t.coord.replica, Replicas: t.coord.replicas,
-		Steps: t.trainSteps, HiddenHeld: t.mlp.Hi - t.mlp.Lo, PairParamsHeld: len(t.mlp.Params()),
-		AllReduceOps: t.counted.AllReduceOps, AllReduceValues: t.counted.AllReduceValues, AllGatherOps: t.counted.AllGatherOps,
-		FormulaAllReduceOps: t.formulaOps, FormulaAllReduceValues: t.formulaValues, GroupBytesSent: t.groupBytes}
+	s := t.summary()
 	t.env.log.Info("tensor rank", "job", t.a.JobId, "rank", s.Rank, "tensor_rank", s.TensorRank, "replica", s.Replica, "steps", s.Steps,
+		"all_reduce_ops", s.AllReduceOps, "formula_ops", s.FormulaAllReduceOps,
 		"all_reduce_values", s.AllReduceValues, "formula", s.FormulaAllReduceValues, "group_bytes_sent", s.GroupBytesSent)
 	if t.env.runsDir == "" {
 		return

@@ -116,7 +116,7 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.balance, "pipeline-balance", "", "pipeline: without --pipeline-boundaries, cut so that the largest stage holds the fewest parameters (params, default) or the slowest stage takes the least time (time: each block timed on a micro-batch when the job is submitted; the cut is written into the job's boundaries)")
 	fl.StringVar(&f.stageCost, "debug-stage-cost", "", "pipeline, for measuring schedules: every micro-batch's forward and backward on every stage take at least this long, e.g. fwd=20ms,bwd=40ms")
 	fl.Int32Var(&f.labelShards, "label-shards", 0, "split the classifier head's classes over this many workers of each data replica, which hold the rest of the model whole (default 1: none; workers = data × label shards)")
-	fl.Int32Var(&f.tensor, "tensor-parallel", 0, "split the model's Megatron layer pairs (mlp: fc1 and fc2) over this many workers of each data replica (default 1: none; workers = data × tensor)")
+	fl.Int32Var(&f.tensor, "tensor-parallel", 0, "split the model's Megatron layer pairs (mlp: fc1 and fc2; vit-tiny: each transformer block's attention by heads and its MLP) over this many workers of each data replica (default 1: none; workers = data × tensor)")
 	fl.Float64Var(&f.gradClip, "grad-clip", 0, "clip the averaged gradient to this global L2 norm (default: off)")
 	fl.Int32Var(&f.rounds, "rounds", 0, "fedavg: rounds (default 10)")
 	fl.Int32Var(&f.clients, "clients", 0, "fedavg: number of clients (default 10)")

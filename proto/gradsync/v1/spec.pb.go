@@ -415,9 +415,11 @@ type ParallelismSpec struct {
 	LabelGroups []*LabelGroup `protobuf:"bytes,4,rep,name=label_groups,json=labelGroups,proto3" json:"label_groups,omitempty"`
 	// Tensor-parallel ranks T (0 or 1: none): each replica's T workers
 	// split the model's Megatron pairs (column- then row-parallel Linear
-	// layers; for mlp its fc1 and fc2 by hidden units) and hold the rest
-	// whole, on the same batch. workers = data × T; rank r is tensor rank
-	// r mod T of replica r / T. Models: mlp so far.
+	// layers; for mlp its fc1 and fc2 by hidden units; for vit-tiny each
+	// transformer block's attention by heads and its MLP by hidden units,
+	// T dividing both) and hold the rest whole, on the same batch.
+	// workers = data × T; rank r is tensor rank r mod T of replica r / T.
+	// Models: mlp and vit-tiny.
 	Tensor        int32 `protobuf:"varint,5,opt,name=tensor,proto3" json:"tensor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
