@@ -172,23 +172,102 @@ def init_ddp_process_group():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
+class HookState:
+    """comm_hook's state: which of DDP's buckets it has seen, and the shared-memory region it
+    reduces them in once DDP's buckets are final. Give one per DDP model:
+
+        ddp.register_comm_hook(gs.HookState(model), gs.comm_hook)
+
+    model (optional) names the tensors of the layout registered with the worker (the same
+    on every rank); without it they are named by bucket and position."""
+
+    def __init__(self, model=None):
+        self.names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
+        self.iteration = 0  # DDP iterations completed (a bucket with is_last() ends one)
+        self.seen = {}  # bucket index -> [(name, shape)] in the iteration under way
+        self.final = None  # the buckets of the last complete iteration once DDP has rebuilt them
+        self.offsets = None  # bucket index -> (offset, length) in the region, once registered
+        self.region = None
+
+
+_default_hook_state = None
+
+# DDP rebuilds its buckets once, after its first iteration: from the second
+# on they are final. The hook records the second's, registers them as one
+# layout at the start of the third, and from then on reduces each bucket
+# in the shared region (where the job's compression applies).
+_HOOK_FINAL_ITERATION = 1
+
+
 def comm_hook(state, bucket):
     """A DDP communication hook that averages a gradient bucket over gradsync's ranks:
 
         gs.init(); gs.init_ddp_process_group()
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         gs.broadcast_parameters(model.state_dict(), root_rank=0)
-        ddp.register_comm_hook(None, gs.comm_hook)
+        ddp.register_comm_hook(gs.HookState(model), gs.comm_hook)
 
-    state is ignored (pass None). DDP hands the buckets over in the same order on every rank;
-    each goes to the worker through the socket (in pieces of at most max_elements values) while
-    backward goes on, and the returned future completes with the average. float32 buckets
-    only. The job's compression does not apply here (it needs DistributedOptimizer's registered
-    layout): the buckets are reduced as they are."""
+    state: a HookState (None: one shared by every DDP model of the process). DDP hands the
+    buckets over in the same order on every rank. In its first two iterations (DDP rebuilds
+    its buckets after the first) each bucket goes to the worker through the socket, as it
+    is; from the third, once every rank has registered the final buckets as one layout, each
+    goes through a shared-memory region the worker maps too, where the job's compression
+    (``--compress``) applies to each bucket as to DistributedOptimizer's, with its state kept
+    in the worker. The returned future completes with the average while backward goes on.
+    float32 buckets only."""
+    global _default_hook_state
+    if state is None:
+        if _default_hook_state is None:
+            _default_hook_state = HookState()
+        state = _default_hook_state
     a = _a()
     buf = bucket.buffer()
     if buf.dtype != torch.float32:
         raise TypeError(f"gradsync.torch.comm_hook reduces float32 buckets; got {buf.dtype}")
+    i = bucket.index()
+    if state.offsets is None and state.final is not None:
+        _register_hook_layout(a, state)
+    if state.offsets is None:
+        state.seen[i] = [(state.names.get(id(p), f"ddp.bucket{i}.{j}"), tuple(p.shape))
+                         for j, p in enumerate(bucket.parameters())]
+        if bucket.is_last():
+            if state.iteration >= _HOOK_FINAL_ITERATION:
+                state.final = [state.seen[k] for k in sorted(state.seen)]
+            state.iteration += 1
+            state.seen = {}
+        return _socket_reduce(a, buf)
+    if i not in state.offsets or state.offsets[i][1] != buf.numel():
+        raise RuntimeError(f"gradsync.torch.comm_hook: DDP's bucket {i} ({buf.numel()} values) is not one of the "
+                           "buckets registered after its second iteration: did DDP rebuild its buckets again?")
+    off, n = state.offsets[i]
+    torch.from_numpy(state.region[off:off + n]).copy_(buf.detach().reshape(-1).to("cpu"))
+    fut = a.allreduce_shared_async(off, n, True)
+    out = torch.futures.Future()
+
+    def done(_):
+        try:
+            fut.result()
+            out.set_result(torch.from_numpy(state.region[off:off + n]).clone().view_as(buf).to(buf.device))
+        except Exception as e:  # an AgentError: DDP's backward raises it
+            out.set_exception(e)
+
+    fut.add_done_callback(done)
+    return out
+
+
+def _register_hook_layout(a, state):
+    """Registers the final buckets, in index order, as the layout of a shared region."""
+    layout = [t for b in state.final for t in b]
+    _, state.region = a.register_layout(layout, shared_memory=True)
+    state.offsets, off = {}, 0
+    for i, b in enumerate(state.final):
+        n = sum(int(np.prod(shape)) for _, shape in b)
+        state.offsets[i] = (off, n)
+        off += n
+
+
+def _socket_reduce(a, buf):
+    """Averages buf over the ranks through the socket, in pieces of at most max_elements values."""
     src = buf.detach().to("cpu").contiguous().view(-1).numpy()
     n, step = src.size, a.max_elements
     out = torch.futures.Future()

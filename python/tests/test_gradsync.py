@@ -78,6 +78,16 @@ class TestThroughWorkers(unittest.TestCase):
         for r in (0, 1):
             self.assertIn("DDPHOOK OK", logs.get(f"rank-{r}.log", ""), logs)
 
+    def test_ddp_comm_hook_compressed(self):
+        p, logs = run_local("ddphook_entry.py", extra_env={"DDPHOOK_COMPRESS": "powersgd"},
+                            args=("--compress", "powersgd:rank=1,start_iter=3"))
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr + str(logs))
+        for r in (0, 1):
+            self.assertIn("DDPHOOK OK", logs.get(f"rank-{r}.log", ""), logs)
+        ratio = [json.loads(line)["compression_ratio"] for line in p.stdout.splitlines()
+                 if line.startswith("{") and '"compression_ratio"' in line]
+        self.assertTrue(ratio and ratio[-1] > 1.5, "no compression ratio in the result: " + p.stdout)
+
     def test_broadcast_optimizer_state(self):
         p, logs = run_local("optstate_entry.py")
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr + str(logs))
