@@ -450,6 +450,8 @@ func (s *Server) explain(ctx context.Context, seq int64, what string, err error,
 		return status.Newf(codes.Unavailable, "%s %d: peer rank %d is gone: %v", what, seq, pe.Rank, err)
 	case errors.Is(err, aggregator.ErrUnexpectedFrame):
 		return status.Newf(codes.FailedPrecondition, "%s %d: the ranks disagree about this call (another kind, length or root at the same number): %v", what, seq, err)
+	case errors.Is(ctx.Err(), context.Canceled):
+		return status.Newf(codes.Canceled, "%s %d: the script's call was cancelled (it exited or dropped its connection) before the collective completed: %v", what, seq, err)
 	case ctx.Err() != nil && silent:
 		left := (s.cfg.Ring.Rank() + s.cfg.Ring.Size() - 1) % s.cfg.Ring.Size()
 		at := ""

@@ -210,7 +210,7 @@ func (c *Core) Step(in Input) ([]Action, error) {
 				realClients: in.RealClients, minIdle: in.StepTimeoutSeconds / 2, resumeFrom: in.ResumeFrom, stages: in.Stages,
 				labelShards: in.LabelShards, tensor: in.Tensor}
 		}
-		c.jobs[in.Job].memory = in.Memory
+		c.jobs[in.Job].memory, c.jobs[in.Job].entrypoint = in.Memory, in.Entrypoint
 		if !slices.ContainsFunc(c.queue, func(p Pending) bool { return p.Job == in.Job }) {
 			c.queue = append(c.queue, Pending{Job: in.Job, Workers: in.Workers, Entrypoint: in.Entrypoint, Memory: in.Memory})
 		}

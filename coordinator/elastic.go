@@ -247,6 +247,9 @@ func (c *Core) started(out []Action, in Started) ([]Action, error) {
 // job fails with the rank's own error only if nothing else happens
 // within the heartbeat timeout.
 func (c *Core) rankFailed(out []Action, j *Job, in TaskDone, msg string) []Action {
+	if in.CommandFailed {
+		return c.commandFailed(out, j, in, msg)
+	}
 	rank, why, ok := j.rec.RingFailed(j.Generation, len(j.Members), in.Rank, in.Links, j.minIdle)
 	var w *Worker
 	if ok {
@@ -268,6 +271,27 @@ func (c *Core) rankFailed(out []Action, j *Job, in TaskDone, msg string) []Actio
 	}
 	if w.Job == j.ID {
 		out = append(out, CancelTask{Job: j.ID, Worker: w.ID, Reason: "evicted: " + reason})
+	}
+	c.release(j.ID, []string{w.ID})
+	return out
+}
+
+// commandFailed takes the failure of an entrypoint rank's own command
+// (it crashed, exited non-zero or hung while its ring was whole): there
+// is nothing to wait for. An elastic job evicts the rank's worker, as a
+// worker cut off from its ring is, and recovers without it — its
+// commands restart, with the new generation, on the survivors and idle
+// workers that run commands; any other job fails at once, naming it.
+func (c *Core) commandFailed(out []Action, j *Job, in TaskDone, msg string) []Action {
+	w := c.workers[in.Worker]
+	if w == nil || !j.elastic() {
+		return c.end(out, j, pb.JobState_JOB_STATE_FAILED, msg, nil)
+	}
+	j.rec.Evict(w.ID) // never taken back into this job
+	reason := fmt.Sprintf("its command failed (rank %d): %s", in.Rank, in.Error)
+	out, ok := c.recover(out, j, &lostWorker{id: w.ID, address: w.Address, silent: in.At.Sub(w.Seen)}, reason, msg)
+	if !ok {
+		out = c.end(out, j, pb.JobState_JOB_STATE_FAILED, msg, nil)
 	}
 	c.release(j.ID, []string{w.ID})
 	return out

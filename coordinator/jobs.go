@@ -61,6 +61,9 @@ type Job struct {
 	// memory is what each rank needs of its worker's memory (rank r:
 	// memory[r mod len]; nil: nothing stated), for new generations.
 	memory []Need
+	// entrypoint: the job runs a user's command, so its new generations
+	// go only to workers that run commands.
+	entrypoint bool
 }
 
 // Stopping lists the workers whose task of the ended job has not yet
@@ -91,15 +94,18 @@ type Prepared struct {
 
 // TaskDone: Worker's task of rank Rank of generation Generation of Job
 // ended, with Error ("" it finished, with Result). Links is a ring
-// rank's frame counts when it failed.
+// rank's frame counts when it failed. CommandFailed: an entrypoint
+// rank's own command failed while its ring was whole (the cause of the
+// failure, not a victim of another rank's).
 type TaskDone struct {
-	At          time.Time
-	Worker, Job string
-	Generation  uint64
-	Rank        int
-	Error       string
-	Result      *pb.JobResult
-	Links       *pb.RingLinks
+	At            time.Time
+	Worker, Job   string
+	Generation    uint64
+	Rank          int
+	Error         string
+	Result        *pb.JobResult
+	Links         *pb.RingLinks
+	CommandFailed bool
 }
 
 // Cancel: a user cancels Job (Reason optional).

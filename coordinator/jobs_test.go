@@ -149,7 +149,7 @@ func TestElasticGrowsBackOntoIdleWorker(t *testing.T) {
 		coordinator.Recovered{Job: "j", Generation: 2, Outcome: coordinator.Outcome{
 			Message: "recovered from the loss of w2 in 3.0s: generation 2 training again from step 10 (about 0 steps redone)",
 			Record: map[string]any{"kind": "recovered", "time": "2026-01-02T03:04:11Z", "lost_worker": "w2", "recovery_seconds": 3.0,
-				"generation": uint64(2), "last_step_before": int64(0), "checkpoint": "ckpt-10", "steps_redone": int64(0)},
+				"generation": uint64(2), "last_step_before": int64(0), "checkpoint": "ckpt-10", "steps_redone": int64(0), "first_step_reported": int64(12)},
 			Seconds: 3}})
 	step(t, c, hello(7, "w5"), coordinator.Welcome{Worker: "w5"}, coordinator.PinCheckpoint{Job: "j", Generation: 3})
 	step(t, c, coordinator.Pinned{At: at(7.5), Job: "j"}, recovering(3, []string{"w0", "w1"}, []string{"w0", "w1", "w4"}, 12, "ckpt-10",
@@ -401,4 +401,63 @@ func TestLostPipelineStageIsNamed(t *testing.T) {
 			t.Errorf("running %v: actions %+v; want EndJob FAILED %q", run, acts, want)
 		}
 	}
+}
+
+// TestCommandFailed: an entrypoint rank whose own command failed (its
+// ring whole) is the cause. An elastic job evicts its worker and
+// recovers at once on the workers that run commands — never on one that
+// does not, even when it is idle; any other job fails at once naming the
+// rank, without waiting for the heartbeat timeout.
+func TestCommandFailed(t *testing.T) {
+	c := coordinator.NewCore(5 * time.Second)
+	runs := &pb.Resources{AllowsEntrypoints: true}
+	for _, id := range []string{"w0", "w1", "w2", "w3"} {
+		h := hello(0, id)
+		if id != "w3" { // w3 does not run commands
+			h.Resources = runs
+		}
+		step(t, c, h, coordinator.Welcome{Worker: id})
+	}
+	step(t, c, coordinator.Submit{At: at(0.5), Job: "j", Workers: 3, MinWorkers: 2, Mode: "ring", StepTimeoutSeconds: 10, Entrypoint: true},
+		coordinator.Place{Job: "j", Workers: []string{"w0", "w1", "w2"}})
+	step(t, c, coordinator.Prepared{At: at(1), Job: "j"},
+		append([]coordinator.Action{coordinator.SetState{Job: "j", State: running, Message: "running on 3 worker(s)", Workers: []string{"w0", "w1", "w2"}}},
+			assigns("j", 1, "w0", "w1", "w2")...)...)
+	// w0's script saw the ring break (a victim): that waits.
+	step(t, c, coordinator.TaskDone{At: at(4), Worker: "w0", Job: "j", Generation: 1, Rank: 0, Error: "peer rank 1 is gone"})
+	// w1's own command crashed: evicted, recovery at once — on w0 and
+	// w2 only: the idle w3 runs no commands.
+	step(t, c, coordinator.TaskDone{At: at(4.1), Worker: "w1", Job: "j", Generation: 1, Rank: 1, Error: "exited with status 1", CommandFailed: true},
+		coordinator.PinCheckpoint{Job: "j", Generation: 2})
+	wantWorker(t, c, "w1", pb.WorkerState_WORKER_STATE_IDLE, "")
+	step(t, c, coordinator.Pinned{At: at(4.2), Job: "j"}, recovering(2, []string{"w0", "w2"}, []string{"w0", "w2"}, 0, "",
+		coordinator.Recovering{Job: "j", Lost: "w1", Address: "w1:1", Reason: "its command failed (rank 1): exited with status 1",
+			Generation: 2, Workers: 2, Before: 2})...)
+	wantWorker(t, c, "w3", pb.WorkerState_WORKER_STATE_IDLE, "")
+	// The heartbeat timeout after the victim's report fails nothing.
+	for _, id := range []string{"w0", "w1", "w2", "w3"} {
+		step(t, c, coordinator.Heard{At: at(9.5), Worker: id})
+	}
+	step(t, c, coordinator.Tick{At: at(9.6)})
+	if j, _ := c.Job("j"); j.State != running || j.Generation != 2 {
+		t.Fatalf("job %+v; want generation 2 running", j)
+	}
+
+	// Not elastic: failed at once, naming the rank.
+	c = coordinator.NewCore(5 * time.Second)
+	for _, id := range []string{"w0", "w1", "w2"} {
+		h := hello(0, id)
+		h.Resources = runs
+		step(t, c, h, coordinator.Welcome{Worker: id})
+	}
+	step(t, c, coordinator.Submit{At: at(0.5), Job: "r", Workers: 3, MinWorkers: 3, Mode: "ring", Entrypoint: true},
+		coordinator.Place{Job: "r", Workers: []string{"w0", "w1", "w2"}})
+	step(t, c, coordinator.Prepared{At: at(1), Job: "r"},
+		append([]coordinator.Action{coordinator.SetState{Job: "r", State: running, Message: "running on 3 worker(s)", Workers: []string{"w0", "w1", "w2"}}},
+			assigns("r", 1, "w0", "w1", "w2")...)...)
+	step(t, c, coordinator.TaskDone{At: at(4), Worker: "w2", Job: "r", Generation: 1, Rank: 2, Error: "boom", CommandFailed: true},
+		coordinator.EndJob{Job: "r", State: failed, Message: "rank 2 (worker w2): boom", Running: true},
+		coordinator.CancelTask{Job: "r", Worker: "w0", Reason: "rank 2 (worker w2): boom"},
+		coordinator.CancelTask{Job: "r", Worker: "w1", Reason: "rank 2 (worker w2): boom"},
+		coordinator.CancelTask{Job: "r", Worker: "w2", Reason: "rank 2 (worker w2): boom"})
 }

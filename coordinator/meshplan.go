@@ -28,14 +28,18 @@ func (c *Core) planGeneration(j *Job, lost string, grow bool) ([]string, bool) {
 	return j.rec.PlanStages(survivors, c.Idle(), j.size, j.min, j.stages, grow, held, func(id string, rank int) bool { return c.fits(j, id, rank) })
 }
 
-// fits reports whether worker id offers what rank rank of j needs of its
+// fits reports whether worker id may hold rank rank of j: it runs
+// commands if j runs one, and it offers what the rank needs of its
 // memory (a worker that reports none, or a job that states no need,
 // fits).
 func (c *Core) fits(j *Job, id string, rank int) bool {
+	w := c.workers[id]
+	if j.entrypoint && w != nil && !w.Resources.GetAllowsEntrypoints() {
+		return false
+	}
 	if len(j.memory) == 0 {
 		return true
 	}
-	w := c.workers[id]
 	return w == nil || w.Memory == 0 || j.memory[rank%len(j.memory)].Bytes <= w.Memory
 }
 

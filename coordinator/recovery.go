@@ -262,10 +262,11 @@ func (r *Recovery) Started(now time.Time, st *pb.TaskStarted, workers int) (Outc
 	return Outcome{Message: msg, Record: rec, Seconds: took}, true
 }
 
-// Progressed takes generation gen's first progress report at now, for
-// workers that did not say where their state came from: it ends a
+// Progressed takes generation gen's first progress report at now (of
+// step step), for workers that did not say where their state came from
+// (an entrypoint's command resumes from what it saved itself): it ends a
 // rejoin, and then says what to announce.
-func (r *Recovery) Progressed(now time.Time, gen uint64, workers int) (Outcome, bool) {
+func (r *Recovery) Progressed(now time.Time, gen uint64, workers int, step int64) (Outcome, bool) {
 	rc := r.rejoin
 	if rc == nil {
 		return Outcome{}, false
@@ -273,15 +274,20 @@ func (r *Recovery) Progressed(now time.Time, gen uint64, workers int) (Outcome, 
 	r.rejoin = nil
 	took := now.Sub(rc.at).Seconds()
 	redone := max(rc.lastStep-rc.fromStep, 0)
-	msg := fmt.Sprintf("recovered from the loss of %s in %.1fs: generation %d training again from step %d (about %d steps redone)",
-		rc.lost, took, gen, rc.fromStep, redone)
+	what := fmt.Sprintf("training again from step %d (about %d steps redone)", rc.fromStep, redone)
+	if rc.fromStep == 0 && step > 1 {
+		// No checkpoint, yet not from scratch: from a state of its own
+		// (an entrypoint's command loads what it saved).
+		what = fmt.Sprintf("training again: its first report is of step %d (the last before the loss: %d)", step, rc.lastStep)
+		redone = max(rc.lastStep-step+1, 0)
+	}
+	msg := fmt.Sprintf("recovered from the loss of %s in %.1fs: generation %d %s", rc.lost, took, gen, what)
 	if rc.lost == "" {
-		msg = fmt.Sprintf("grew to %d workers in %.1fs: generation %d training again from step %d (about %d steps redone)",
-			workers, took, gen, rc.fromStep, redone)
+		msg = fmt.Sprintf("grew to %d workers in %.1fs: generation %d %s", workers, took, gen, what)
 	}
 	rec := map[string]any{"kind": "recovered", "time": stamp(now), "lost_worker": rc.lost,
 		"recovery_seconds": took, "generation": gen, "last_step_before": rc.lastStep, "checkpoint": rc.from,
-		"steps_redone": redone}
+		"steps_redone": redone, "first_step_reported": step}
 	return Outcome{Message: msg, Record: rec, Seconds: took}, true
 }
 

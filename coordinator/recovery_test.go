@@ -59,7 +59,7 @@ func TestRecoveryFromMemory(t *testing.T) {
 	if _, again := r.Started(at(5), &pb.TaskStarted{Generation: 2, Source: "memory", Step: 29}, 3); again {
 		t.Error("a second TaskStarted ended a rejoin again")
 	}
-	if _, again := r.Progressed(at(5), 2, 3); again {
+	if _, again := r.Progressed(at(5), 2, 3, 30); again {
 		t.Error("progress after the rejoin ended it again")
 	}
 }
@@ -70,7 +70,7 @@ func TestRecoveryFromMemory(t *testing.T) {
 func TestRecoveryFromCheckpointByProgress(t *testing.T) {
 	var r coordinator.Recovery
 	r.Begin(at(10), "w1", 5*time.Second, 47, "/runs/j/checkpoints/pinned/g2/ckpt-00000040")
-	out, ended := r.Progressed(at(12), 2, 2)
+	out, ended := r.Progressed(at(12), 2, 2, 41)
 	if !ended {
 		t.Fatal("progress did not end the rejoin")
 	}
@@ -79,6 +79,19 @@ func TestRecoveryFromCheckpointByProgress(t *testing.T) {
 	}
 	if out.Record["checkpoint"] != "/runs/j/checkpoints/pinned/g2/ckpt-00000040" || out.Record["steps_redone"] != int64(7) {
 		t.Errorf("record %v", out.Record)
+	}
+}
+
+// TestRecoveryFromOwnStateByProgress: with no checkpoint, a generation
+// whose first report is of a later step went on from a state of its own
+// (an entrypoint's command loaded what it saved): the message says so.
+func TestRecoveryFromOwnStateByProgress(t *testing.T) {
+	var r coordinator.Recovery
+	r.Begin(at(10), "w1", time.Second, 12, "")
+	out, ended := r.Progressed(at(12), 2, 2, 9)
+	if !ended || !strings.Contains(out.Message, "its first report is of step 9 (the last before the loss: 12)") ||
+		out.Record["steps_redone"] != int64(4) || out.Record["first_step_reported"] != int64(9) {
+		t.Errorf("ended %v, message %q, record %v", ended, out.Message, out.Record)
 	}
 }
 

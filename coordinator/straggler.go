@@ -128,7 +128,7 @@ func (c *Core) progress(out []Action, in Progress) []Action {
 		return out
 	}
 	j.steps[in.Rank] = in.Step
-	if o, ended := j.rec.Progressed(in.At, j.Generation, len(j.Members)); ended {
+	if o, ended := j.rec.Progressed(in.At, j.Generation, len(j.Members), in.Step); ended {
 		out = append(out, Recovered{Job: j.ID, Generation: j.Generation, Outcome: o})
 	}
 	n := len(j.Members)

@@ -71,9 +71,6 @@ func normalizeEntrypoint(s *pb.JobSpec) error {
 	if s.Mode != "ring" {
 		return errf("mode", "entrypoint jobs in mode %s %s; use mode ring", s.Mode, notImplementedSuffix)
 	}
-	if s.MinWorkers != 0 && s.MinWorkers != s.GetWorkers() {
-		return errf("min_workers", "elastic entrypoint jobs %s", notImplementedSuffix)
-	}
 	if CheckpointsOn(s) {
 		return errf("checkpoint", "checkpoints of entrypoint jobs %s (the script saves its own)", notImplementedSuffix)
 	}

@@ -28,6 +28,12 @@ func TestEntrypoint(t *testing.T) {
 			t.Errorf("compression %s: %v", typ, err)
 		}
 	}
+	// Elastic: its commands restart on a new generation.
+	el := ok()
+	el.MinWorkers = 1
+	if _, err := Normalize(el, nil); err != nil {
+		t.Errorf("min_workers 1: %v", err)
+	}
 	for _, c := range []struct {
 		edit  func(*pb.JobSpec)
 		field string
@@ -39,7 +45,6 @@ func TestEntrypoint(t *testing.T) {
 		{func(s *pb.JobSpec) { s.Entrypoint.Env["RANK"] = "3" }, "entrypoint.env", "set by the worker"},
 		{func(s *pb.JobSpec) { s.Entrypoint.Env["A=B"] = "3" }, "entrypoint.env", "not a variable name"},
 		{func(s *pb.JobSpec) { s.Mode = "ps" }, "mode", notImplementedSuffix},
-		{func(s *pb.JobSpec) { s.MinWorkers = 1 }, "min_workers", notImplementedSuffix},
 		{func(s *pb.JobSpec) { s.Compression = &pb.CompressionSpec{Type: "zip"} }, "compression", "allowed"},
 		{func(s *pb.JobSpec) { s.Checkpoint = &pb.CheckpointSpec{EverySteps: 10} }, "checkpoint", notImplementedSuffix},
 	} {

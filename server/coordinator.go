@@ -272,7 +272,7 @@ func (s *Server) handleWorkerMessage(c *conn, m *pb.ConnectRequest) {
 		// finished (the job may be done) or failed.
 		d := m.Done
 		err := s.stepLocked(coordinator.TaskDone{At: now, Worker: id, Job: d.GetJobId(), Generation: d.GetGeneration(), Rank: int(d.GetRank()),
-			Error: d.GetError(), Result: d.GetResult(), Links: d.GetRingLinks()})
+			Error: d.GetError(), Result: d.GetResult(), Links: d.GetRingLinks(), CommandFailed: d.GetCommandFailed()})
 		if err != nil {
 			s.log.Warn("worker reported on a rank it does not hold", "worker", id, "job", d.GetJobId(), "rank", d.GetRank())
 		}

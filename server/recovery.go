@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gradsync/gradsync/coordinator"
+	"github.com/gradsync/gradsync/jobspec"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -41,7 +42,10 @@ func (s *Server) pinCheckpointLocked(e *jobEntry, a coordinator.PinCheckpoint) {
 func (s *Server) recoveringLocked(e *jobEntry, a coordinator.Recovering) {
 	j := e.job
 	from := "the ranks' in-memory snapshots (no checkpoint)"
-	if a.Checkpoint != "" {
+	switch {
+	case jobspec.IsEntrypoint(j.Spec):
+		from = "the state its command saved (every rank's command restarts)"
+	case a.Checkpoint != "":
 		from = "the ranks' in-memory snapshots or " + a.Checkpoint
 	}
 	var msg string

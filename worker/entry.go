@@ -14,6 +14,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/gradsync/gradsync/agent"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/jobspec"
@@ -103,6 +106,11 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 			"RANK": strconv.Itoa(int(a.Rank)), "WORLD_SIZE": strconv.Itoa(int(a.WorldSize)),
 			"LOCAL_RANK": strconv.Itoa(localRank), "LOCAL_WORLD_SIZE": strconv.Itoa(localWorld),
 			"GRADSYNC_AGENT": sock.Path, "GRADSYNC_JOB_ID": a.JobId,
+			// The generation (1 at the start, one more for each elastic
+			// restart) and, for scripts written for torchrun, its restart
+			// count: a restarted script loads the state it saved.
+			"GRADSYNC_GENERATION":        strconv.FormatUint(a.Generation, 10),
+			"TORCHELASTIC_RESTART_COUNT": strconv.FormatUint(max(a.Generation, 1)-1, 10),
 		}),
 		logPath: logPath,
 		grace:   entryTermGrace,
@@ -129,11 +137,20 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 			return nil, fmt.Errorf("entrypoint stopped: %w", ctx.Err())
 		}
 		msg := fmt.Sprintf("rank %d on worker %s: %v", a.Rank, env.worker, err)
-		if aerr := srv.Err(); aerr != nil && hung == nil {
+		aerr := srv.Err()
+		if aerr != nil && hung == nil {
 			msg += fmt.Sprintf(" (the agent's ring failed first: %v)", aerr)
 		}
 		if tail := p.stderrTail(); tail != "" {
 			msg += "; last lines of its stderr:\n" + tail
+		}
+		// A call of its own that it cancelled by exiting leaves the
+		// agent failed with Canceled: the ring was not at fault.
+		ringFailed := aerr != nil && status.Code(aerr) != codes.Canceled
+		if hung != nil || (!ringFailed && jr.brokenErr() == nil) {
+			// Its own command failed while its ring was whole (or it
+			// hung while its peers waited): the cause, not a victim.
+			return nil, &commandFailed{msg: msg}
 		}
 		return nil, errors.New(msg)
 	}
@@ -141,6 +158,13 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 	res.WallSeconds = time.Since(start).Seconds()
 	return res, nil
 }
+
+// commandFailed is the error of an entrypoint rank whose own command
+// failed (TaskDone.command_failed): it exited non-zero or crashed while
+// its ring was whole, or it hung while its peers waited.
+type commandFailed struct{ msg string }
+
+func (e *commandFailed) Error() string { return e.msg }
 
 // hungScript is why the watcher stopped a script: its peers broke the
 // ring while it had made no collective call for over half the step

@@ -240,6 +240,10 @@ func joinRing(ctx context.Context, a *pb.Assignment, env *taskEnv) (*joinedRing,
 	return jr, nil
 }
 
+// brokenErr is why the gRPC ring broke out of order (a neighbour left
+// it), nil while it is whole.
+func (j *joinedRing) brokenErr() error { return j.grpc.BrokenErr() }
+
 // leave leaves the ring gracefully: the neighbours may still need the
 // last frames; the gRPC ring's Shutdown waits for them (bounded), then
 // closes.

@@ -385,6 +385,9 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 				if rf := (*ringFailure)(nil); errors.As(err, &rf) {
 					done.RingLinks = rf.links
 				}
+				if cf := (*commandFailed)(nil); errors.As(err, &cf) {
+					done.CommandFailed = true
+				}
 				if err != nil {
 					if tctx.Err() != nil {
 						// Cancelled: say so once the task has let go of
@@ -393,7 +396,7 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 						// when the job has stopped. The coordinator
 						// ignores it as a report on the job otherwise.
 						w.log.Info("task stopped", "job", a.JobId, "rank", a.Rank, "err", err)
-						done.Error, done.RingLinks = "stopped: "+err.Error(), nil
+						done.Error, done.RingLinks, done.CommandFailed = "stopped: "+err.Error(), nil, false
 						rep.send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Done{Done: done}})
 						return
 					}

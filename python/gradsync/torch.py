@@ -25,6 +25,7 @@ does. The script does nothing differently; gradsync.torch.compression() names it
 """
 
 import io
+import os
 import threading
 
 import numpy as np
@@ -159,6 +160,39 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
             raise ValueError("gradsync: broadcast_optimizer_state: rank %d's optimiser has other parameter "
                              "groups than rank %d's" % (a.rank, root_rank))
         opt.load_state_dict(sd)
+
+
+def save_checkpoint(state, path, root_rank=0):
+    """Saves state (any object torch.save takes: model and optimiser state_dicts, the step, ...)
+    to path on root_rank, atomically: written beside it and renamed, so a crash mid-save leaves
+    the previous one whole. The other ranks do nothing. With load_checkpoint, torchrun's contract
+    for elastic jobs: a script that gradsync restarts (GRADSYNC_GENERATION above 1, and
+    TORCHELASTIC_RESTART_COUNT above 0) goes on from the state it saved."""
+    if _a().rank != root_rank:
+        return
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, root_rank=0):
+    """The state save_checkpoint saved at path, or None where there is none, on every rank: root_rank
+    reads the file and broadcasts it, so all ranks go on from the same state even where path is
+    not on a filesystem they share. Every rank must call it."""
+    a = _a()
+    payload = b""
+    if a.rank == root_rank and os.path.exists(path):
+        with open(path, "rb") as f:
+            payload = f.read()
+    data = _broadcast_bytes(a, payload, root_rank)
+    if not data:
+        return None
+    return torch.load(io.BytesIO(data), map_location="cpu")
 
 
 def init_ddp_process_group():

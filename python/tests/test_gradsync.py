@@ -108,6 +108,21 @@ class TestThroughWorkers(unittest.TestCase):
                          if line.startswith("{") and '"compression_ratio"' in line]
                 self.assertTrue(ratio and ratio[-1] > 1.5, "no compression ratio in the result: " + p.stdout)
 
+    def test_elastic_restart_after_script_killed(self):
+        # 3 workers, at least 2: rank 1's script kills itself (SIGKILL) in generation 1; its
+        # worker is evicted and every script restarts on the other two from the saved state.
+        with tempfile.TemporaryDirectory() as d:
+            job = os.path.join(d, "job.yaml")
+            with open(job, "w") as f:
+                f.write("workers: 3\nmin_workers: 2\n")
+            p, logs = run_local("elastic_entry.py", workers=3, extra_env={"ELASTIC_DIR": d}, args=("-f", job))
+        out = p.stdout + p.stderr
+        self.assertEqual(p.returncode, 0, out + str(logs))
+        self.assertIn("SUCCEEDED", out)
+        self.assertIn("its command failed (rank 1)", out)
+        self.assertIn("killing myself at step 8", str(logs))
+        self.assertRegex(logs.get("rank-0.log", ""), r"ELASTIC OK generation=2 size=2 start=(8|9)", logs)
+
     def test_hung_rank_named(self):
         # Rank 1 stops calling; rank 0's all-reduce fails at the step timeout naming rank 1.
         p, logs = run_local("hang_entry.py", args=("--step-timeout", "3"))

@@ -1103,7 +1103,13 @@ type TaskDone struct {
 	Generation uint64 `protobuf:"varint,5,opt,name=generation,proto3" json:"generation,omitempty"`
 	// Ring mode, on failure: this rank's frame counts on its ring links, so
 	// that the coordinator can tell which link lost frames.
-	RingLinks     *RingLinks `protobuf:"bytes,6,opt,name=ring_links,json=ringLinks,proto3" json:"ring_links,omitempty"`
+	RingLinks *RingLinks `protobuf:"bytes,6,opt,name=ring_links,json=ringLinks,proto3" json:"ring_links,omitempty"`
+	// An entrypoint rank whose own command failed — it exited non-zero,
+	// crashed, or hung while its peers waited — while its ring was whole:
+	// the cause, not a victim of another rank's failure. The coordinator
+	// evicts its worker from an elastic job and recovers without it, and
+	// fails any other job at once, naming it.
+	CommandFailed bool `protobuf:"varint,7,opt,name=command_failed,json=commandFailed,proto3" json:"command_failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1178,6 +1184,13 @@ func (x *TaskDone) GetRingLinks() *RingLinks {
 		return x.RingLinks
 	}
 	return nil
+}
+
+func (x *TaskDone) GetCommandFailed() bool {
+	if x != nil {
+		return x.CommandFailed
+	}
+	return false
 }
 
 // RingLinks counts the frames of one rank's ring (one generation): every
@@ -1352,7 +1365,7 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"updateNorm\x12F\n" +
 	"\x10label_histograms\x18\x05 \x03(\v2\x1b.gradsync.v1.LabelHistogramR\x0flabelHistograms\"(\n" +
 	"\x0eLabelHistogram\x12\x16\n" +
-	"\x06counts\x18\x01 \x03(\x05R\x06counts\"\xd2\x01\n" +
+	"\x06counts\x18\x01 \x03(\x05R\x06counts\"\xf9\x01\n" +
 	"\bTaskDone\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x14\n" +
@@ -1362,7 +1375,8 @@ const file_gradsync_v1_coordinator_proto_rawDesc = "" +
 	"generation\x18\x05 \x01(\x04R\n" +
 	"generation\x125\n" +
 	"\n" +
-	"ring_links\x18\x06 \x01(\v2\x16.gradsync.v1.RingLinksR\tringLinks\"\x81\x01\n" +
+	"ring_links\x18\x06 \x01(\v2\x16.gradsync.v1.RingLinksR\tringLinks\x12%\n" +
+	"\x0ecommand_failed\x18\a \x01(\bR\rcommandFailed\"\x81\x01\n" +
 	"\tRingLinks\x12\x1f\n" +
 	"\vframes_sent\x18\x01 \x01(\x03R\n" +
 	"framesSent\x12'\n" +
