@@ -14,7 +14,8 @@ import (
 
 // Failures of entrypoint jobs (a user's command on every worker): a
 // script killed with kill -9, and a worker process killed with kill -9,
-// end a non-elastic job FAILED within 10 s, naming the rank.
+// end a non-elastic job FAILED within 10 s, naming the rank; an elastic
+// one restarts its commands on the workers left and succeeds.
 
 // startEntryWorker starts a worker that runs entrypoint commands (their
 // logs under the server's runs directory) and waits until the server
@@ -170,4 +171,59 @@ func procState(pid int) string {
 		return ""
 	}
 	return s[i+2 : i+3]
+}
+
+// TestEntrypointElasticWorkerKilled: kill -9 of the worker of rank 1 of
+// an elastic entrypoint job (3 workers, at least 2): every rank's command
+// restarts on the two others as generation 2, with a world of 2, and the
+// job SUCCEEDS.
+func TestEntrypointElasticWorkerKilled(t *testing.T) {
+	skipIfShort(t)
+	ctx := testCtx(t, 120*time.Second)
+	dir := t.TempDir()
+	s := startServer(ctx, t, "127.0.0.1:0", filepath.Join(dir, "data"), filepath.Join(dir, "runs"))
+	procs := map[string]*proc{}
+	for _, id := range []string{"ep-w0", "ep-w1", "ep-w2"} {
+		procs[id] = s.startEntryWorker(ctx, t, id)
+	}
+	script := filepath.Join(dir, "elastic.sh")
+	if err := os.WriteFile(script, []byte(fmt.Sprintf(`echo "rank $RANK of $WORLD_SIZE, generation $GRADSYNC_GENERATION" >&2
+if [ "$GRADSYNC_GENERATION" = 1 ]; then
+  echo $$ > %[1]s/pid-$RANK.tmp && mv %[1]s/pid-$RANK.tmp %[1]s/pid-$RANK
+  exec sleep 600
+fi
+echo "$WORLD_SIZE $TORCHELASTIC_RESTART_COUNT" > %[1]s/gen2-$RANK
+`, dir)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	jobFile := filepath.Join(dir, "job.yaml")
+	if err := os.WriteFile(jobFile, []byte("workers: 3\nmin_workers: 2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	job := s.submit(ctx, t, "-f", jobFile, "--entrypoint", "/bin/sh "+script)
+	watch := start(t, "watch", "watch", job.ID, "--json", "--server", s.addr)
+	for r := range 3 {
+		waitPid(ctx, t, dir, r)
+	}
+	ids := s.jobs(ctx, t)[job.ID].WorkerIDs
+	if len(ids) != 3 {
+		t.Fatalf("job workers %v", ids)
+	}
+	procs[ids[1]].signal(t, syscall.SIGKILL)
+	if code := watch.wait(ctx, t); code != 0 {
+		t.Errorf("watch of the job: exit %d, want 0; its output:\n%s", code, watch.stdout.all())
+	}
+	sum := parseSummary(t, watch.stdout.all())
+	if sum.State != "SUCCEEDED" {
+		t.Fatalf("state %s, message %q: want SUCCEEDED", sum.State, sum.Message)
+	}
+	for r := range 2 {
+		b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("gen2-%d", r)))
+		if err != nil || strings.TrimSpace(string(b)) != "2 1" {
+			t.Errorf("rank %d of generation 2: %q, %v; want world 2, restart count 1", r, b, err)
+		}
+	}
+	if out := strings.Join(watch.stdout.all(), "\n"); !strings.Contains(out, "recover") {
+		t.Errorf("watch output says nothing of a recovery:\n%s", out)
+	}
 }
