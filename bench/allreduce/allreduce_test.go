@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/gradsync/gradsync/aggregator"
 )
 
 // childEnv makes this test binary act as a rank process (the helper
@@ -174,4 +176,50 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// TestAlgorithms: every algorithm, auto included, runs interleaved on the
+// transports that carry them, each on its own line naming what ran and
+// the model's pick; the process transports refuse them.
+func TestAlgorithms(t *testing.T) {
+	algos := []aggregator.Algorithm{aggregator.AlgoRing, aggregator.AlgoHalvingDoubling, aggregator.AlgoTree, aggregator.AlgoAuto}
+	o := Options{Ranks: 3, Sizes: []int64{4 << 10, 1 << 20}, Reps: 2, Warmup: 1, Algorithms: algos}
+	runs := map[string]func(context.Context, Options) ([]Result, error){TransportMem: RunMem}
+	if runtime.GOOS == "linux" {
+		runs[TransportSHMPairs] = RunSHMPairs
+	}
+	for transport, run := range runs {
+		rs, err := run(t.Context(), o)
+		if err != nil {
+			t.Fatalf("%s: %v", transport, err)
+		}
+		if len(rs) != len(o.Sizes)*len(algos) {
+			t.Fatalf("%s: %d results, want %d: %+v", transport, len(rs), len(o.Sizes)*len(algos), rs)
+		}
+		for i, r := range rs {
+			want := algos[i%len(algos)]
+			if r.Transport != transport || r.Algorithm != want.String() || r.TimeMS <= 0 || r.ModelPick == "" || r.ModelMS <= 0 {
+				t.Errorf("%s: result %d: %+v", transport, i, r)
+			}
+			if want == aggregator.AlgoAuto && r.Ran != r.ModelPick {
+				t.Errorf("%s: auto ran %s, the model picks %s", transport, r.Ran, r.ModelPick)
+			}
+		}
+	}
+	_, err := RunParent(t.Context(), ParentOptions{Transport: TransportGRPC, Options: o}, os.Args[0], nil)
+	if err == nil || !strings.Contains(err.Error(), "runs the ring only") {
+		t.Errorf("grpc with peer algorithms: %v, want a refusal", err)
+	}
+}
+
+func TestParseAlgorithms(t *testing.T) {
+	got, err := ParseAlgorithms("ring,halving_doubling,tree,auto")
+	if err != nil || len(got) != 4 || got[1] != aggregator.AlgoHalvingDoubling {
+		t.Fatalf("%v, %v", got, err)
+	}
+	for _, bad := range []string{"ring,ring", "nccl", "ring,"} {
+		if _, err := ParseAlgorithms(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
 }

@@ -1,0 +1,75 @@
+package aggregator_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/gradsync/gradsync/aggregator"
+)
+
+func TestParseAlgorithm(t *testing.T) {
+	for _, name := range aggregator.AlgorithmNames {
+		a, err := aggregator.ParseAlgorithm(name)
+		if err != nil || a.String() != name {
+			t.Errorf("%q: %v, %v", name, a, err)
+		}
+	}
+	if a, err := aggregator.ParseAlgorithm(""); err != nil || a != aggregator.AlgoAuto {
+		t.Errorf(`"": %v, %v; want auto`, a, err)
+	}
+	if _, err := aggregator.ParseAlgorithm("nccl"); err == nil {
+		t.Error("nccl accepted")
+	}
+}
+
+// TestFitCost: a least-squares fit recovers α and β from exact points.
+func TestFitCost(t *testing.T) {
+	alpha, perByte := 40*time.Microsecond, 0.5e-9 // 2 GB/s
+	var bytes []int
+	var took []time.Duration
+	for _, b := range []int{0, 4 << 10, 256 << 10, 4 << 20} {
+		bytes = append(bytes, b)
+		took = append(took, alpha+time.Duration(float64(b)*perByte*1e9))
+	}
+	m, err := aggregator.FitCost(bytes, took)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := m.Alpha - alpha; d < -time.Microsecond || d > time.Microsecond {
+		t.Errorf("alpha %v, want %v", m.Alpha, alpha)
+	}
+	if got := m.PerByte(); got < 0.49e-9 || got > 0.51e-9 {
+		t.Errorf("beta %g s/B, want %g", got, perByte)
+	}
+	if _, err := aggregator.FitCost([]int{8, 8}, took[:2]); err == nil {
+		t.Error("two probes of one size accepted")
+	}
+}
+
+// TestChoose: with a latency-bound model the log-depth algorithms win for
+// small messages on larger worlds, and the ring wins for large ones
+// (it sends the fewest bytes on the critical path); every world and size
+// gets an answer, the same on every call.
+func TestChoose(t *testing.T) {
+	m := aggregator.CostModel{Alpha: 100 * time.Microsecond, Beta: 500 * time.Nanosecond}
+	if a, _ := m.Choose(8, 1024, 0); a == aggregator.AlgoRing {
+		t.Errorf("4 KiB over 8 ranks: picked the ring, want a log-depth algorithm")
+	}
+	if a, _ := m.Choose(4, 16<<20, 0); a != aggregator.AlgoRing {
+		t.Errorf("64 MiB over 4 ranks: picked %v, want ring", a)
+	}
+	for n := 1; n <= 9; n++ {
+		for _, elems := range []int{0, 1, 1000, 1 << 20, 1 << 24} {
+			a, est := m.Choose(n, elems, 0)
+			b, _ := m.Choose(n, elems, 0)
+			if a != b || len(est) != len(aggregator.Algorithms) {
+				t.Fatalf("n=%d elems=%d: %v then %v, %d estimates", n, elems, a, b, len(est))
+			}
+			for _, e := range est {
+				if e.Time < 0 {
+					t.Errorf("n=%d elems=%d: %v estimate %v", n, elems, e.Algo, e.Time)
+				}
+			}
+		}
+	}
+}
