@@ -1,6 +1,8 @@
 package aggregator_test
 
 import (
+	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -72,4 +74,78 @@ func TestChoose(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestCalibrate: every rank gets the same model, fitted from a clock that
+// makes each probe cost exactly α + b·β one way (the clock advances as the
+// probes are sent).
+func TestCalibrate(t *testing.T) {
+	for _, n := range []int{1, 2, 3} {
+		ps := newMemPeers(1)(t, n)
+		var clock fakeClock
+		models := make([]aggregator.CostModel, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i, p := range ps {
+			var now func() time.Time
+			if i == 0 {
+				now = clock.now
+			}
+			cp := &clocked{Peers: p, c: &clock}
+			wg.Go(func() {
+				models[i], errs[i] = aggregator.Calibrate(t.Context(), cp, 1, aggregator.Options{}, now, aggregator.CostMem)
+			})
+		}
+		wg.Wait()
+		for i := range n {
+			if errs[i] != nil {
+				t.Fatalf("n=%d rank %d: %v", n, i, errs[i])
+			}
+			if models[i] != models[0] {
+				t.Errorf("n=%d: rank %d got %+v, rank 0 %+v", n, i, models[i], models[0])
+			}
+		}
+		if n == 1 {
+			if models[0] != aggregator.CostMem {
+				t.Errorf("one rank: %+v, want the fallback", models[0])
+			}
+			continue
+		}
+		if d := models[0].Alpha - 10*time.Microsecond; d < -50*time.Nanosecond || d > 50*time.Nanosecond {
+			t.Errorf("n=%d: alpha %v, want 10µs", n, models[0].Alpha)
+		}
+		if d := models[0].Beta - 1000*time.Nanosecond; d < -10 || d > 10 { // 1 µs per KiB
+			t.Errorf("n=%d: beta %v per KiB, want 1µs", n, models[0].Beta)
+		}
+	}
+}
+
+// fakeClock advances only when a frame is sent: by 10 µs + 1 µs per KiB.
+type fakeClock struct {
+	mu sync.Mutex // guards t
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) advance(bytes int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(10*time.Microsecond + time.Duration(bytes)*time.Microsecond/1024)
+}
+
+type clocked struct {
+	aggregator.Peers
+	c *fakeClock
+}
+
+func (c *clocked) Send(ctx context.Context, to int, f aggregator.Frame) error {
+	if f.Op == aggregator.OpBroadcast && f.Phase == aggregator.PhaseGather && len(f.Data) != 2 {
+		c.c.advance(4 * len(f.Data))
+	}
+	return c.Peers.Send(ctx, to, f)
 }

@@ -90,6 +90,10 @@ type Options struct {
 	// Algorithms are timed interleaved, each on its own lines; empty
 	// means the ring alone. See the package documentation.
 	Algorithms []aggregator.Algorithm
+	// Calibrate (mem, shm-pairs): fit the cost model to probe messages
+	// between ranks 0 and 1 (aggregator.Calibrate) instead of taking the
+	// transport's constants; Model reports the model used.
+	Calibrate bool
 }
 
 // algorithms returns o.Algorithms, or the ring alone.
@@ -114,6 +118,9 @@ func (o Options) ringOnly() bool {
 func ParseAlgorithms(s string) ([]aggregator.Algorithm, error) {
 	var out []aggregator.Algorithm
 	for f := range strings.SplitSeq(s, ",") {
+		if strings.TrimSpace(f) == "" {
+			return nil, fmt.Errorf("allreduce: --algorithm %q: empty name; allowed: %s", s, strings.Join(aggregator.AlgorithmNames, ", "))
+		}
 		a, err := aggregator.ParseAlgorithm(f)
 		if err != nil {
 			return nil, fmt.Errorf("allreduce: --algorithm: %w", err)
@@ -177,15 +184,21 @@ type Result struct {
 	// world, and ModelMS its estimate for Ran, in milliseconds.
 	ModelPick string  `json:"model_pick"`
 	ModelMS   float64 `json:"model_ms"`
-	Ranks     int     `json:"ranks"`
-	SizeBytes int64   `json:"size_bytes"`
-	Elements  int64   `json:"elements"`
-	Reps      int     `json:"reps"`
-	TimeMS    float64 `json:"time_ms"` // median over reps of the slowest rank
-	MinMS     float64 `json:"min_ms"`
-	MaxMS     float64 `json:"max_ms"`
-	AlgBW     float64 `json:"algbw_gbs"` // size / time, GB/s
-	BusBW     float64 `json:"busbw_gbs"` // algbw · 2(n−1)/n
+	// ModelAlphaUS and ModelBetaUSKiB are the cost model's α (µs) and β
+	// (µs per KiB), and
+	// Estimates its estimate of every algorithm (ms).
+	ModelAlphaUS   float64            `json:"model_alpha_us"`
+	ModelBetaUSKiB float64            `json:"model_beta_us_per_kib"`
+	Estimates      map[string]float64 `json:"model_estimates_ms"`
+	Ranks          int                `json:"ranks"`
+	SizeBytes      int64              `json:"size_bytes"`
+	Elements       int64              `json:"elements"`
+	Reps           int                `json:"reps"`
+	TimeMS         float64            `json:"time_ms"` // median over reps of the slowest rank
+	MinMS          float64            `json:"min_ms"`
+	MaxMS          float64            `json:"max_ms"`
+	AlgBW          float64            `json:"algbw_gbs"` // size / time, GB/s
+	BusBW          float64            `json:"busbw_gbs"` // algbw · 2(n−1)/n
 }
 
 // rankTimes is what a child prints per size: its own time of each rep.
@@ -313,7 +326,7 @@ func RunMem(ctx context.Context, o Options) ([]Result, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	if !o.ringOnly() {
+	if !o.ringOnly() || o.Calibrate {
 		return runPeers(ctx, TransportMem, o, aggregator.NewMemPeers(o.Ranks, 4))
 	}
 	rings := aggregator.NewMemRing(o.Ranks, 4)
@@ -334,7 +347,7 @@ func RunMem(ctx context.Context, o Options) ([]Result, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return collect(TransportMem, o, slices.Concat(per...))
+	return collect(TransportMem, o, CostModel(TransportMem), slices.Concat(per...))
 }
 
 // runPeers runs the benchmark with one goroutine per rank of ps, which it
@@ -347,26 +360,28 @@ func runPeers(ctx context.Context, transport string, o Options, ps []aggregator.
 			}
 		}
 	}()
-	model := CostModel(transport)
+	models := make([]aggregator.CostModel, o.Ranks)
 	per := make([][]rankTimes, o.Ranks)
 	errs := make([]error, o.Ranks)
 	var wg sync.WaitGroup
 	for i, p := range ps {
+		models[i] = CostModel(transport)
 		wg.Go(func() {
-			errs[i] = runPeersRank(ctx, p, o, model, func(t rankTimes) error { per[i] = append(per[i], t); return nil })
+			errs[i] = runPeersRank(ctx, p, o, &models[i], func(t rankTimes) error { per[i] = append(per[i], t); return nil })
 		})
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return collect(transport, o, slices.Concat(per...))
+	return collect(transport, o, models[0], slices.Concat(per...))
 }
 
 // runPeersRank runs the whole benchmark on one rank of p, every algorithm
 // of o interleaved rep by rep, and reports each (size, algorithm)'s
 // per-rep times to emit.
-func runPeersRank(ctx context.Context, p aggregator.Peers, o Options, model aggregator.CostModel, emit func(rankTimes) error) error {
+// With o.Calibrate it first replaces *model with the calibrated one.
+func runPeersRank(ctx context.Context, p aggregator.Peers, o Options, model *aggregator.CostModel, emit func(rankTimes) error) error {
 	n := p.Size()
 	ring := aggregator.PeerRing(p)
 	opt := aggregator.Options{MaxFrameElems: o.FrameElems}
@@ -374,6 +389,14 @@ func runPeersRank(ctx context.Context, p aggregator.Peers, o Options, model aggr
 	next := func() int64 { step++; return step }
 	if err := aggregator.Barrier(ctx, ring, next(), opt); err != nil {
 		return err
+	}
+	if o.Calibrate {
+		m, err := aggregator.Calibrate(ctx, p, next(), opt, nil, *model)
+		if err != nil {
+			return err
+		}
+		next() // Calibrate used two steps
+		*model = m
 	}
 	asked := o.algorithms()
 	for _, size := range o.Sizes {
@@ -424,10 +447,9 @@ func runPeersRank(ctx context.Context, p aggregator.Peers, o Options, model aggr
 }
 
 // collect combines every rank's times into one Result per size and
-// algorithm.
-func collect(transport string, o Options, all []rankTimes) ([]Result, error) {
+// algorithm; model is the cost model the ranks used.
+func collect(transport string, o Options, model aggregator.CostModel, all []rankTimes) ([]Result, error) {
 	var out []Result
-	model := CostModel(transport)
 	for _, size := range o.Sizes {
 		for _, algo := range o.algorithms() {
 			r, err := collectOne(transport, o, all, size, algo)
@@ -441,7 +463,11 @@ func collect(transport string, o Options, all []rankTimes) ([]Result, error) {
 				ran = pick
 			}
 			r.Algorithm, r.Ran, r.ModelPick = algo.String(), ran.String(), pick.String()
+			r.ModelAlphaUS = float64(model.Alpha.Nanoseconds()) / 1e3
+			r.ModelBetaUSKiB = float64(model.Beta.Nanoseconds()) / 1e3
+			r.Estimates = make(map[string]float64, len(est))
 			for _, e := range est {
+				r.Estimates[e.Algo.String()] = ms(e.Time)
 				if e.Algo == ran {
 					r.ModelMS = ms(e.Time)
 				}
@@ -717,7 +743,7 @@ func RunParent(ctx context.Context, o ParentOptions, exe string, prefix []string
 	case o.SharedMemory:
 		transport = TransportSHM
 	}
-	return collect(transport, o.Options, all)
+	return collect(transport, o.Options, CostModel(transport), all)
 }
 
 // RunSHMPairs runs the benchmark with o.Ranks ranks as goroutines of this

@@ -90,10 +90,10 @@ func TestProcessesSharedMemory(t *testing.T) {
 // other than the one asked for fails the run.
 func TestCollectRefusesAnotherTransport(t *testing.T) {
 	o := Options{Ranks: 1, Sizes: []int64{4}, Reps: 1}
-	if _, err := collect(TransportSHM, o, []rankTimes{{Rank: 0, SizeBytes: 4, TimesNS: []int64{1}, Transport: TransportGRPC}}); err == nil {
+	if _, err := collect(TransportSHM, o, aggregator.CostSHM, []rankTimes{{Rank: 0, SizeBytes: 4, TimesNS: []int64{1}, Transport: TransportGRPC}}); err == nil {
 		t.Fatal("a gRPC rank's times accepted as shm")
 	}
-	if _, err := collect(TransportSHM, o, []rankTimes{{Rank: 0, SizeBytes: 4, TimesNS: []int64{1}, Transport: TransportSHM}}); err != nil {
+	if _, err := collect(TransportSHM, o, aggregator.CostSHM, []rankTimes{{Rank: 0, SizeBytes: 4, TimesNS: []int64{1}, Transport: TransportSHM}}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -119,12 +119,12 @@ func TestCollectAuto(t *testing.T) {
 		return []rankTimes{{Rank: 0, SizeBytes: 4, TimesNS: []int64{1}, Transport: a}, {Rank: 1, SizeBytes: 4, TimesNS: []int64{2}, Transport: b}}
 	}
 	for _, plane := range []string{TransportGRPC, TransportSHM} {
-		rs, err := collect("", o, times(plane, plane))
+		rs, err := collect("", o, aggregator.CostGRPC, times(plane, plane))
 		if err != nil || len(rs) != 1 || rs[0].Transport != plane {
 			t.Errorf("%s on both ranks: %+v, %v", plane, rs, err)
 		}
 	}
-	if _, err := collect("", o, times(TransportSHM, TransportGRPC)); err == nil {
+	if _, err := collect("", o, aggregator.CostGRPC, times(TransportSHM, TransportGRPC)); err == nil {
 		t.Error("ranks on different data planes accepted")
 	}
 }
@@ -189,6 +189,7 @@ func TestAlgorithms(t *testing.T) {
 		runs[TransportSHMPairs] = RunSHMPairs
 	}
 	for transport, run := range runs {
+		o.Calibrate = transport == TransportSHMPairs
 		rs, err := run(t.Context(), o)
 		if err != nil {
 			t.Fatalf("%s: %v", transport, err)
@@ -200,6 +201,9 @@ func TestAlgorithms(t *testing.T) {
 			want := algos[i%len(algos)]
 			if r.Transport != transport || r.Algorithm != want.String() || r.TimeMS <= 0 || r.ModelPick == "" || r.ModelMS <= 0 {
 				t.Errorf("%s: result %d: %+v", transport, i, r)
+			}
+			if len(r.Estimates) != len(aggregator.Algorithms) || r.ModelAlphaUS <= 0 {
+				t.Errorf("%s: result %d: estimates %v, alpha %vµs", transport, i, r.Estimates, r.ModelAlphaUS)
 			}
 			if want == aggregator.AlgoAuto && r.Ran != r.ModelPick {
 				t.Errorf("%s: auto ran %s, the model picks %s", transport, r.Ran, r.ModelPick)

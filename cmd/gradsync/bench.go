@@ -72,6 +72,7 @@ func newBenchAllReduceCmd(g *globals) *cobra.Command {
 	f.StringVar(&sizes, "sizes", "1M,4M,16M,64M", "buffer sizes in bytes (K, M, G suffixes: powers of 1024)")
 	f.StringVar(&o.Transport, "transport", allreduce.TransportGRPC, "grpc (separate processes, TCP on loopback), shm (separate processes, their gRPC ring moved to shared memory), auto (shm where the ranks can negotiate it, else grpc; each line names the one used, stderr says why), mem, or shm-pairs (ranks as goroutines of this process, a two-rank shared-memory ring per pair: every algorithm)")
 	f.StringVar(&algos, "algorithm", "ring", "all-reduce algorithm: ring, halving_doubling, tree or auto (the cost model's pick per size); a comma-separated list times them interleaved, one line each. Algorithms other than ring need --transport mem or shm-pairs")
+	f.BoolVar(&o.Calibrate, "calibrate", false, "mem, shm-pairs: fit the cost model (α, β) to probe messages between ranks 0 and 1 first, instead of the transport's constants")
 	f.IntVar(&o.Reps, "reps", 15, "timed repetitions per size (the median is reported)")
 	f.IntVar(&o.Warmup, "warmup", 3, "untimed repetitions first")
 	f.IntVar(&o.FrameElems, "frame-elems", 0, "float32 values per ring frame (0: the collectives' default, 1 MiB of data)")
