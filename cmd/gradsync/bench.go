@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"os"
@@ -27,6 +28,11 @@ func newBenchCmd(g *globals) *cobra.Command {
 // allReduceChild is the hidden subcommand each rank process of
 // `bench allreduce` runs.
 const allReduceChild = "allreduce-rank"
+
+// algoEnv overrides the all-reduce algorithm: a worker's (worker.Config.
+// Algorithm, for `gradsync worker` and `gradsync local`), and the default
+// of `bench allreduce --algorithm`.
+const algoEnv = "GRADSYNC_ALGO"
 
 // cpuProfileEnv passes --cpuprofile's prefix to the rank processes.
 const cpuProfileEnv = "GRADSYNC_BENCH_CPUPROFILE"
@@ -71,7 +77,7 @@ func newBenchAllReduceCmd(g *globals) *cobra.Command {
 	f.IntVar(&o.Ranks, "ranks", 2, "world size: this many processes (grpc) or in-memory ranks (mem)")
 	f.StringVar(&sizes, "sizes", "1M,4M,16M,64M", "buffer sizes in bytes (K, M, G suffixes: powers of 1024)")
 	f.StringVar(&o.Transport, "transport", allreduce.TransportGRPC, "grpc (separate processes, TCP on loopback), shm (separate processes, their gRPC ring moved to shared memory), auto (shm where the ranks can negotiate it, else grpc; each line names the one used, stderr says why), mem, or shm-pairs (ranks as goroutines of this process, a two-rank shared-memory ring per pair: every algorithm)")
-	f.StringVar(&algos, "algorithm", "ring", "all-reduce algorithm: ring, halving_doubling, tree or auto (the cost model's pick per size); a comma-separated list times them interleaved, one line each. Algorithms other than ring need --transport mem or shm-pairs")
+	f.StringVar(&algos, "algorithm", cmp.Or(os.Getenv(algoEnv), "ring"), "all-reduce algorithm (default: $GRADSYNC_ALGO, else ring): ring, halving_doubling, tree or auto (the cost model's pick per size); a comma-separated list times them interleaved, one line each. Algorithms other than ring need --transport mem or shm-pairs")
 	f.BoolVar(&o.Calibrate, "calibrate", false, "mem, shm-pairs: fit the cost model (α, β) to probe messages between ranks 0 and 1 first, instead of the transport's constants")
 	f.IntVar(&o.Reps, "reps", 15, "timed repetitions per size (the median is reported)")
 	f.IntVar(&o.Warmup, "warmup", 3, "untimed repetitions first")
