@@ -71,9 +71,11 @@
 // broadcast) need about 2·log2(n) latencies. AllReduceWith runs any
 // Algorithm over a Peers (the ring through PeerRing); a CostModel picks
 // one per world and size (Choose) and says why. Implementations:
-// NewMemPeers, and NewPairPeers over one two-rank Ring per pair, which
-// the shmring tests run with shared-memory rings (ringrpc can make the
-// same two-rank rings, but no caller sets them up yet). The package
+// NewMemPeers, and NewPairPeers over one two-rank Ring per pair: the
+// shmring and ringrpc tests pass the suite with two-rank shared-memory
+// and gRPC rings (ringrpc on bufconn), and `gradsync bench allreduce
+// --transport shm-pairs` sets up shared-memory pairs in one process; no
+// worker sets up pairs yet, so training runs the ring. The package
 // peertest is the suite every algorithm × Peers implementation passes.
 // As the ring's, these algorithms compute every sum once, on one rank,
 // and copy it everywhere else: results are bit-identical on all ranks,

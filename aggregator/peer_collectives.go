@@ -77,7 +77,10 @@ func AllReduceTree(ctx context.Context, p Peers, buf []float32, step int64, opt 
 
 // AllReduceWith runs the all-reduce algorithm a (AlgoRing,
 // AlgoHalvingDoubling or AlgoTree; resolve AlgoAuto with a CostModel
-// first) over p. All ranks must pass the same a.
+// first) over p. All ranks must pass the same a (and len(buf), step and
+// opt, as for AllReduce): frames of another algorithm carry another tag
+// and are refused with ErrUnexpectedFrame, but ranks that disagree may
+// also all wait for frames that never come, until their contexts end.
 func AllReduceWith(ctx context.Context, p Peers, a Algorithm, buf []float32, step int64, opt Options) error {
 	switch a {
 	case AlgoRing:

@@ -39,9 +39,9 @@ import (
 //
 // Implementations: NewMemPeers (in memory, every pair a link) and
 // NewPairPeers, which builds a Peers from one two-rank Ring per pair, so
-// every Ring transport (shmring, ringrpc) carries the peer algorithms
-// once a two-rank ring has been set up for each pair of ranks that
-// talk (see PeersOf for which pairs those are).
+// that a Ring transport carries the peer algorithms once a two-rank ring
+// has been set up for each pair of ranks that talk (PeersOf says which
+// pairs those are): shmring's and ringrpc's tests run peertest that way.
 type Peers interface {
 	Rank() int
 	Size() int

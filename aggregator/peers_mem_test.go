@@ -3,6 +3,7 @@ package aggregator_test
 import (
 	"fmt"
 	"io"
+	"slices"
 	"testing"
 
 	"github.com/gradsync/gradsync/aggregator"
@@ -47,20 +48,10 @@ func TestMemPeersAsRing(t *testing.T) {
 // the suite; so does any Ring transport that can make two-rank rings.
 func TestPairPeers(t *testing.T) {
 	peertest.Run(t, func(t *testing.T, n int) []aggregator.Peers {
-		pairs := make([][]aggregator.Ring, n)
-		for i := range pairs {
-			pairs[i] = make([]aggregator.Ring, n)
-		}
-		for i := range n {
-			for j := i + 1; j < n; j++ {
-				r := aggregator.NewMemRing(2, 1)
-				pairs[i][j], pairs[j][i] = r[0], r[1]
-			}
-		}
-		ps := make([]aggregator.Peers, n)
-		for i := range n {
-			ps[i] = aggregator.NewPairPeers(i, pairs[i])
-		}
+		ps := peertest.Pairs(n, func(i, j int) (aggregator.Ring, aggregator.Ring) {
+			r := aggregator.NewMemRing(2, 1)
+			return r[0], r[1]
+		})
 		t.Cleanup(func() {
 			for _, p := range ps {
 				p.(io.Closer).Close()
@@ -68,4 +59,31 @@ func TestPairPeers(t *testing.T) {
 		})
 		return ps
 	})
+}
+
+// TestPeersOf: the pairs each algorithm uses, among them the fold of a
+// non-power-of-two world onto the largest power of two (5 → 4: rank 0
+// hands its buffer to rank 1 and talks to no one else).
+func TestPeersOf(t *testing.T) {
+	for _, c := range []struct {
+		a       aggregator.Algorithm
+		rank, n int
+		want    []int
+	}{
+		{aggregator.AlgoRing, 0, 1, nil},
+		{aggregator.AlgoRing, 0, 2, []int{1}},
+		{aggregator.AlgoRing, 0, 5, []int{1, 4}},
+		{aggregator.AlgoHalvingDoubling, 0, 1, nil},
+		{aggregator.AlgoHalvingDoubling, 0, 4, []int{1, 2}},
+		{aggregator.AlgoHalvingDoubling, 0, 5, []int{1}},
+		{aggregator.AlgoHalvingDoubling, 1, 5, []int{0, 2, 3}},
+		{aggregator.AlgoHalvingDoubling, 4, 5, []int{2, 3}},
+		{aggregator.AlgoTree, 0, 5, []int{1, 2}},
+		{aggregator.AlgoTree, 1, 5, []int{0, 3, 4}},
+		{aggregator.AlgoTree, 4, 5, []int{1}},
+	} {
+		if got := aggregator.PeersOf(c.a, c.rank, c.n); !slices.Equal(got, c.want) {
+			t.Errorf("%v rank %d of %d: %v, want %v", c.a, c.rank, c.n, got, c.want)
+		}
+	}
 }

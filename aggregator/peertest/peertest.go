@@ -449,3 +449,24 @@ func testDeadRank(t *testing.T, a aggregator.Algorithm, newPeers NewPeers) {
 	}
 	runFailing(t, cases)
 }
+
+// Pairs builds n ranks of aggregator.PairPeers from two-rank rings:
+// link(i, j), for every i < j, returns the ring of that pair as seen by
+// rank i (its rank 0) and by rank j (its rank 1). Closing a rank's Peers
+// closes its end of every pair.
+func Pairs(n int, link func(i, j int) (ri, rj aggregator.Ring)) []aggregator.Peers {
+	pairs := make([][]aggregator.Ring, n)
+	for i := range pairs {
+		pairs[i] = make([]aggregator.Ring, n)
+	}
+	for i := range n {
+		for j := i + 1; j < n; j++ {
+			pairs[i][j], pairs[j][i] = link(i, j)
+		}
+	}
+	ps := make([]aggregator.Peers, n)
+	for i := range n {
+		ps[i] = aggregator.NewPairPeers(i, pairs[i])
+	}
+	return ps
+}

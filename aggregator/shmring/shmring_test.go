@@ -380,28 +380,15 @@ func ExampleCreate() {
 func TestPeersSuite(t *testing.T) {
 	dir := segDir(t)
 	peertest.Run(t, func(t *testing.T, n int) []aggregator.Peers {
-		pairs := make([][]aggregator.Ring, n)
-		for i := range pairs {
-			pairs[i] = make([]aggregator.Ring, n)
-		}
-		for i := range n {
-			for j := i + 1; j < n; j++ {
-				rs, errs := connect(t, dir, 2, func(c *shmring.Config) {
-					c.JobID = fmt.Sprintf("job-1/pair-%d-%d", i, j)
-				})
-				for k, err := range errs {
-					if err != nil {
-						t.Fatalf("pair %d-%d rank %d: Connect: %v", i, j, k, err)
-					}
+		return peertest.Pairs(n, func(i, j int) (aggregator.Ring, aggregator.Ring) {
+			rs, errs := connect(t, dir, 2, func(c *shmring.Config) { c.JobID = fmt.Sprintf("job-1/pair-%d-%d", i, j) })
+			for k, err := range errs {
+				if err != nil {
+					t.Fatalf("pair %d-%d rank %d: Connect: %v", i, j, k, err)
 				}
-				pairs[i][j], pairs[j][i] = rs[0], rs[1]
 			}
-		}
-		ps := make([]aggregator.Peers, n)
-		for i := range n {
-			ps[i] = aggregator.NewPairPeers(i, pairs[i])
-		}
-		return ps // connect's cleanup closes the rings
+			return rs[0], rs[1]
+		}) // connect's cleanup closes the rings
 	})
 	if left := entries(t, dir); len(left) != 0 {
 		t.Errorf("segments left in %s: %v", dir, left)
