@@ -28,9 +28,10 @@ import (
 //     valid only until the next Recv call (from any peer), so
 //     implementations may reuse receive buffers.
 //   - Send may block while the link to its peer is full; the collectives
-//     never wait on Send and Recv in the same goroutine, and never on a
-//     Send to one peer while a Send to another is pending, so any amount
-//     of buffering (even none) is deadlock-free.
+//     never wait on Send and Recv in the same goroutine, and send each
+//     peer's frames from a goroutine of its own, so a Send blocked on one
+//     peer holds up no other, and any amount of buffering (even none) is
+//     deadlock-free.
 //   - Send may be called concurrently for different destinations, never
 //     concurrently for the same one. Recv is never called concurrently
 //     with itself; one goroutine may call Recv while others call Send.
