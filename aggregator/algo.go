@@ -68,6 +68,14 @@ type CostModel struct {
 	// rather than per byte because a nanosecond per byte is already a
 	// slow link (1 GB/s). PerByte gives seconds per byte.
 	Beta time.Duration
+	// Cores, if positive, is how many cores the ranks share (ranks that
+	// are goroutines of one process: runtime.GOMAXPROCS); 0 means every
+	// rank has cores of its own. A step in which more ranks are busy
+	// than there are cores takes active/Cores times as long, so an
+	// algorithm that keeps fewer ranks busy at a time (halving-doubling's
+	// fold involves two ranks per pair; the ring keeps all n busy every
+	// step) pays less.
+	Cores int
 }
 
 // betaScale makes CostModel.Beta a Duration per KiB.
@@ -114,22 +122,30 @@ func (m CostModel) Estimate(a Algorithm, n, elems, frameElems int) time.Duration
 		}
 		return float64(nframes(size, frameElems))*alpha + 4*float64(size)*beta
 	}
+	// share is how much longer a step takes with active ranks busy.
+	share := func(active int) float64 {
+		if m.Cores <= 0 || active <= m.Cores {
+			return 1
+		}
+		return float64(active) / float64(m.Cores)
+	}
 	var t float64
 	switch a {
 	case AlgoRing:
 		// 2(n−1) steps of a chunk each; frames of one step pipeline into
 		// the next, so the critical path is 2(n−1) first frames plus the
-		// rest of the chunk once.
+		// rest of the chunk once. Every rank is busy in every step.
 		chunk := (elems + n - 1) / n
 		first := min(chunk, frameElems)
-		t = float64(2*(n-1))*msg(first) + msg(chunk) - msg(first)
+		t = share(n) * (float64(2*(n-1))*msg(first) + msg(chunk) - msg(first))
 	case AlgoHalvingDoubling:
 		q := 1 << (bits.Len(uint(n)) - 1)
 		if n > q {
-			t += 2 * msg(elems) // fold and unfold
+			t += 2 * msg(elems) * share(2*(n-q)) // fold and unfold: the 2(n−q) ranks of the extra pairs
 		}
+		busy := share(q) // the q ranks left after the fold
 		for size := elems / 2; q > 1; q /= 2 {
-			t += 2 * msg(max(size, 1)) // a halving step and its doubling step
+			t += 2 * msg(max(size, 1)) * busy // a halving step and its doubling step
 			size /= 2
 		}
 	case AlgoTree:
@@ -137,8 +153,8 @@ func (m CostModel) Estimate(a Algorithm, n, elems, frameElems int) time.Duration
 		f := min(elems, frameElems)
 		// Up and down the tree: depth levels, each a node handling two
 		// children's frames in turn, then the rest of the buffer behind
-		// the first frame at the root's pace.
-		t = 2 * (float64(depth)*2*msg(f) + 2*(msg(elems)-msg(f)))
+		// the first frame at the root's pace; pipelined, every rank busy.
+		t = share(n) * 2 * (float64(depth)*2*msg(f) + 2*(msg(elems)-msg(f)))
 	default:
 		return time.Duration(math.MaxInt64)
 	}

@@ -149,3 +149,28 @@ func (c *clocked) Send(ctx context.Context, to int, f aggregator.Frame) error {
 	}
 	return c.Peers.Send(ctx, to, f)
 }
+
+// TestChooseSharedCores: with 3 ranks on 2 cores the ring keeps all three
+// busy in each of its 4 steps, while halving-doubling's fold and its one
+// exchange keep two busy: for small buffers (α-bound) the model now
+// prefers halving-doubling, for large ones (β-bound: the fold moves the
+// whole buffer twice) still the ring; with a core per rank it is the
+// ring at every size, as before.
+func TestChooseSharedCores(t *testing.T) {
+	m := aggregator.CostModel{Alpha: 10 * time.Microsecond, Beta: 100 * time.Nanosecond}
+	for _, elems := range []int{1 << 10, 1 << 24} {
+		if a, _ := m.Choose(3, elems, 0); a != aggregator.AlgoRing {
+			t.Errorf("own cores, %d elements: %v, want ring", elems, a)
+		}
+	}
+	m.Cores = 2
+	if a, est := m.Choose(3, 1<<10, 0); a != aggregator.AlgoHalvingDoubling {
+		t.Errorf("2 cores, 4 KiB: %v (%v), want halving_doubling", a, est)
+	}
+	if a, est := m.Choose(3, 1<<24, 0); a != aggregator.AlgoRing {
+		t.Errorf("2 cores, 64 MiB: %v (%v), want ring", a, est)
+	}
+	if a, b := m.Estimate(aggregator.AlgoRing, 2, 1<<20, 0), (aggregator.CostModel{Alpha: m.Alpha, Beta: m.Beta}).Estimate(aggregator.AlgoRing, 2, 1<<20, 0); a != b {
+		t.Errorf("2 ranks on 2 cores: %v, want the own-cores estimate %v", a, b)
+	}
+}

@@ -30,7 +30,8 @@ var calibrateSizes = []int{0, 1 << 10, 1 << 14, 1 << 18}
 // probe drag α anywhere, and α decides the small sizes). Rank 0 then broadcasts the model
 // (over PeerRing(p)) so that every rank picks the same algorithm with it.
 // Calibrate uses steps step and step+1; all ranks must call it. now
-// reads the clock (nil: time.Now). With one rank it returns fallback.
+// reads the clock (nil: time.Now). With one rank it returns fallback;
+// otherwise the fitted α and β with fallback's Cores.
 //
 // The model describes one link with nothing else on it; an algorithm's
 // real time also depends on how its ranks share the machine, which is
@@ -113,7 +114,7 @@ func Calibrate(ctx context.Context, p Peers, step int64, opt Options, now func()
 	if err := Broadcast(ctx, PeerRing(p), model, 0, step+1, opt); err != nil {
 		return CostModel{}, err
 	}
-	return CostModel{Alpha: time.Duration(model[0]), Beta: time.Duration(model[1])}, nil
+	return CostModel{Alpha: time.Duration(model[0]), Beta: time.Duration(model[1]), Cores: fallback.Cores}, nil
 }
 
 // probes are the probe sizes in float32 values, capped at the frame

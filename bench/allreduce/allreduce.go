@@ -34,6 +34,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -134,12 +135,19 @@ func ParseAlgorithms(s string) ([]aggregator.Algorithm, error) {
 }
 
 // CostModel returns the cost model the algorithm choice uses on
-// transport.
+// transport. The in-process transports' ranks share this process's
+// cores (runtime.GOMAXPROCS).
 func CostModel(transport string) aggregator.CostModel {
 	switch transport {
 	case TransportMem:
-		return aggregator.CostMem
-	case TransportSHM, TransportSHMPairs:
+		m := aggregator.CostMem
+		m.Cores = runtime.GOMAXPROCS(0)
+		return m
+	case TransportSHMPairs:
+		m := aggregator.CostSHM
+		m.Cores = runtime.GOMAXPROCS(0)
+		return m
+	case TransportSHM:
 		return aggregator.CostSHM
 	}
 	return aggregator.CostGRPC
@@ -189,6 +197,7 @@ type Result struct {
 	// Estimates its estimate of every algorithm (ms).
 	ModelAlphaUS   float64            `json:"model_alpha_us"`
 	ModelBetaUSKiB float64            `json:"model_beta_us_per_kib"`
+	ModelCores     int                `json:"model_cores"`
 	Estimates      map[string]float64 `json:"model_estimates_ms"`
 	Ranks          int                `json:"ranks"`
 	SizeBytes      int64              `json:"size_bytes"`
@@ -465,6 +474,7 @@ func collect(transport string, o Options, model aggregator.CostModel, all []rank
 			r.Algorithm, r.Ran, r.ModelPick = algo.String(), ran.String(), pick.String()
 			r.ModelAlphaUS = float64(model.Alpha.Nanoseconds()) / 1e3
 			r.ModelBetaUSKiB = float64(model.Beta.Nanoseconds()) / 1e3
+			r.ModelCores = model.Cores
 			r.Estimates = make(map[string]float64, len(est))
 			for _, e := range est {
 				r.Estimates[e.Algo.String()] = ms(e.Time)
