@@ -61,6 +61,32 @@
 // failure it cancels the sender and waits for it. No goroutine outlives a
 // call. A Ring carries one collective at a time.
 //
+// # Peer-to-peer all-reduce
+//
+// For small and medium buffers the ring's 2(n−1) message latencies
+// dominate. Peers is a transport in which any rank may send to any other
+// (contract on Peers, written as Ring's); over it AllReduceHalvingDoubling
+// (recursive halving then doubling, non-power-of-two worlds folded onto
+// the largest power of two) and AllReduceTree (binary-tree reduce then
+// broadcast) need about 2·log2(n) latencies. AllReduceWith runs any
+// Algorithm over a Peers (the ring through PeerRing); a CostModel picks
+// one per world and size (Choose) and says why. Implementations:
+// NewMemPeers, and NewPairPeers over one two-rank Ring per pair: the
+// shmring and ringrpc tests pass the suite with two-rank shared-memory
+// and gRPC rings (ringrpc on bufconn), and `gradsync bench allreduce
+// --transport shm-pairs` sets up shared-memory pairs in one process; no
+// worker sets up pairs yet, so training runs the ring. The package
+// peertest is the suite every algorithm × Peers implementation passes.
+// As the ring's, these algorithms compute every sum once, on one rank,
+// and copy it everywhere else: results are bit-identical on all ranks,
+// though the summation order (a tree) differs from the ring's, so the
+// last bits may differ from AllReduce's.
+//
+// A peer algorithm that fails because a rank is gone sends the peers of
+// its call an abort notice naming that rank (PhaseAbort), and they pass
+// it on, so every survivor fails with a *PeerError naming the dead rank,
+// not only the ranks that talked to it.
+//
 // A neighbour that dies makes the adjacent ranks fail with a *PeerError
 // (wrapping ErrPeerGone) naming it; ranks further away fail when their
 // context expires, so every collective should run under a deadline. After a

@@ -170,6 +170,33 @@ func TestCollectiveTransport(t *testing.T) {
 	}
 }
 
+// TestCollectiveAlgorithm: collective.algorithm takes auto or ring for
+// training; halving_doubling and tree are known but refused as not
+// implemented for training; anything else is refused as unknown, both
+// naming the field.
+func TestCollectiveAlgorithm(t *testing.T) {
+	ring := func(a string) *pb.JobSpec {
+		return &pb.JobSpec{Model: "mlp", Mode: "ring", Workers: proto.Int32(2), Collective: &pb.CollectiveSpec{Algorithm: a}}
+	}
+	for _, a := range []string{"", "auto", "ring"} {
+		if _, err := Normalize(ring(a), nil); err != nil {
+			t.Errorf("algorithm %q: %v", a, err)
+		}
+	}
+	for a, msg := range map[string]string{
+		"halving_doubling": notImplementedSuffix,
+		"tree":             notImplementedSuffix,
+		"nccl":             `unknown algorithm "nccl"; allowed: auto, ring, halving_doubling, tree`,
+		"Ring":             "unknown algorithm",
+	} {
+		_, err := Normalize(ring(a), nil)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != "collective.algorithm" || !strings.Contains(fe.Msg, msg) {
+			t.Errorf("%s: %v; want a collective.algorithm error saying %q", a, err, msg)
+		}
+	}
+}
+
 // MemoryNeeds: one need per stage, each the stage's parameters, gradients
 // and optimiser state plus its in-flight activations; the stages' state
 // sums to the whole model's; a whole-model job has one need.

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -192,6 +193,13 @@ func startSync(ctx context.Context, a *pb.Assignment, env *taskEnv, net *models.
 		if err != nil {
 			return nil, err
 		}
+		algo, why := ringAlgorithm(a.Spec.GetCollective().GetAlgorithm(), env.algo)
+		lvl := slog.LevelInfo
+		if asked, _ := aggregator.ParseAlgorithm(cmp.Or(env.algo, a.Spec.GetCollective().GetAlgorithm())); asked != aggregator.AlgoAuto && asked != algo {
+			lvl = slog.LevelWarn // a forced algorithm that does not run is said loudly (nccl#1304)
+		}
+		env.log.Log(ctx, lvl, "collective algorithm", "job", a.JobId, "rank", a.Rank, "world", len(a.Peers),
+			"spec", a.Spec.GetCollective().GetAlgorithm(), "GRADSYNC_ALGO", env.algo, "runs", algo, "why", why)
 		leave := jr.leave
 		rs, err := newRingSync(ctx, jr.data, leave, a, net, totalSteps, env.metrics)
 		if err != nil {
@@ -265,6 +273,31 @@ func (j *joinedRing) abort() {
 		j.shm.Close()
 	}
 	j.grpc.Close()
+}
+
+// ringAlgorithm returns the all-reduce algorithm a ring task's training
+// runs, given the spec's collective.algorithm and the worker's override
+// (GRADSYNC_ALGO; "" follows the spec), and why. It is always the ring:
+// the training ring (ringrpc, or shmring after negotiation) links each
+// rank to its neighbours only, and the halving-doubling and tree
+// algorithms need an aggregator.Peers between every pair that talks,
+// which the worker does not set up yet. jobspec refuses those two values
+// in the spec; the override can still ask for them, and is then told no.
+func ringAlgorithm(spec, override string) (aggregator.Algorithm, string) {
+	asked, from := spec, "collective.algorithm"
+	if override != "" {
+		asked, from = override, "GRADSYNC_ALGO"
+	}
+	a, err := aggregator.ParseAlgorithm(asked)
+	switch {
+	case err != nil:
+		return aggregator.AlgoRing, fmt.Sprintf("%s: %v; the ring runs", from, err)
+	case a == aggregator.AlgoRing:
+		return aggregator.AlgoRing, from + " asks for the ring"
+	case a == aggregator.AlgoAuto:
+		return aggregator.AlgoRing, "auto: the training ring links neighbours only, so the ring is the one algorithm it carries"
+	}
+	return aggregator.AlgoRing, fmt.Sprintf("%s asks for %v, which needs peer-to-peer links the training ring does not have yet; the ring runs", from, a)
 }
 
 // moveToSharedMemory negotiates the ring's shared-memory data plane

@@ -41,6 +41,8 @@ type taskEnv struct {
 	dataDir string
 	// threads run each step of a Trainer (Config.Threads; 0 or 1: one).
 	threads int
+	// algo overrides the spec's collective.algorithm (Config.Algorithm).
+	algo string
 	// trace records the task's timeline (Config.TracePath); nil: none.
 	trace *trace.Recorder
 	// snaps keeps ring ranks' in-memory snapshots across tasks (nil: the

@@ -20,6 +20,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/gradsync/gradsync/aggregator"
 	"github.com/gradsync/gradsync/aggregator/ringrpc"
 	"github.com/gradsync/gradsync/internal/gpu"
 	"github.com/gradsync/gradsync/internal/kernels"
@@ -103,6 +104,12 @@ type Config struct {
 	// RunsDir is where an entrypoint command's output goes:
 	// <RunsDir>/<job-id>/rank-<r>.log. Default "runs".
 	RunsDir string
+	// Algorithm overrides the collective.algorithm of the ring jobs this
+	// worker trains (cmd/gradsync reads it from GRADSYNC_ALGO): one of
+	// aggregator.AlgorithmNames, or "" to follow the spec. Training runs
+	// the ring whatever it says (see ringAlgorithm); the worker logs what
+	// was asked, what runs, and why.
+	Algorithm string
 	// MemoryLimit caps the memory, in bytes, this worker offers to a
 	// task (--memory-limit); 0: no cap. The worker offers the least of
 	// it, its host's memory and its cgroup's limit (offeredMemory); the
@@ -129,6 +136,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Threads < 0 {
 		return fmt.Errorf("worker: Threads %d is negative; want 0 (one thread) or a thread count", c.Threads)
+	}
+	if _, err := aggregator.ParseAlgorithm(c.Algorithm); err != nil {
+		return fmt.Errorf("worker: Algorithm (GRADSYNC_ALGO): %w", err)
 	}
 	if c.DebugStepDelay < 0 {
 		return fmt.Errorf("worker: DebugStepDelay %v is negative; want 0 (off) or a delay per step", c.DebugStepDelay)
@@ -372,7 +382,7 @@ func (w *Worker) session(ctx context.Context, conn *grpc.ClientConn) error {
 				w.log.Info("task assigned", "job", a.JobId, "rank", a.Rank, "world", a.WorldSize, "model", a.Spec.GetModel())
 				env := &taskEnv{conn: conn, rep: rep, log: w.log, metrics: w.cfg.Metrics,
 					ring: w.ring, pipe: w.pipe, peerDial: w.peerDialOptions(), psDial: w.aggregatorDialOptions(), stepDelay: w.cfg.DebugStepDelay, snaps: &w.snaps,
-					dataDir: w.cfg.DataDir, threads: w.cfg.Threads,
+					dataDir: w.cfg.DataDir, threads: w.cfg.Threads, algo: w.cfg.Algorithm,
 					allowEntrypoints: w.cfg.AllowEntrypoints, runsDir: w.cfg.RunsDir, worker: w.cfg.ID + " (" + w.cfg.Name + ")"}
 				if w.cfg.TracePath != "" && a.Spec.GetMode() == "ring" {
 					env.trace = trace.New(time.Now(), 0)

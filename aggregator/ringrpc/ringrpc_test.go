@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/aggregator/peertest"
 	"github.com/gradsync/gradsync/aggregator/ringrpc"
 	"github.com/gradsync/gradsync/aggregator/ringtest"
 	"github.com/gradsync/gradsync/internal/rpc"
@@ -584,4 +585,28 @@ func TestBrokenWhenNeighbourCloses(t *testing.T) {
 			t.Errorf("rank %d: an orderly shutdown broke it: %v", r.Rank(), err)
 		}
 	}
+}
+
+// TestPeersSuite runs the peer all-reduce suite (ring, halving-doubling,
+// tree) over aggregator.PairPeers made of one two-rank gRPC ring per pair
+// of ranks (a job of its own on the two ranks' endpoints), on bufconn.
+func TestPeersSuite(t *testing.T) {
+	t.Parallel()
+	clusters := map[int]*cluster{}
+	var mu sync.Mutex
+	peertest.Run(t, func(st *testing.T, n int) []aggregator.Peers {
+		mu.Lock()
+		c := clusters[n]
+		if c == nil {
+			c = newCluster(t, n, false) // lives as long as the top-level test
+			clusters[n] = c
+		}
+		mu.Unlock()
+		job := fmt.Sprintf("job-%d", jobSeq.Add(1))
+		return peertest.Pairs(n, func(i, j int) (aggregator.Ring, aggregator.Ring) {
+			pc := &cluster{eps: []*ringrpc.Endpoint{c.eps[i], c.eps[j]}, addrs: []string{c.addrs[i], c.addrs[j]}, dialOpts: c.dialOpts}
+			rs := pc.joinJob(st, fmt.Sprintf("%s/pair-%d-%d", job, i, j), 0)
+			return rs[0], rs[1]
+		}) // joinJob's cleanup closes the rings
+	})
 }

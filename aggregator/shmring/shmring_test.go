@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gradsync/gradsync/aggregator"
+	"github.com/gradsync/gradsync/aggregator/peertest"
 	"github.com/gradsync/gradsync/aggregator/ringtest"
 	"github.com/gradsync/gradsync/aggregator/shmring"
 )
@@ -371,4 +372,25 @@ func ExampleCreate() {
 	wg.Wait()
 	fmt.Println(bufs[0], bufs[1])
 	// Output: [11 22 33] [11 22 33]
+}
+
+// TestPeersSuite runs the peer all-reduce suite (ring, halving-doubling,
+// tree) over aggregator.PairPeers made of one two-rank shared-memory ring
+// per pair of ranks, set up as the ring is.
+func TestPeersSuite(t *testing.T) {
+	dir := segDir(t)
+	peertest.Run(t, func(t *testing.T, n int) []aggregator.Peers {
+		return peertest.Pairs(n, func(i, j int) (aggregator.Ring, aggregator.Ring) {
+			rs, errs := connect(t, dir, 2, func(c *shmring.Config) { c.JobID = fmt.Sprintf("job-1/pair-%d-%d", i, j) })
+			for k, err := range errs {
+				if err != nil {
+					t.Fatalf("pair %d-%d rank %d: Connect: %v", i, j, k, err)
+				}
+			}
+			return rs[0], rs[1]
+		}) // connect's cleanup closes the rings
+	})
+	if left := entries(t, dir); len(left) != 0 {
+		t.Errorf("segments left in %s: %v", dir, left)
+	}
 }

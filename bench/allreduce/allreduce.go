@@ -24,6 +24,7 @@ package allreduce
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -33,6 +34,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -58,6 +60,11 @@ const (
 	// the data plane the ranks really ran on, and rank 0 says why on
 	// stderr.
 	TransportAuto = "auto"
+	// TransportSHMPairs: ranks as goroutines of this process (as in
+	// `gradsync local`), every pair of ranks linked by a two-rank
+	// shared-memory ring (aggregator.NewPairPeers over shmring), so that
+	// every algorithm runs over shared memory.
+	TransportSHMPairs = "shm-pairs"
 )
 
 // Options are the parameters shared by parent and children.
@@ -81,6 +88,69 @@ type Options struct {
 	// FallBack (TransportAuto): a ring that cannot move to shared memory
 	// stays on gRPC, and says why.
 	FallBack bool
+	// Algorithms are timed interleaved, each on its own lines; empty
+	// means the ring alone. See the package documentation.
+	Algorithms []aggregator.Algorithm
+	// Calibrate (mem, shm-pairs): fit the cost model to probe messages
+	// between ranks 0 and 1 (aggregator.Calibrate) instead of taking the
+	// transport's constants; Model reports the model used.
+	Calibrate bool
+}
+
+// algorithms returns o.Algorithms, or the ring alone.
+func (o Options) algorithms() []aggregator.Algorithm {
+	if len(o.Algorithms) == 0 {
+		return []aggregator.Algorithm{aggregator.AlgoRing}
+	}
+	return o.Algorithms
+}
+
+// ringOnly reports whether every algorithm asked for is the ring.
+func (o Options) ringOnly() bool {
+	for _, a := range o.algorithms() {
+		if a != aggregator.AlgoRing {
+			return false
+		}
+	}
+	return true
+}
+
+// ParseAlgorithms parses a comma-separated list of aggregator.AlgorithmNames.
+func ParseAlgorithms(s string) ([]aggregator.Algorithm, error) {
+	var out []aggregator.Algorithm
+	for f := range strings.SplitSeq(s, ",") {
+		if strings.TrimSpace(f) == "" {
+			return nil, fmt.Errorf("allreduce: --algorithm %q: empty name; allowed: %s", s, strings.Join(aggregator.AlgorithmNames, ", "))
+		}
+		a, err := aggregator.ParseAlgorithm(f)
+		if err != nil {
+			return nil, fmt.Errorf("allreduce: --algorithm: %w", err)
+		}
+		if slices.Contains(out, a) {
+			return nil, fmt.Errorf("allreduce: --algorithm: %v given twice", a)
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+// CostModel returns the cost model the algorithm choice uses on
+// transport. The in-process transports' ranks share this process's
+// cores (runtime.GOMAXPROCS).
+func CostModel(transport string) aggregator.CostModel {
+	switch transport {
+	case TransportMem:
+		m := aggregator.CostMem
+		m.Cores = runtime.GOMAXPROCS(0)
+		return m
+	case TransportSHMPairs:
+		m := aggregator.CostSHM
+		m.Cores = runtime.GOMAXPROCS(0)
+		return m
+	case TransportSHM:
+		return aggregator.CostSHM
+	}
+	return aggregator.CostGRPC
 }
 
 func (o Options) withDefaults() Options {
@@ -113,22 +183,38 @@ func (o Options) Validate() error {
 
 // Result is one line of the report: nccl-tests columns for one size.
 type Result struct {
-	Transport string  `json:"transport"`
-	Ranks     int     `json:"ranks"`
-	SizeBytes int64   `json:"size_bytes"`
-	Elements  int64   `json:"elements"`
-	Reps      int     `json:"reps"`
-	TimeMS    float64 `json:"time_ms"` // median over reps of the slowest rank
-	MinMS     float64 `json:"min_ms"`
-	MaxMS     float64 `json:"max_ms"`
-	AlgBW     float64 `json:"algbw_gbs"` // size / time, GB/s
-	BusBW     float64 `json:"busbw_gbs"` // algbw · 2(n−1)/n
+	Transport string `json:"transport"`
+	// Algorithm is the algorithm asked for; Ran the one that ran (the
+	// model's pick when Algorithm is auto).
+	Algorithm string `json:"algorithm"`
+	Ran       string `json:"ran"`
+	// ModelPick is the transport's cost model's pick for this size and
+	// world, and ModelMS its estimate for Ran, in milliseconds.
+	ModelPick string  `json:"model_pick"`
+	ModelMS   float64 `json:"model_ms"`
+	// ModelAlphaUS and ModelBetaUSKiB are the cost model's α (µs) and β
+	// (µs per KiB), and
+	// Estimates its estimate of every algorithm (ms).
+	ModelAlphaUS   float64            `json:"model_alpha_us"`
+	ModelBetaUSKiB float64            `json:"model_beta_us_per_kib"`
+	ModelCores     int                `json:"model_cores"`
+	Estimates      map[string]float64 `json:"model_estimates_ms"`
+	Ranks          int                `json:"ranks"`
+	SizeBytes      int64              `json:"size_bytes"`
+	Elements       int64              `json:"elements"`
+	Reps           int                `json:"reps"`
+	TimeMS         float64            `json:"time_ms"` // median over reps of the slowest rank
+	MinMS          float64            `json:"min_ms"`
+	MaxMS          float64            `json:"max_ms"`
+	AlgBW          float64            `json:"algbw_gbs"` // size / time, GB/s
+	BusBW          float64            `json:"busbw_gbs"` // algbw · 2(n−1)/n
 }
 
 // rankTimes is what a child prints per size: its own time of each rep.
 type rankTimes struct {
 	Rank      int     `json:"rank"`
 	SizeBytes int64   `json:"size_bytes"`
+	Algorithm string  `json:"algorithm,omitempty"` // as asked; "" is the ring
 	TimesNS   []int64 `json:"times_ns"`
 	// Transport is the data plane the rank's ring really ran on, so the
 	// parent can refuse a table whose label does not match it.
@@ -249,6 +335,9 @@ func RunMem(ctx context.Context, o Options) ([]Result, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
+	if !o.ringOnly() || o.Calibrate {
+		return runPeers(ctx, TransportMem, o, aggregator.NewMemPeers(o.Ranks, 4))
+	}
 	rings := aggregator.NewMemRing(o.Ranks, 4)
 	defer func() {
 		for _, r := range rings {
@@ -267,43 +356,167 @@ func RunMem(ctx context.Context, o Options) ([]Result, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return collect(TransportMem, o, slices.Concat(per...))
+	return collect(TransportMem, o, CostModel(TransportMem), slices.Concat(per...))
 }
 
-// collect combines every rank's times into one Result per size.
-func collect(transport string, o Options, all []rankTimes) ([]Result, error) {
+// runPeers runs the benchmark with one goroutine per rank of ps, which it
+// closes before returning.
+func runPeers(ctx context.Context, transport string, o Options, ps []aggregator.Peers) ([]Result, error) {
+	defer func() {
+		for _, p := range ps {
+			if c, ok := p.(io.Closer); ok {
+				c.Close()
+			}
+		}
+	}()
+	models := make([]aggregator.CostModel, o.Ranks)
+	per := make([][]rankTimes, o.Ranks)
+	errs := make([]error, o.Ranks)
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		models[i] = CostModel(transport)
+		wg.Go(func() {
+			errs[i] = runPeersRank(ctx, p, o, &models[i], func(t rankTimes) error { per[i] = append(per[i], t); return nil })
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return collect(transport, o, models[0], slices.Concat(per...))
+}
+
+// runPeersRank runs the whole benchmark on one rank of p, every algorithm
+// of o interleaved rep by rep, and reports each (size, algorithm)'s
+// per-rep times to emit.
+// With o.Calibrate it first replaces *model with the calibrated one.
+func runPeersRank(ctx context.Context, p aggregator.Peers, o Options, model *aggregator.CostModel, emit func(rankTimes) error) error {
+	n := p.Size()
+	ring := aggregator.PeerRing(p)
+	opt := aggregator.Options{MaxFrameElems: o.FrameElems}
+	step := int64(0)
+	next := func() int64 { step++; return step }
+	if err := aggregator.Barrier(ctx, ring, next(), opt); err != nil {
+		return err
+	}
+	if o.Calibrate {
+		m, err := aggregator.Calibrate(ctx, p, next(), opt, nil, *model)
+		if err != nil {
+			return err
+		}
+		next() // Calibrate used two steps
+		*model = m
+	}
+	asked := o.algorithms()
+	for _, size := range o.Sizes {
+		buf := make([]float32, size/4)
+		run := make([]aggregator.Algorithm, len(asked))
+		for i, a := range asked {
+			run[i] = a
+			if a == aggregator.AlgoAuto {
+				run[i], _ = model.Choose(n, len(buf), o.FrameElems)
+			}
+		}
+		for range o.Warmup {
+			for _, a := range run {
+				if err := aggregator.AllReduceWith(ctx, p, a, buf, next(), opt); err != nil {
+					return err
+				}
+			}
+		}
+		times := make([][]int64, len(run))
+		for i := range times {
+			times[i] = make([]int64, o.Reps)
+		}
+		for rep := range o.Reps {
+			for i, a := range run {
+				fill(buf, p.Rank()) // keeps values finite; untimed
+				if err := aggregator.Barrier(ctx, ring, next(), opt); err != nil {
+					return err
+				}
+				start := time.Now()
+				if err := aggregator.AllReduceWith(ctx, p, a, buf, next(), opt); err != nil {
+					return err
+				}
+				times[i][rep] = time.Since(start).Nanoseconds()
+				if rep == 0 {
+					if err := check(buf, n); err != nil {
+						return fmt.Errorf("%v: %w", a, err)
+					}
+				}
+			}
+		}
+		for i, a := range asked {
+			if err := emit(rankTimes{Rank: p.Rank(), SizeBytes: size, Algorithm: a.String(), TimesNS: times[i]}); err != nil {
+				return err
+			}
+		}
+	}
+	return aggregator.Barrier(ctx, ring, next(), opt)
+}
+
+// collect combines every rank's times into one Result per size and
+// algorithm; model is the cost model the ranks used.
+func collect(transport string, o Options, model aggregator.CostModel, all []rankTimes) ([]Result, error) {
 	var out []Result
 	for _, size := range o.Sizes {
-		slowest := make([]time.Duration, o.Reps)
-		seen := 0
-		ran := transport // "" (auto): the first rank's plane, which every other must match
-		for _, t := range all {
-			if t.SizeBytes != size {
-				continue
+		for _, algo := range o.algorithms() {
+			r, err := collectOne(transport, o, all, size, algo)
+			if err != nil {
+				return nil, err
 			}
-			if len(t.TimesNS) != o.Reps {
-				return nil, fmt.Errorf("allreduce: rank %d reported %d reps for %d bytes, want %d", t.Rank, len(t.TimesNS), size, o.Reps)
+			elems := int(size / 4)
+			pick, est := model.Choose(o.Ranks, elems, o.FrameElems)
+			ran := algo
+			if algo == aggregator.AlgoAuto {
+				ran = pick
 			}
-			if ran == "" {
-				ran = t.Transport
-			}
-			if t.Transport != "" && t.Transport != ran {
-				if transport == "" {
-					return nil, fmt.Errorf("allreduce: rank %d ran on %s, another rank on %s", t.Rank, t.Transport, ran)
+			r.Algorithm, r.Ran, r.ModelPick = algo.String(), ran.String(), pick.String()
+			r.ModelAlphaUS = float64(model.Alpha.Nanoseconds()) / 1e3
+			r.ModelBetaUSKiB = float64(model.Beta.Nanoseconds()) / 1e3
+			r.ModelCores = model.Cores
+			r.Estimates = make(map[string]float64, len(est))
+			for _, e := range est {
+				r.Estimates[e.Algo.String()] = ms(e.Time)
+				if e.Algo == ran {
+					r.ModelMS = ms(e.Time)
 				}
-				return nil, fmt.Errorf("allreduce: rank %d ran on %s, not on the %s asked for", t.Rank, t.Transport, transport)
 			}
-			seen++
-			for i, ns := range t.TimesNS {
-				slowest[i] = max(slowest[i], time.Duration(ns))
-			}
+			out = append(out, r)
 		}
-		if seen != o.Ranks {
-			return nil, fmt.Errorf("allreduce: %d of %d ranks reported results for %d bytes", seen, o.Ranks, size)
-		}
-		out = append(out, summarize(ran, o.Ranks, size, slowest))
 	}
 	return out, nil
+}
+
+func collectOne(transport string, o Options, all []rankTimes, size int64, algo aggregator.Algorithm) (Result, error) {
+	slowest := make([]time.Duration, o.Reps)
+	seen := 0
+	ran := transport // "" (auto): the first rank's plane, which every other must match
+	for _, t := range all {
+		if t.SizeBytes != size || (t.Algorithm != algo.String() && (t.Algorithm != "" || algo != aggregator.AlgoRing)) {
+			continue
+		}
+		if len(t.TimesNS) != o.Reps {
+			return Result{}, fmt.Errorf("allreduce: rank %d reported %d reps for %d bytes, want %d", t.Rank, len(t.TimesNS), size, o.Reps)
+		}
+		if ran == "" {
+			ran = t.Transport
+		}
+		if t.Transport != "" && t.Transport != ran {
+			if transport == "" {
+				return Result{}, fmt.Errorf("allreduce: rank %d ran on %s, another rank on %s", t.Rank, t.Transport, ran)
+			}
+			return Result{}, fmt.Errorf("allreduce: rank %d ran on %s, not on the %s asked for", t.Rank, t.Transport, transport)
+		}
+		seen++
+		for i, ns := range t.TimesNS {
+			slowest[i] = max(slowest[i], time.Duration(ns))
+		}
+	}
+	if seen != o.Ranks {
+		return Result{}, fmt.Errorf("allreduce: %d of %d ranks reported %v results for %d bytes", seen, o.Ranks, algo, size)
+	}
+	return summarize(ran, o.Ranks, size, slowest), nil
 }
 
 // ChildOptions configure one rank process.
@@ -468,13 +681,21 @@ func RunParent(ctx context.Context, o ParentOptions, exe string, prefix []string
 	switch o.Transport {
 	case TransportMem:
 		return RunMem(ctx, o.Options)
+	case TransportSHMPairs:
+		return RunSHMPairs(ctx, o.Options)
+	}
+	if !o.ringOnly() {
+		return nil, fmt.Errorf("allreduce: --algorithm %v: transport %q runs the ring only; halving_doubling, tree and auto run on %q and %q",
+			o.algorithms(), o.Transport, TransportMem, TransportSHMPairs)
+	}
+	switch o.Transport {
 	case TransportGRPC, "":
 	case TransportSHM:
 		o.SharedMemory = true
 	case TransportAuto:
 		o.SharedMemory, o.FallBack = true, true
 	default:
-		return nil, fmt.Errorf("allreduce: transport %q: want %q, %q, %q or %q", o.Transport, TransportGRPC, TransportSHM, TransportAuto, TransportMem)
+		return nil, fmt.Errorf("allreduce: transport %q: want %q, %q, %q, %q or %q", o.Transport, TransportGRPC, TransportSHM, TransportAuto, TransportMem, TransportSHMPairs)
 	}
 	if o.Stderr == nil {
 		o.Stderr = os.Stderr
@@ -532,7 +753,84 @@ func RunParent(ctx context.Context, o ParentOptions, exe string, prefix []string
 	case o.SharedMemory:
 		transport = TransportSHM
 	}
-	return collect(transport, o.Options, all)
+	return collect(transport, o.Options, CostModel(transport), all)
+}
+
+// RunSHMPairs runs the benchmark with o.Ranks ranks as goroutines of this
+// process, every pair linked by a two-rank shared-memory ring (made in
+// shmring.DefaultDir, with a random job secret).
+func RunSHMPairs(ctx context.Context, o Options) ([]Result, error) {
+	o = o.withDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, err
+	}
+	n := o.Ranks
+	pairs := make([][]aggregator.Ring, n)
+	for i := range pairs {
+		pairs[i] = make([]aggregator.Ring, n)
+	}
+	closeAll := func() {
+		for _, row := range pairs {
+			for _, r := range row {
+				if r != nil {
+					r.(io.Closer).Close()
+				}
+			}
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for i := range n {
+		for j := i + 1; j < n; j++ {
+			rs, err := shmPair(cctx, fmt.Sprintf("bench-allreduce/pair-%d-%d", i, j), secret, o.FrameElems)
+			if err != nil {
+				closeAll()
+				return nil, fmt.Errorf("allreduce: shared-memory pair %d-%d: %w", i, j, err)
+			}
+			pairs[i][j], pairs[j][i] = rs[0], rs[1]
+		}
+	}
+	ps := make([]aggregator.Peers, n)
+	for i := range n {
+		ps[i] = aggregator.NewPairPeers(i, pairs[i])
+	}
+	return runPeers(ctx, TransportSHMPairs, o, ps) // closes ps, and so every pair
+}
+
+// shmPair sets up a two-rank shared-memory ring in this process.
+func shmPair(ctx context.Context, job string, secret []byte, frameElems int) ([2]*shmring.Ring, error) {
+	var rs [2]*shmring.Ring
+	var ps [2]*shmring.Pending
+	var offers [2]shmring.Offer
+	for i := range 2 {
+		p, o, err := shmring.Create(shmring.Config{JobID: job, Generation: 1, Rank: i, Size: 2, Secret: secret, MaxFrameElems: frameElems})
+		if err != nil {
+			if ps[0] != nil {
+				ps[0].Close()
+			}
+			return rs, err
+		}
+		ps[i], offers[i] = p, o
+	}
+	var errs [2]error
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() { rs[i], errs[i] = ps[i].Connect(ctx, offers[1-i]) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs[:]...); err != nil {
+		for _, r := range rs {
+			if r != nil {
+				r.Close()
+			}
+		}
+		return [2]*shmring.Ring{}, err
+	}
+	return rs, nil
 }
 
 // freePorts reserves n loopback ports by listening on port 0, and frees
@@ -553,13 +851,17 @@ func freePorts(ctx context.Context, n int) ([]string, error) {
 
 // WriteTable prints results in nccl-tests columns.
 func WriteTable(w io.Writer, rs []Result) error {
-	if _, err := fmt.Fprintf(w, "%-9s %5s %12s %10s %10s %10s %10s %10s\n",
-		"transport", "ranks", "size(B)", "time(ms)", "min(ms)", "max(ms)", "algbw", "busbw"); err != nil {
+	if _, err := fmt.Fprintf(w, "%-9s %-16s %5s %12s %10s %10s %10s %10s %10s %-16s %10s\n",
+		"transport", "algorithm", "ranks", "size(B)", "time(ms)", "min(ms)", "max(ms)", "algbw", "busbw", "model pick", "model(ms)"); err != nil {
 		return err
 	}
 	for _, r := range rs {
-		if _, err := fmt.Fprintf(w, "%-9s %5d %12d %10.3f %10.3f %10.3f %10.3f %10.3f\n",
-			r.Transport, r.Ranks, r.SizeBytes, r.TimeMS, r.MinMS, r.MaxMS, r.AlgBW, r.BusBW); err != nil {
+		algo := r.Ran
+		if r.Algorithm != r.Ran {
+			algo = r.Algorithm + ":" + r.Ran
+		}
+		if _, err := fmt.Fprintf(w, "%-9s %-16s %5d %12d %10.3f %10.3f %10.3f %10.3f %10.3f %-16s %10.3f\n",
+			r.Transport, algo, r.Ranks, r.SizeBytes, r.TimeMS, r.MinMS, r.MaxMS, r.AlgBW, r.BusBW, r.ModelPick, r.ModelMS); err != nil {
 			return err
 		}
 	}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/gradsync/gradsync/aggregator"
 )
 
 // childEnv makes this test binary act as a rank process (the helper
@@ -88,10 +90,10 @@ func TestProcessesSharedMemory(t *testing.T) {
 // other than the one asked for fails the run.
 func TestCollectRefusesAnotherTransport(t *testing.T) {
 	o := Options{Ranks: 1, Sizes: []int64{4}, Reps: 1}
-	if _, err := collect(TransportSHM, o, []rankTimes{{Rank: 0, SizeBytes: 4, TimesNS: []int64{1}, Transport: TransportGRPC}}); err == nil {
+	if _, err := collect(TransportSHM, o, aggregator.CostSHM, []rankTimes{{Rank: 0, SizeBytes: 4, TimesNS: []int64{1}, Transport: TransportGRPC}}); err == nil {
 		t.Fatal("a gRPC rank's times accepted as shm")
 	}
-	if _, err := collect(TransportSHM, o, []rankTimes{{Rank: 0, SizeBytes: 4, TimesNS: []int64{1}, Transport: TransportSHM}}); err != nil {
+	if _, err := collect(TransportSHM, o, aggregator.CostSHM, []rankTimes{{Rank: 0, SizeBytes: 4, TimesNS: []int64{1}, Transport: TransportSHM}}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -117,12 +119,12 @@ func TestCollectAuto(t *testing.T) {
 		return []rankTimes{{Rank: 0, SizeBytes: 4, TimesNS: []int64{1}, Transport: a}, {Rank: 1, SizeBytes: 4, TimesNS: []int64{2}, Transport: b}}
 	}
 	for _, plane := range []string{TransportGRPC, TransportSHM} {
-		rs, err := collect("", o, times(plane, plane))
+		rs, err := collect("", o, aggregator.CostGRPC, times(plane, plane))
 		if err != nil || len(rs) != 1 || rs[0].Transport != plane {
 			t.Errorf("%s on both ranks: %+v, %v", plane, rs, err)
 		}
 	}
-	if _, err := collect("", o, times(TransportSHM, TransportGRPC)); err == nil {
+	if _, err := collect("", o, aggregator.CostGRPC, times(TransportSHM, TransportGRPC)); err == nil {
 		t.Error("ranks on different data planes accepted")
 	}
 }
@@ -174,4 +176,54 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// TestAlgorithms: every algorithm, auto included, runs interleaved on the
+// transports that carry them, each on its own line naming what ran and
+// the model's pick; the process transports refuse them.
+func TestAlgorithms(t *testing.T) {
+	algos := []aggregator.Algorithm{aggregator.AlgoRing, aggregator.AlgoHalvingDoubling, aggregator.AlgoTree, aggregator.AlgoAuto}
+	o := Options{Ranks: 3, Sizes: []int64{4 << 10, 1 << 20}, Reps: 2, Warmup: 1, Algorithms: algos}
+	runs := map[string]func(context.Context, Options) ([]Result, error){TransportMem: RunMem}
+	if runtime.GOOS == "linux" {
+		runs[TransportSHMPairs] = RunSHMPairs
+	}
+	for transport, run := range runs {
+		o.Calibrate = transport == TransportSHMPairs
+		rs, err := run(t.Context(), o)
+		if err != nil {
+			t.Fatalf("%s: %v", transport, err)
+		}
+		if len(rs) != len(o.Sizes)*len(algos) {
+			t.Fatalf("%s: %d results, want %d: %+v", transport, len(rs), len(o.Sizes)*len(algos), rs)
+		}
+		for i, r := range rs {
+			want := algos[i%len(algos)]
+			if r.Transport != transport || r.Algorithm != want.String() || r.TimeMS <= 0 || r.ModelPick == "" || r.ModelMS <= 0 {
+				t.Errorf("%s: result %d: %+v", transport, i, r)
+			}
+			if len(r.Estimates) != len(aggregator.Algorithms) || r.ModelAlphaUS <= 0 {
+				t.Errorf("%s: result %d: estimates %v, alpha %vµs", transport, i, r.Estimates, r.ModelAlphaUS)
+			}
+			if want == aggregator.AlgoAuto && r.Ran != r.ModelPick {
+				t.Errorf("%s: auto ran %s, the model picks %s", transport, r.Ran, r.ModelPick)
+			}
+		}
+	}
+	_, err := RunParent(t.Context(), ParentOptions{Transport: TransportGRPC, Options: o}, os.Args[0], nil)
+	if err == nil || !strings.Contains(err.Error(), "runs the ring only") {
+		t.Errorf("grpc with peer algorithms: %v, want a refusal", err)
+	}
+}
+
+func TestParseAlgorithms(t *testing.T) {
+	got, err := ParseAlgorithms("ring,halving_doubling,tree,auto")
+	if err != nil || len(got) != 4 || got[1] != aggregator.AlgoHalvingDoubling {
+		t.Fatalf("%v, %v", got, err)
+	}
+	for _, bad := range []string{"ring,ring", "nccl", "ring,"} {
+		if _, err := ParseAlgorithms(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"os"
@@ -28,21 +29,30 @@ func newBenchCmd(g *globals) *cobra.Command {
 // `bench allreduce` runs.
 const allReduceChild = "allreduce-rank"
 
+// algoEnv overrides the all-reduce algorithm: a worker's (worker.Config.
+// Algorithm, for `gradsync worker` and `gradsync local`), and the default
+// of `bench allreduce --algorithm`.
+const algoEnv = "GRADSYNC_ALGO"
+
 // cpuProfileEnv passes --cpuprofile's prefix to the rank processes.
 const cpuProfileEnv = "GRADSYNC_BENCH_CPUPROFILE"
 
 func newBenchAllReduceCmd(g *globals) *cobra.Command {
 	var o allreduce.ParentOptions
-	var sizes, cpuProfile string
+	var sizes, cpuProfile, algos string
 	c := &cobra.Command{
 		Use:   "allreduce",
 		Short: "Ring all-reduce bandwidth over gRPC between N processes on loopback (nccl-tests columns)",
 		Example: `  gradsync bench allreduce --ranks 2 --sizes 1M,4M,16M,64M --json
-  gradsync bench allreduce --ranks 4 --transport mem`,
+  gradsync bench allreduce --ranks 4 --transport mem
+  gradsync bench allreduce --ranks 3 --transport shm-pairs --algorithm ring,halving_doubling,tree --sizes 4K,64K,1M`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			var err error
 			if o.Sizes, err = allreduce.ParseSizes(sizes); err != nil {
+				return err
+			}
+			if o.Algorithms, err = allreduce.ParseAlgorithms(algos); err != nil {
 				return err
 			}
 			exe, err := os.Executable()
@@ -66,7 +76,9 @@ func newBenchAllReduceCmd(g *globals) *cobra.Command {
 	f := c.Flags()
 	f.IntVar(&o.Ranks, "ranks", 2, "world size: this many processes (grpc) or in-memory ranks (mem)")
 	f.StringVar(&sizes, "sizes", "1M,4M,16M,64M", "buffer sizes in bytes (K, M, G suffixes: powers of 1024)")
-	f.StringVar(&o.Transport, "transport", allreduce.TransportGRPC, "grpc (separate processes, TCP on loopback), shm (separate processes, their gRPC ring moved to shared memory), auto (shm where the ranks can negotiate it, else grpc; each line names the one used, stderr says why) or mem")
+	f.StringVar(&o.Transport, "transport", allreduce.TransportGRPC, "grpc (separate processes, TCP on loopback), shm (separate processes, their gRPC ring moved to shared memory), auto (shm where the ranks can negotiate it, else grpc; each line names the one used, stderr says why), mem, or shm-pairs (ranks as goroutines of this process, a two-rank shared-memory ring per pair: every algorithm)")
+	f.StringVar(&algos, "algorithm", cmp.Or(os.Getenv(algoEnv), "ring"), "all-reduce algorithm (default: $GRADSYNC_ALGO, else ring): ring, halving_doubling, tree or auto (the cost model's pick per size); a comma-separated list times them interleaved, one line each. Algorithms other than ring need --transport mem or shm-pairs")
+	f.BoolVar(&o.Calibrate, "calibrate", false, "mem, shm-pairs: fit the cost model (α, β) to probe messages between ranks 0 and 1 first, instead of the transport's constants")
 	f.IntVar(&o.Reps, "reps", 15, "timed repetitions per size (the median is reported)")
 	f.IntVar(&o.Warmup, "warmup", 3, "untimed repetitions first")
 	f.IntVar(&o.FrameElems, "frame-elems", 0, "float32 values per ring frame (0: the collectives' default, 1 MiB of data)")

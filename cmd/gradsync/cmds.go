@@ -63,7 +63,8 @@ func newLocalCmd(g *globals) *cobra.Command {
 				HeartbeatTimeout: heartbeatTimeout}
 			// Local workers run entrypoint commands: this is the user's
 			// own machine.
-			wcfg := worker.Config{Logger: log, Insecure: g.sec.insecure, Threads: threads, AllowEntrypoints: true, RunsDir: runsDir, TracePath: tracePath}
+			wcfg := worker.Config{Logger: log, Insecure: g.sec.insecure, Threads: threads, AllowEntrypoints: true, RunsDir: runsDir, TracePath: tracePath,
+				Algorithm: os.Getenv(algoEnv)}
 			if wcfg.Link, err = netem.ParseRate(linkRate); err != nil {
 				return fmt.Errorf("--link-rate: %w", err)
 			}
@@ -253,6 +254,7 @@ func newWorkerCmd(g *globals) *cobra.Command {
 				return err
 			}
 			cfg.Insecure = g.sec.insecure
+			cfg.Algorithm = os.Getenv(algoEnv)
 			if cfg.MemoryLimit, err = parseMemory(memLimit); err != nil {
 				return fmt.Errorf("--memory-limit: %w", err)
 			}

@@ -350,7 +350,16 @@ type CollectiveSpec struct {
 	// those streams when the ring forms; a ring whose ranks cannot (another
 	// host, no /dev/shm) stays on gRPC, saying why in the worker's log and
 	// the run log. "auto": the same as "shm".
-	Transport     string `protobuf:"bytes,1,opt,name=transport,proto3" json:"transport,omitempty"`
+	Transport string `protobuf:"bytes,1,opt,name=transport,proto3" json:"transport,omitempty"`
+	// The all-reduce algorithm: "auto" (default, ""), "ring",
+	// "halving_doubling" or "tree" (aggregator.Algorithm). Unknown values
+	// are refused (InvalidArgument). A ring-mode job's training all-reduce
+	// runs over the worker's neighbour-only ring, which carries the ring
+	// algorithm alone: there "auto" is the ring, and "halving_doubling" and
+	// "tree" are refused as not implemented yet. The worker's
+	// GRADSYNC_ALGO environment variable overrides this field; the worker
+	// logs what was asked and what runs, and why.
+	Algorithm     string `protobuf:"bytes,2,opt,name=algorithm,proto3" json:"algorithm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -388,6 +397,13 @@ func (*CollectiveSpec) Descriptor() ([]byte, []int) {
 func (x *CollectiveSpec) GetTransport() string {
 	if x != nil {
 		return x.Transport
+	}
+	return ""
+}
+
+func (x *CollectiveSpec) GetAlgorithm() string {
+	if x != nil {
+		return x.Algorithm
 	}
 	return ""
 }
@@ -1744,9 +1760,10 @@ const file_gradsync_v1_spec_proto_rawDesc = "" +
 	"\v_batch_sizeB\t\n" +
 	"\a_epochsB\a\n" +
 	"\x05_seedB\x13\n" +
-	"\x11_eval_every_epoch\".\n" +
+	"\x11_eval_every_epoch\"L\n" +
 	"\x0eCollectiveSpec\x12\x1c\n" +
-	"\ttransport\x18\x01 \x01(\tR\ttransport\"\xd3\x01\n" +
+	"\ttransport\x18\x01 \x01(\tR\ttransport\x12\x1c\n" +
+	"\talgorithm\x18\x02 \x01(\tR\talgorithm\"\xd3\x01\n" +
 	"\x0fParallelismSpec\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\x05R\x04data\x125\n" +
 	"\bpipeline\x18\x02 \x01(\v2\x19.gradsync.v1.PipelineSpecR\bpipeline\x12!\n" +
