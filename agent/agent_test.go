@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"math"
+	"math/rand/v2"
 	"os"
 	"sync"
 	"testing"
@@ -337,5 +339,28 @@ func TestSocketMode(t *testing.T) {
 	di, err := os.Stat(k.dir)
 	if err != nil || di.Mode().Perm() != 0o700 {
 		t.Fatalf("directory mode %v (%v), want 0700", di.Mode(), err)
+	}
+}
+
+// TestAverage: a power-of-two world multiplies by 1/n and must equal the
+// division bit for bit; any other divides.
+func TestAverage(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{1, 2, 3, 4, 5, 8, 64} {
+		buf := make([]float32, 1001)
+		for i := range buf {
+			buf[i] = float32(rng.NormFloat64()) * float32(math.Pow(10, float64(rng.IntN(60)-30)))
+		}
+		buf[0], buf[1] = math.Float32frombits(1), math.MaxFloat32 // a subnormal, the largest
+		want := make([]float32, len(buf))
+		for i, v := range buf {
+			want[i] = v / float32(n)
+		}
+		average(buf, n)
+		for i := range buf {
+			if math.Float32bits(buf[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("n %d: element %d is %v, want %v", n, i, buf[i], want[i])
+			}
+		}
 	}
 }

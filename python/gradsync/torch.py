@@ -436,6 +436,22 @@ class _DistributedOptimizer:
             self._next += 1
 
     def _dispatch(self, b):
+        if self._shm is not None:
+            # Each gradient straight into its place in the shared region: one copy.
+            off = b.offset
+            for _, p in b.params:
+                n = p.numel()
+                dst = torch.from_numpy(self._shm[off:off + n])
+                if p.grad is None:
+                    dst.zero_()
+                else:
+                    dst.copy_(p.grad.detach().reshape(-1))
+                if self._passes > 1:
+                    dst.div_(self._passes)
+                off += n
+            n = off - b.offset
+            b.futures = [(0, n, self._a.allreduce_shared_async(b.offset, n, self._average))]
+            return
         grads = []
         for _, p in b.params:
             g = p.grad
@@ -445,11 +461,6 @@ class _DistributedOptimizer:
         flat = torch.cat(grads).to("cpu", torch.float32)
         if self._passes > 1:
             flat = flat / self._passes
-        if self._shm is not None:
-            n = flat.numel()
-            torch.from_numpy(self._shm[b.offset:b.offset + n]).copy_(flat)
-            b.futures = [(0, n, self._a.allreduce_shared_async(b.offset, n, self._average))]
-            return
         src = flat.numpy()
         step = self._a.max_elements
         b.futures = [(off, min(step, src.size - off), self._a.allreduce_async(src[off:off + step], self._average))
