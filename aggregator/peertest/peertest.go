@@ -18,14 +18,7 @@ import (
 	"time"
 
 	"github.com/gradsync/gradsync/aggregator"
-)
-
-// Timeouts, as in ringtest: healthy calls get okTimeout; calls expected to
-// fail get failTimeout and must return within failTimeout+grace.
-const (
-	okTimeout   = 2 * time.Minute
-	failTimeout = 2 * time.Second
-	grace       = 10 * time.Second
+	"github.com/gradsync/gradsync/aggregator/internal/suite"
 )
 
 // NewPeers returns n connected ranks, element i being rank i, fresh for
@@ -46,36 +39,6 @@ func Run(t *testing.T, newPeers NewPeers) {
 		})
 	}
 	t.Run("Sequence", func(t *testing.T) { testSequence(t, newPeers) })
-}
-
-func each(ctx context.Context, ps []aggregator.Peers, fn func(ctx context.Context, rank int, p aggregator.Peers) error) ([]error, []time.Duration) {
-	errs := make([]error, len(ps))
-	took := make([]time.Duration, len(ps))
-	var wg sync.WaitGroup
-	for i, p := range ps {
-		wg.Go(func() {
-			start := time.Now()
-			errs[i] = fn(ctx, i, p)
-			took[i] = time.Since(start)
-		})
-	}
-	wg.Wait()
-	return errs, took
-}
-
-func okCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), okTimeout)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func mustAll(t *testing.T, errs []error) {
-	t.Helper()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", i, err)
-		}
-	}
 }
 
 // jitter wraps a Peers and sleeps a random 0–200 µs before about a third
@@ -144,8 +107,6 @@ func lengths(n int) []int {
 // exactInput is rank r's element i: a small integer, so every partial sum
 // is exact in float32 and the total is n(n+1)/2·(i mod 251 + 1) whatever
 // the summation order.
-func exactInput(r, i int) float32 { return float32((r + 1) * (i%251 + 1)) }
-
 func testExact(t *testing.T, a aggregator.Algorithm, newPeers NewPeers) {
 	for n := 1; n <= 5; n++ {
 		for _, l := range lengths(n) {
@@ -161,13 +122,13 @@ func testExact(t *testing.T, a aggregator.Algorithm, newPeers NewPeers) {
 					for r := range bufs {
 						bufs[r] = make([]float32, l)
 						for i := range bufs[r] {
-							bufs[r][i] = exactInput(r, i)
+							bufs[r][i] = suite.ExactInput(r, i)
 						}
 					}
-					errs, _ := each(okCtx(t), ps, func(ctx context.Context, rank int, p aggregator.Peers) error {
+					errs, _ := suite.Each(suite.OKCtx(t), ps, func(ctx context.Context, rank int, p aggregator.Peers) error {
 						return aggregator.AllReduceWith(ctx, p, a, bufs[rank], 1, opt)
 					})
-					mustAll(t, errs)
+					suite.MustAll(t, errs)
 					tri := n * (n + 1) / 2
 					for r, b := range bufs {
 						for i, v := range b {
@@ -214,10 +175,10 @@ func testRandom(t *testing.T, a aggregator.Algorithm, newPeers NewPeers) {
 						}
 					}
 					opt := aggregator.Options{MaxFrameElems: fe}
-					errs, _ := each(okCtx(t), ps, func(ctx context.Context, rank int, p aggregator.Peers) error {
+					errs, _ := suite.Each(suite.OKCtx(t), ps, func(ctx context.Context, rank int, p aggregator.Peers) error {
 						return aggregator.AllReduceWith(ctx, p, a, bufs[rank], 9, opt)
 					})
-					mustAll(t, errs)
+					suite.MustAll(t, errs)
 					for i := range l {
 						bits := math.Float32bits(bufs[0][i])
 						for r := 1; r < n; r++ {
@@ -248,14 +209,14 @@ func testSequence(t *testing.T, newPeers NewPeers) {
 			const l = 1031
 			opt := aggregator.Options{MaxFrameElems: 100, Generation: 7}
 			tri := float32(n * (n + 1) / 2)
-			errs, _ := each(okCtx(t), ps, func(ctx context.Context, rank int, p aggregator.Peers) error {
+			errs, _ := suite.Each(suite.OKCtx(t), ps, func(ctx context.Context, rank int, p aggregator.Peers) error {
 				b := make([]float32, l)
 				step := int64(0)
 				for range 2 {
 					for _, a := range aggregator.Algorithms {
 						step++
 						for i := range b {
-							b[i] = float32(step) * exactInput(rank, i)
+							b[i] = float32(step) * suite.ExactInput(rank, i)
 						}
 						if err := aggregator.AllReduceWith(ctx, p, a, b, step, opt); err != nil {
 							return err
@@ -269,41 +230,12 @@ func testSequence(t *testing.T, newPeers NewPeers) {
 				}
 				return nil
 			})
-			mustAll(t, errs)
+			suite.MustAll(t, errs)
 		})
 	}
 }
 
-type failCase struct {
-	name  string
-	peers []aggregator.Peers
-	call  func(ctx context.Context, rank int, p aggregator.Peers) error
-	check func(t *testing.T, errs []error)
-}
-
-// runFailing runs every case under one failTimeout context, checks that no
-// rank hung, and then runs each case's check as a subtest.
-func runFailing(t *testing.T, cases []failCase) {
-	ctx, cancel := context.WithTimeout(t.Context(), failTimeout)
-	defer cancel()
-	errs := make([][]error, len(cases))
-	took := make([][]time.Duration, len(cases))
-	var wg sync.WaitGroup
-	for i, c := range cases {
-		wg.Go(func() { errs[i], took[i] = each(ctx, c.peers, c.call) })
-	}
-	wg.Wait()
-	for i, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			for r, d := range took[i] {
-				if d > failTimeout+grace {
-					t.Errorf("rank %d: returned after %v, want within %v of the %v deadline", r, d, grace, failTimeout)
-				}
-			}
-			c.check(t, errs[i])
-		})
-	}
-}
+type failCase = suite.FailCase[aggregator.Peers]
 
 // testMismatch makes rank 0 disagree with the others about the call (its
 // step, length, generation or algorithm): every rank must fail, none may
@@ -350,10 +282,10 @@ func testMismatch(t *testing.T, a aggregator.Algorithm, newPeers NewPeers) {
 	for _, n := range []int{2, 3, 5} {
 		for _, k := range kinds {
 			cases = append(cases, failCase{
-				name:  fmt.Sprintf("%s/n=%d", k.name, n),
-				peers: newPeers(t, n),
-				call:  k.call,
-				check: func(t *testing.T, errs []error) {
+				Name:  fmt.Sprintf("%s/n=%d", k.name, n),
+				Ranks: newPeers(t, n),
+				Call:  k.call,
+				Check: func(t *testing.T, errs []error) {
 					some := false
 					for r, err := range errs {
 						if err == nil {
@@ -368,7 +300,7 @@ func testMismatch(t *testing.T, a aggregator.Algorithm, newPeers NewPeers) {
 			})
 		}
 	}
-	runFailing(t, cases)
+	suite.RunFailing(t, cases)
 }
 
 // killer wraps the victim: when it is about to send its frame number
@@ -415,15 +347,15 @@ func testDeadRank(t *testing.T, a aggregator.Algorithm, newPeers NewPeers) {
 				ps[victim] = &killer{Peers: ps[victim], after: 3}
 			}
 			cases = append(cases, failCase{
-				name:  fmt.Sprintf("%s/n=%d", when, n),
-				peers: ps,
-				call: func(ctx context.Context, rank int, p aggregator.Peers) error {
+				Name:  fmt.Sprintf("%s/n=%d", when, n),
+				Ranks: ps,
+				Call: func(ctx context.Context, rank int, p aggregator.Peers) error {
 					if when == "before" && rank == victim {
 						return nil
 					}
 					return aggregator.AllReduceWith(ctx, p, a, make([]float32, 4099), 1, aggregator.Options{MaxFrameElems: 16})
 				},
-				check: func(t *testing.T, errs []error) {
+				Check: func(t *testing.T, errs []error) {
 					for r, err := range errs {
 						if r == victim {
 							if when == "during" && err == nil {
@@ -447,7 +379,7 @@ func testDeadRank(t *testing.T, a aggregator.Algorithm, newPeers NewPeers) {
 			})
 		}
 	}
-	runFailing(t, cases)
+	suite.RunFailing(t, cases)
 }
 
 // Pairs builds n ranks of aggregator.PairPeers from two-rank rings:

@@ -11,21 +11,11 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/gradsync/gradsync/aggregator"
-)
-
-// Timeouts. Healthy calls get okTimeout (generous for -race on small
-// machines); calls that are expected to fail get failTimeout, and must
-// return within failTimeout+grace.
-const (
-	okTimeout   = 2 * time.Minute
-	failTimeout = 2 * time.Second
-	grace       = 10 * time.Second
+	"github.com/gradsync/gradsync/aggregator/internal/suite"
 )
 
 // bigLen is "a couple of MiB" of float32 (2.5 MiB), odd so that it is not
@@ -52,36 +42,6 @@ func Run(t *testing.T, newRing func(t *testing.T, n int) []aggregator.Ring) {
 
 // each runs fn concurrently on every rank under one context and returns
 // the per-rank errors and how long each rank took.
-func each(ctx context.Context, rings []aggregator.Ring, fn func(ctx context.Context, rank int, r aggregator.Ring) error) ([]error, []time.Duration) {
-	errs := make([]error, len(rings))
-	took := make([]time.Duration, len(rings))
-	var wg sync.WaitGroup
-	for i, r := range rings {
-		wg.Go(func() {
-			start := time.Now()
-			errs[i] = fn(ctx, i, r)
-			took[i] = time.Since(start)
-		})
-	}
-	wg.Wait()
-	return errs, took
-}
-
-func okCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), okTimeout)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func mustAll(t *testing.T, errs []error) {
-	t.Helper()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", i, err)
-		}
-	}
-}
-
 // frameCheck wraps a Ring and records the largest payload it sent.
 type frameCheck struct {
 	aggregator.Ring
@@ -128,8 +88,6 @@ func lengths(n int, big bool) []int {
 // so every partial sum is exact in float32 and the expected total is
 // n(n+1)/2·(i mod 251 + 1) whatever the summation order. Varying with i
 // catches misplaced offsets.
-func exactInput(r, i int) float32 { return float32((r + 1) * (i%251 + 1)) }
-
 func testAllReduceExact(t *testing.T, newRing func(t *testing.T, n int) []aggregator.Ring) {
 	for n := 1; n <= 8; n++ {
 		for _, l := range lengths(n, true) {
@@ -145,13 +103,13 @@ func testAllReduceExact(t *testing.T, newRing func(t *testing.T, n int) []aggreg
 					for r := range bufs {
 						bufs[r] = make([]float32, l)
 						for i := range bufs[r] {
-							bufs[r][i] = exactInput(r, i)
+							bufs[r][i] = suite.ExactInput(r, i)
 						}
 					}
-					errs, _ := each(okCtx(t), rings, func(ctx context.Context, rank int, r aggregator.Ring) error {
+					errs, _ := suite.Each(suite.OKCtx(t), rings, func(ctx context.Context, rank int, r aggregator.Ring) error {
 						return aggregator.AllReduce(ctx, r, bufs[rank], 1, opt)
 					})
-					mustAll(t, errs)
+					suite.MustAll(t, errs)
 					tri := n * (n + 1) / 2
 					for r, b := range bufs {
 						for i, v := range b {
@@ -194,10 +152,10 @@ func testAllReduceRandom(t *testing.T, newRing func(t *testing.T, n int) []aggre
 						}
 					}
 					opt := aggregator.Options{MaxFrameElems: fe}
-					errs, _ := each(okCtx(t), rings, func(ctx context.Context, rank int, r aggregator.Ring) error {
+					errs, _ := suite.Each(suite.OKCtx(t), rings, func(ctx context.Context, rank int, r aggregator.Ring) error {
 						return aggregator.AllReduce(ctx, r, bufs[rank], 9, opt)
 					})
-					mustAll(t, errs)
+					suite.MustAll(t, errs)
 					for i := range l {
 						bits := math.Float32bits(bufs[0][i])
 						for r := 1; r < n; r++ {
@@ -232,11 +190,11 @@ func testSequence(t *testing.T, newRing func(t *testing.T, n int) []aggregator.R
 				gathered[r] = make([]float32, n*l)
 			}
 			tri := float32(n * (n + 1) / 2)
-			errs, _ := each(okCtx(t), rings, func(ctx context.Context, rank int, r aggregator.Ring) error {
+			errs, _ := suite.Each(suite.OKCtx(t), rings, func(ctx context.Context, rank int, r aggregator.Ring) error {
 				b := bufs[rank]
 				for step := int64(1); step <= 3; step++ {
 					for i := range b {
-						b[i] = float32(step) * exactInput(rank, i)
+						b[i] = float32(step) * suite.ExactInput(rank, i)
 					}
 					if err := aggregator.AllReduce(ctx, r, b, step, opt); err != nil {
 						return err
@@ -264,7 +222,7 @@ func testSequence(t *testing.T, newRing func(t *testing.T, n int) []aggregator.R
 				}
 				return aggregator.AllReduce(ctx, r, b[:0], 7, opt)
 			})
-			mustAll(t, errs)
+			suite.MustAll(t, errs)
 			for r, g := range gathered {
 				for i, v := range g {
 					if want := 3 * tri * float32(i%l%251+1); v != want {
@@ -283,7 +241,7 @@ func testAllGather(t *testing.T, newRing func(t *testing.T, n int) []aggregator.
 				t.Run(fmt.Sprintf("n=%d/k=%d/frame=%d", n, k, fe), func(t *testing.T) {
 					rings := newRing(t, n)
 					dsts := make([][]float32, n)
-					errs, _ := each(okCtx(t), rings, func(ctx context.Context, rank int, r aggregator.Ring) error {
+					errs, _ := suite.Each(suite.OKCtx(t), rings, func(ctx context.Context, rank int, r aggregator.Ring) error {
 						src := make([]float32, k)
 						for j := range src {
 							src[j] = float32(rank*100000 + j)
@@ -294,7 +252,7 @@ func testAllGather(t *testing.T, newRing func(t *testing.T, n int) []aggregator.
 						}
 						return aggregator.AllGather(ctx, r, dsts[rank], src, 2, aggregator.Options{MaxFrameElems: fe})
 					})
-					mustAll(t, errs)
+					suite.MustAll(t, errs)
 					for r, d := range dsts {
 						for i, v := range d {
 							if want := float32(i/k*100000 + i%k); v != want {
@@ -326,10 +284,10 @@ func testBroadcast(t *testing.T, newRing func(t *testing.T, n int) []aggregator.
 								}
 							}
 						}
-						errs, _ := each(okCtx(t), rings, func(ctx context.Context, rank int, r aggregator.Ring) error {
+						errs, _ := suite.Each(suite.OKCtx(t), rings, func(ctx context.Context, rank int, r aggregator.Ring) error {
 							return aggregator.Broadcast(ctx, r, bufs[rank], root, 3, aggregator.Options{MaxFrameElems: fe})
 						})
-						mustAll(t, errs)
+						suite.MustAll(t, errs)
 						for r, b := range bufs {
 							for i, v := range b {
 								if want := float32(i) + 0.5; v != want {
@@ -352,7 +310,7 @@ func testBarrier(t *testing.T, newRing func(t *testing.T, n int) []aggregator.Ri
 			rings := newRing(t, n)
 			const rounds = 5
 			var entered [rounds]atomic.Int32
-			errs, _ := each(okCtx(t), rings, func(ctx context.Context, rank int, r aggregator.Ring) error {
+			errs, _ := suite.Each(suite.OKCtx(t), rings, func(ctx context.Context, rank int, r aggregator.Ring) error {
 				for round := range rounds {
 					entered[round].Add(1)
 					if err := aggregator.Barrier(ctx, r, int64(round), aggregator.Options{}); err != nil {
@@ -364,7 +322,7 @@ func testBarrier(t *testing.T, newRing func(t *testing.T, n int) []aggregator.Ri
 				}
 				return nil
 			})
-			mustAll(t, errs)
+			suite.MustAll(t, errs)
 		})
 	}
 }
@@ -372,36 +330,7 @@ func testBarrier(t *testing.T, newRing func(t *testing.T, n int) []aggregator.Ri
 // failCase is one scenario in which collectives must fail. The cases of a
 // test run concurrently, so that the ranks that can only fail by their
 // deadline wait for it once per test rather than once per case.
-type failCase struct {
-	name  string
-	rings []aggregator.Ring
-	call  func(ctx context.Context, rank int, r aggregator.Ring) error
-	check func(t *testing.T, errs []error)
-}
-
-// runFailing runs every case under one failTimeout context, checks that no
-// rank hung, and then runs each case's check as a subtest.
-func runFailing(t *testing.T, cases []failCase) {
-	ctx, cancel := context.WithTimeout(t.Context(), failTimeout)
-	defer cancel()
-	errs := make([][]error, len(cases))
-	took := make([][]time.Duration, len(cases))
-	var wg sync.WaitGroup
-	for i, c := range cases {
-		wg.Go(func() { errs[i], took[i] = each(ctx, c.rings, c.call) })
-	}
-	wg.Wait()
-	for i, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			for r, d := range took[i] {
-				if d > failTimeout+grace {
-					t.Errorf("rank %d: returned after %v, want within %v of the %v deadline", r, d, grace, failTimeout)
-				}
-			}
-			c.check(t, errs[i])
-		})
-	}
-}
+type failCase = suite.FailCase[aggregator.Ring]
 
 // allFail checks that every rank except skip (-1: none) failed.
 func allFail(t *testing.T, errs []error, skip int) {
@@ -462,10 +391,10 @@ func testMismatch(t *testing.T, newRing func(t *testing.T, n int) []aggregator.R
 				continue
 			}
 			cases = append(cases, failCase{
-				name:  fmt.Sprintf("%s/n=%d", k.name, n),
-				rings: newRing(t, n),
-				call:  k.call,
-				check: func(t *testing.T, errs []error) {
+				Name:  fmt.Sprintf("%s/n=%d", k.name, n),
+				Ranks: newRing(t, n),
+				Call:  k.call,
+				Check: func(t *testing.T, errs []error) {
 					if k.allFail {
 						allFail(t, errs, -1)
 					}
@@ -479,7 +408,7 @@ func testMismatch(t *testing.T, newRing func(t *testing.T, n int) []aggregator.R
 			})
 		}
 	}
-	runFailing(t, cases)
+	suite.RunFailing(t, cases)
 }
 
 // killer wraps the victim's Ring: after it has received `after` frames it
@@ -521,16 +450,16 @@ func testDeadRank(t *testing.T, newRing func(t *testing.T, n int) []aggregator.R
 				rings[victim] = &killer{Ring: rings[victim], after: 5}
 			}
 			cases = append(cases, failCase{
-				name:  fmt.Sprintf("%s/n=%d", when, n),
-				rings: rings,
-				call: func(ctx context.Context, rank int, r aggregator.Ring) error {
+				Name:  fmt.Sprintf("%s/n=%d", when, n),
+				Ranks: rings,
+				Call: func(ctx context.Context, rank int, r aggregator.Ring) error {
 					if when == "before" && rank == victim {
 						return nil
 					}
 					// Small frames: many of them, so the victim dies mid-call.
 					return aggregator.AllReduce(ctx, r, make([]float32, 4099), 1, aggregator.Options{MaxFrameElems: 16})
 				},
-				check: func(t *testing.T, errs []error) {
+				Check: func(t *testing.T, errs []error) {
 					skip := -1
 					if when == "before" {
 						skip = victim
@@ -546,5 +475,5 @@ func testDeadRank(t *testing.T, newRing func(t *testing.T, n int) []aggregator.R
 			})
 		}
 	}
-	runFailing(t, cases)
+	suite.RunFailing(t, cases)
 }

@@ -31,7 +31,7 @@ var layers = []struct {
 	{"programs and end-to-end tests", []string{"cmd/…", "test", "test/…", "docs/…", "scripts/…"}},
 	{"shells (gRPC, processes, I/O)", []string{"server", "worker", "agent", "paramserver", "federation", "bench/…"}},
 	{"cores and domain packages", []string{
-		"coordinator", "aggregator", "aggregator/ringrpc", "aggregator/ringtest", "aggregator/peertest", "aggregator/shmring", "paramserver/psstep", "compress",
+		"coordinator", "aggregator", "aggregator/ringrpc", "aggregator/ringtest", "aggregator/peertest", "aggregator/internal/suite", "aggregator/shmring", "paramserver/psstep", "compress",
 		"federated", "models", "models/modeltest", "data", "checkpoint", "jobspec", "pipeline",
 		"pipeline/stage", "pipeline/stage/stagetest", "pipeline/peerrpc", "tensorpar"}},
 	{"machinery (internal)", []string{"internal/…"}},
