@@ -13,6 +13,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import gradsync.torch as gs  # noqa: E402
+from entry_checks import exit_unless_ranks_agree  # noqa: E402
 
 STEPS, BATCH = 24, 32
 
@@ -51,12 +52,7 @@ def main():
         with torch.no_grad():
             losses.append(float(loss_fn(model(x), y)))  # the full batch's loss, the same on every rank
         gs.report(step=s + 1, total_steps=STEPS, loss=losses[-1])
-    mine = [p.detach().clone() for p in model.parameters()]
-    gs.broadcast_parameters(model.state_dict(), root_rank=0)
-    for (name, p), q in zip(model.named_parameters(), mine):
-        if not torch.equal(p, q):
-            print(f"rank {rank}: {name} differs from rank 0's", file=sys.stderr)
-            sys.exit(1)
+    exit_unless_ranks_agree(model, rank)
     if not losses[-1] < 0.7 * losses[0]:
         print(f"rank {rank}: loss {losses[0]:.4f} -> {losses[-1]:.4f}: it did not go down", file=sys.stderr)
         sys.exit(1)

@@ -17,6 +17,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import gradsync.torch as gs  # noqa: E402
+from entry_checks import exit_unless_ranks_agree  # noqa: E402
 
 STEPS, BATCH, TOL = 20, 24, 1e-5
 
@@ -72,12 +73,7 @@ def main():
         if rel > TOL:
             print(f"rank {rank}: {name} differs from full-batch training by {rel:.3g} relative", file=sys.stderr)
             sys.exit(1)
-    mine = [p.detach().clone() for p in model.parameters()]
-    gs.broadcast_parameters(model.state_dict(), root_rank=0)
-    for (name, p), q in zip(model.named_parameters(), mine):
-        if not torch.equal(p, q):
-            print(f"rank {rank}: {name} differs from rank 0's", file=sys.stderr)
-            sys.exit(1)
+    exit_unless_ranks_agree(model, rank)
     print(f"rank {rank}: DDPHOOK OK (worst relative difference {worst:.3g})", flush=True)
     gs.report(final=True, step=STEPS, test_accuracy=0.0)
 

@@ -16,6 +16,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import gradsync.torch as gs  # noqa: E402
+from entry_checks import exit_unless_ranks_agree  # noqa: E402
 
 TOTAL, BATCH, CRASH_AT = 30, 24, 8
 
@@ -58,12 +59,7 @@ def main():
         opt.step()
         gs.save_checkpoint({"model": model.state_dict(), "optim": sgd.state_dict(), "step": s + 1}, path)
         gs.report(step=s + 1, total_steps=TOTAL, loss=float(loss))
-    mine = [p.detach().clone() for p in model.parameters()]
-    gs.broadcast_parameters(model.state_dict(), root_rank=0)
-    for (name, p), q in zip(model.named_parameters(), mine):
-        if not torch.equal(p, q):
-            print(f"rank {rank}: {name} differs from rank 0's", file=sys.stderr)
-            sys.exit(1)
+    exit_unless_ranks_agree(model, rank)
     print(f"rank {rank}: ELASTIC OK generation={gen} size={size} start={start}", flush=True)
     gs.report(final=True, step=TOTAL, test_accuracy=0.0)
 
