@@ -167,8 +167,8 @@ type commandFailed struct{ msg string }
 func (e *commandFailed) Error() string { return e.msg }
 
 // hungScript is why the watcher stopped a script: its peers broke the
-// ring while it had made no collective call for over half the step
-// timeout, so the others gave up waiting for it.
+// ring while it had made no collective call for about the step timeout
+// (hungFraction of it), so the others gave up waiting for it.
 type hungScript struct {
 	idle    time.Duration
 	last    string
@@ -192,12 +192,22 @@ type brokenRing interface {
 	BrokenErr() error
 }
 
+// hungFraction is how much of the step timeout a script must have been
+// idle for when its ring breaks to be called hung. Its peers give up on
+// it after waiting the whole step timeout in a collective they entered
+// as its last call ended (give or take the ring's latency), so a hung
+// script has been idle for about that long; a healthy one that computes
+// without collectives (an evaluation) while a peer crashes is idle for
+// less, unless it computes for nearly the step timeout. Such a script
+// would be evicted from an elastic job with the crashed one.
+const hungFraction = 0.9
+
 // watchHung waits until ctx ends or ring breaks. A script that has made
-// no collective call for over half the step timeout when its peers break
-// the ring is the one they gave up waiting for: watchHung returns why, and
+// no collective call for about the step timeout when its peers break the
+// ring is the one they gave up waiting for: watchHung returns why, and
 // its rank reports it with its worker and its stderr, which its peers
-// cannot (now is the clock). A script that was calling learns of the break from its next
-// call and exits on its own (nil).
+// cannot (now is the clock). A script that was calling learns of the
+// break from its next call and exits on its own (nil).
 func watchHung(ctx context.Context, ring brokenRing, srv *agent.Server, timeout time.Duration, now func() time.Time) *hungScript {
 	select {
 	case <-ring.Broken():
@@ -205,7 +215,7 @@ func watchHung(ctx context.Context, ring brokenRing, srv *agent.Server, timeout 
 		return nil
 	}
 	idle, last := srv.Idle(now())
-	if idle < timeout/2 {
+	if idle < time.Duration(hungFraction*float64(timeout)) {
 		return nil
 	}
 	return &hungScript{idle: idle, last: last, timeout: timeout, cause: ring.BrokenErr()}

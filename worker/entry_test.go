@@ -197,7 +197,7 @@ func (b *brokenAt) Broken() <-chan struct{} { return b.ch }
 func (b *brokenAt) BrokenErr() error        { return b.err }
 
 // TestWatchHung: a ring broken while the script has made no call for
-// half the step timeout names the script as hung; one broken while a
+// most of the step timeout names the script as hung; one broken while a
 // call is under way, or soon after one, is left to the script's own
 // error; the watcher returns when its context ends.
 func TestWatchHung(t *testing.T) {
@@ -208,12 +208,18 @@ func TestWatchHung(t *testing.T) {
 	}
 	ring := &brokenAt{ch: make(chan struct{}), err: errors.New("rank 0 is gone")}
 	close(ring.ch)
-	// Just made: idle for far less than half the timeout.
+	// Just made: idle for far less than the timeout.
 	if h := watchHung(t.Context(), ring, srv, timeout, time.Now); h != nil {
 		t.Errorf("a fresh agent's script called hung: %v", h)
 	}
-	// Half the timeout later, with no call made.
-	later := func() time.Time { return time.Now().Add(timeout / 2) }
+	// Half the timeout later: a script computing without collectives
+	// (an evaluation) while a peer crashed; not hung.
+	half := func() time.Time { return time.Now().Add(timeout / 2) }
+	if h := watchHung(t.Context(), ring, srv, timeout, half); h != nil {
+		t.Errorf("idle for half the timeout: called hung: %v", h)
+	}
+	// Most of the timeout later, with no call made.
+	later := func() time.Time { return time.Now().Add(timeout * 9 / 10) }
 	h := watchHung(t.Context(), ring, srv, timeout, later)
 	if h == nil || !strings.Contains(h.Error(), "rank 0 is gone") || !strings.Contains(h.Error(), "the last: none") {
 		t.Errorf("an idle script: %v, want it named hung with the ring's cause", h)
