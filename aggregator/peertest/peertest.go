@@ -107,14 +107,21 @@ func lengths(n int) []int {
 // exactInput is rank r's element i: a small integer, so every partial sum
 // is exact in float32 and the total is n(n+1)/2·(i mod 251 + 1) whatever
 // the summation order.
+//
+// The cases of one world run one after another on the same ranks (each
+// its own step), as a job's collectives do: setting up a world of pairs
+// costs far more than a small collective over it.
 func testExact(t *testing.T, a aggregator.Algorithm, newPeers NewPeers) {
 	for n := 1; n <= 5; n++ {
+		base := newPeers(t, n)
+		step := int64(0)
 		for _, l := range lengths(n) {
 			for _, fe := range []int{0, 7} {
+				step++
 				t.Run(fmt.Sprintf("n=%d/len=%d/frame=%d", n, l, fe), func(t *testing.T) {
 					opt := aggregator.Options{MaxFrameElems: fe, Generation: 3}
 					var maxSeen atomic.Int64
-					ps := withJitter(newPeers(t, n), uint64(n*100000+l))
+					ps := withJitter(base, uint64(n*100000+l))
 					for i, p := range ps {
 						ps[i] = frameCheck{p, &maxSeen}
 					}
@@ -126,7 +133,7 @@ func testExact(t *testing.T, a aggregator.Algorithm, newPeers NewPeers) {
 						}
 					}
 					errs, _ := suite.Each(suite.OKCtx(t), ps, func(ctx context.Context, rank int, p aggregator.Peers) error {
-						return aggregator.AllReduceWith(ctx, p, a, bufs[rank], 1, opt)
+						return aggregator.AllReduceWith(ctx, p, a, bufs[rank], step, opt)
 					})
 					suite.MustAll(t, errs)
 					tri := n * (n + 1) / 2
@@ -157,10 +164,13 @@ func testExact(t *testing.T, a aggregator.Algorithm, newPeers NewPeers) {
 // the serial sum's, never between ranks).
 func testRandom(t *testing.T, a aggregator.Algorithm, newPeers NewPeers) {
 	for n := 2; n <= 5; n++ {
+		base := newPeers(t, n) // the world's cases in turn, as in testExact
+		step := int64(0)
 		for _, l := range []int{n + 1, 4099, 100003} {
 			for _, fe := range []int{0, 1000} {
+				step++
 				t.Run(fmt.Sprintf("n=%d/len=%d/frame=%d", n, l, fe), func(t *testing.T) {
-					ps := withJitter(newPeers(t, n), uint64(l))
+					ps := withJitter(base, uint64(l))
 					bufs := make([][]float32, n)
 					serial := make([]float32, l)
 					abs := make([]float64, l)
@@ -176,7 +186,7 @@ func testRandom(t *testing.T, a aggregator.Algorithm, newPeers NewPeers) {
 					}
 					opt := aggregator.Options{MaxFrameElems: fe}
 					errs, _ := suite.Each(suite.OKCtx(t), ps, func(ctx context.Context, rank int, p aggregator.Peers) error {
-						return aggregator.AllReduceWith(ctx, p, a, bufs[rank], 9, opt)
+						return aggregator.AllReduceWith(ctx, p, a, bufs[rank], step, opt)
 					})
 					suite.MustAll(t, errs)
 					for i := range l {
