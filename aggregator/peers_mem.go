@@ -121,22 +121,10 @@ func (m *MemPeers) Recv(ctx context.Context, from int) (Frame, error) {
 }
 
 // broken reports a done context, this rank closed, or peer (if not nil)
-// closed, in that order.
+// closed, in that order (memBroken).
 func (m *MemPeers) broken(ctx context.Context, peer *MemPeers) error {
-	if err := ctx.Err(); err != nil {
-		return err
+	if peer == nil {
+		return memBroken(ctx, m.dead, nil, 0)
 	}
-	select {
-	case <-m.dead:
-		return ErrClosed
-	default:
-	}
-	if peer != nil {
-		select {
-		case <-peer.dead:
-			return &PeerError{Rank: peer.rank, Err: ErrPeerGone}
-		default:
-		}
-	}
-	return nil
+	return memBroken(ctx, m.dead, peer.dead, peer.rank)
 }

@@ -126,18 +126,29 @@ func (m *MemRing) RecvLeft(ctx context.Context) (Frame, error) {
 // broken reports a done context, this rank closed, or peer (if not nil)
 // closed, in that order.
 func (m *MemRing) broken(ctx context.Context, peer *MemRing) error {
+	if peer == nil {
+		return memBroken(ctx, m.dead, nil, 0)
+	}
+	return memBroken(ctx, m.dead, peer.dead, peer.rank)
+}
+
+// memBroken is the in-memory transports' check before and while they
+// wait: a done context, this rank's dead channel closed (ErrClosed), or
+// the peer's (if not nil) closed (a *PeerError naming peerRank), in that
+// order.
+func memBroken(ctx context.Context, dead, peerDead <-chan struct{}, peerRank int) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	select {
-	case <-m.dead:
+	case <-dead:
 		return ErrClosed
 	default:
 	}
-	if peer != nil {
+	if peerDead != nil {
 		select {
-		case <-peer.dead:
-			return m.peerGone(peer)
+		case <-peerDead:
+			return &PeerError{Rank: peerRank, Err: ErrPeerGone}
 		default:
 		}
 	}

@@ -137,16 +137,16 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 			return nil, fmt.Errorf("entrypoint stopped: %w", ctx.Err())
 		}
 		msg := fmt.Sprintf("rank %d on worker %s: %v", a.Rank, env.worker, err)
+		// A call of its own that it cancelled by exiting leaves the
+		// agent failed with Canceled: the ring was not at fault.
 		aerr := srv.Err()
-		if aerr != nil && hung == nil {
+		ringFailed := aerr != nil && status.Code(aerr) != codes.Canceled
+		if ringFailed && hung == nil {
 			msg += fmt.Sprintf(" (the agent's ring failed first: %v)", aerr)
 		}
 		if tail := p.stderrTail(); tail != "" {
 			msg += "; last lines of its stderr:\n" + tail
 		}
-		// A call of its own that it cancelled by exiting leaves the
-		// agent failed with Canceled: the ring was not at fault.
-		ringFailed := aerr != nil && status.Code(aerr) != codes.Canceled
 		if hung != nil || (!ringFailed && jr.brokenErr() == nil) {
 			// Its own command failed while its ring was whole (or it
 			// hung while its peers waited): the cause, not a victim.
@@ -198,9 +198,10 @@ type brokenRing interface {
 // as its last call ended (give or take the ring's latency), so a hung
 // script has been idle for about that long; a healthy one that computes
 // without collectives (an evaluation) while a peer crashes is idle for
-// less, unless it computes for nearly the step timeout. Such a script
-// would be evicted from an elastic job with the crashed one.
-const hungFraction = 0.9
+// less, unless it computes for most of the step timeout. Such a script
+// would be evicted from an elastic job with the crashed one. The 20 %
+// margin covers the ranks' skew at their last call and a loaded machine.
+const hungFraction = 0.8
 
 // watchHung waits until ctx ends or ring breaks. A script that has made
 // no collective call for about the step timeout when its peers break the

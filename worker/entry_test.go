@@ -219,7 +219,7 @@ func TestWatchHung(t *testing.T) {
 		t.Errorf("idle for half the timeout: called hung: %v", h)
 	}
 	// Most of the timeout later, with no call made.
-	later := func() time.Time { return time.Now().Add(timeout * 9 / 10) }
+	later := func() time.Time { return time.Now().Add(timeout * 8 / 10) }
 	h := watchHung(t.Context(), ring, srv, timeout, later)
 	if h == nil || !strings.Contains(h.Error(), "rank 0 is gone") || !strings.Contains(h.Error(), "the last: none") {
 		t.Errorf("an idle script: %v, want it named hung with the ring's cause", h)
