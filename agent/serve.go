@@ -28,7 +28,8 @@ type Socket struct {
 	Path string // the socket's path, for GRADSYNC_AGENT
 	dir  string
 	lis  net.Listener
-	uid  int // the peers' required uid: the worker's own
+	bell net.Listener // the bell (BellName), beside it, as private
+	uid  int          // the peers' required uid: the worker's own
 }
 
 // Listen makes the socket under parent (os.TempDir() when empty).
@@ -47,12 +48,22 @@ func Listen(parent string) (*Socket, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("agent: listen on %s: %w", path, err)
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
+	bellPath := filepath.Join(dir, BellName)
+	bell, err := net.Listen("unix", bellPath)
+	if err != nil {
 		lis.Close()
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("agent: socket mode: %w", err)
+		return nil, fmt.Errorf("agent: listen on %s: %w", bellPath, err)
 	}
-	return &Socket{Path: path, dir: dir, lis: lis, uid: ownUID()}, nil
+	for _, p := range []string{path, bellPath} {
+		if err := os.Chmod(p, 0o600); err != nil {
+			lis.Close()
+			bell.Close()
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("agent: socket mode: %w", err)
+		}
+	}
+	return &Socket{Path: path, dir: dir, lis: lis, bell: bell, uid: ownUID()}, nil
 }
 
 // Serve serves s on the socket until ctx is done, then stops the server
@@ -69,11 +80,16 @@ func (k *Socket) Serve(ctx context.Context, s *Server, log *slog.Logger) error {
 	gs := grpc.NewServer(append(rpc.ServerOptions(log, nil, nil), grpc.WaitForHandlers(true))...)
 	pb.RegisterAgentServer(gs, s)
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { // owned by Serve: stops the server when ctx is done
+	wg.Add(2)
+	go func() { // owned by Serve: stops the servers when ctx is done
 		defer wg.Done()
 		<-ctx.Done()
 		gs.Stop()
+		k.bell.Close()
+	}()
+	go func() { // owned by Serve: the bell's connections
+		defer wg.Done()
+		serveBells(ctx, &peerListener{Listener: k.bell, uid: k.uid, log: log}, s, log)
 	}()
 	err := gs.Serve(&peerListener{Listener: k.lis, uid: k.uid, log: log})
 	cancel()
@@ -85,8 +101,30 @@ func (k *Socket) Serve(ctx context.Context, s *Server, log *slog.Logger) error {
 	return nil
 }
 
+// serveBells accepts the bell's connections until lis is closed, and
+// returns once every connection's requests have ended.
+func serveBells(ctx context.Context, lis net.Listener, s *Server, log *slog.Logger) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := lis.Accept()
+		if err != nil {
+			if ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
+				log.Warn("agent bell: accept", "err", err)
+			}
+			return
+		}
+		wg.Add(1)
+		go func() { // owned by serveBells: one connection
+			defer wg.Done()
+			s.serveBell(ctx, c, log)
+		}()
+	}
+}
+
 // Close releases a socket that is never served.
 func (k *Socket) Close() {
 	k.lis.Close()
+	k.bell.Close()
 	os.RemoveAll(k.dir)
 }

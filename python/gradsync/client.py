@@ -8,6 +8,8 @@ make the same collective calls in the same order.
 
 import mmap
 import os
+import socket
+import struct
 import threading
 
 import grpc
@@ -16,6 +18,7 @@ import numpy as np
 from gradsync.v1 import agent_pb2, agent_pb2_grpc
 
 ENV_AGENT = "GRADSYNC_AGENT"
+_BELL_NAME = "agent.bell"  # agent.BellName, beside the agent's socket
 
 # Messages carry at most 4 MiB of data (agent.MaxElements float32 values);
 # allow some room for the envelope.
@@ -49,6 +52,174 @@ class Future:
         self._fut.add_done_callback(lambda _: fn(self))
 
 
+class _Status:
+    """A bell reply's status, shaped as grpc.RpcError's code() and details() for AgentError."""
+
+    def __init__(self, code, details):
+        self._code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+        self._details = details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+
+class _Bell:
+    """The agent's bell (agent/bell.go): all-reduces of shared-memory ranges as 32-byte requests on
+    a Unix socket, and 24-byte replies (plus an error message), instead of a gRPC call each.
+
+    Replies come as the collectives end, in any order. Whoever waits for one reads the socket
+    (no thread of its own) until it comes, keeping the others' for them; once a caller wants a
+    callback (add_done_callback), a reader thread takes over, so that callbacks run without
+    anyone waiting."""
+
+    _REQ = struct.Struct("<IHHqqq")
+    _REP = struct.Struct("<IIqII")
+    _MAGIC = 0x31425347
+    _OP_ALLREDUCE = 1
+    _AVERAGE = 1
+
+    def __init__(self, path, timeout):
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        self._sock.connect(path)
+        self._cv = threading.Condition()
+        self._done = {}  # seq -> (code, message)
+        self._callbacks = {}  # seq -> [fn]
+        self._reading = False
+        self._waiters = 0  # callers in wait() while the reader thread reads for them
+        self._thread = None
+        self._error = None  # the connection failed: every waiter gets it
+        self._buf = bytearray()
+
+    def send(self, seq, offset, length, average):
+        # Under the Agent's lock (numbers leave in order).
+        self._sock.sendall(self._REQ.pack(self._MAGIC, self._OP_ALLREDUCE, self._AVERAGE if average else 0,
+                                          seq, offset, length))
+
+    def _read_exact(self, n):
+        while len(self._buf) < n:
+            chunk = self._sock.recv(max(4096, n - len(self._buf)))
+            if not chunk:
+                raise ConnectionError("the worker closed the agent's bell")
+            self._buf += chunk
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
+
+    def _read_one(self):
+        magic, code, seq, n, _ = self._REP.unpack(self._read_exact(self._REP.size))
+        if magic != self._MAGIC:
+            raise ConnectionError("the agent's bell sent a malformed reply")
+        msg = self._read_exact(n).decode("utf-8", "replace") if n else ""
+        return seq, code, msg
+
+    def _pump(self):
+        """Reads one reply with the condition released; returns with it held. Call holding it."""
+        self._reading = True
+        self._cv.release()
+        try:
+            got, err = self._read_one(), None
+        except (OSError, ConnectionError) as e:
+            got, err = None, e
+        finally:
+            self._cv.acquire()
+            self._reading = False
+        fns = []
+        if err is not None:
+            self._error = _Status(grpc.StatusCode.UNAVAILABLE.value[0], f"the agent's bell failed: {err}")
+            fns = [fn for fs in self._callbacks.values() for fn in fs]
+            self._callbacks.clear()
+        else:
+            seq, code, msg = got
+            self._done[seq] = (code, msg)
+            fns = self._callbacks.pop(seq, [])
+        self._cv.notify_all()
+        return fns
+
+    def wait(self, seq):
+        """Blocks until collective seq's reply; returns None or raises AgentError."""
+        fns = []
+        with self._cv:
+            while seq not in self._done and self._error is None:
+                if self._thread is not None:
+                    self._waiters += 1
+                    self._cv.notify_all()
+                    self._cv.wait()
+                    self._waiters -= 1
+                elif self._reading:
+                    self._cv.wait()
+                else:
+                    fns += self._pump()
+            res = self._done.pop(seq, None)
+        for fn in fns:
+            fn()
+        if res is None:
+            raise AgentError("all_reduce", self._error)
+        code, msg = res
+        if code != 0:
+            raise AgentError("all_reduce", _Status(code, msg))
+
+    def on_done(self, seq, fn):
+        """Calls fn() once seq's reply is in (at once if it is), on the reader thread."""
+        with self._cv:
+            if seq in self._done or self._error is not None:
+                now = True
+            else:
+                now = False
+                self._callbacks.setdefault(seq, []).append(fn)
+                self._cv.notify_all()
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._reader, name="gradsync-bell", daemon=True)
+                    self._thread.start()
+        if now:
+            fn()
+
+    def _reader(self):
+        # Reads only while a callback waits for a reply: an idle socket is no error (the
+        # timeout bounds a wait for a reply that is due).
+        with self._cv:
+            while self._error is None:
+                if self._reading or not (self._callbacks or self._waiters):
+                    self._cv.wait()
+                    continue
+                fns = self._pump()
+                if fns:
+                    self._cv.release()
+                    try:
+                        for fn in fns:
+                            fn()
+                    finally:
+                        self._cv.acquire()
+
+    def close(self):
+        self._sock.close()
+
+
+class _BellFuture:
+    """A bell all-reduce in flight; the same interface as Future."""
+
+    def __init__(self, bell, seq):
+        self._bell, self._seq, self._res = bell, seq, None
+        self._ended = False
+
+    def result(self):
+        if not self._ended:
+            try:
+                self._bell.wait(self._seq)
+            except AgentError as e:
+                self._res = e
+            self._ended = True
+        if self._res is not None:
+            raise self._res
+        return None
+
+    def add_done_callback(self, fn):
+        self._bell.on_done(self._seq, lambda: fn(self))
+
+
 def _f32(a):
     a = np.ascontiguousarray(a, dtype="<f4")
     return a.tobytes()
@@ -59,9 +230,12 @@ def _decode(data):
 
 
 class Agent:
-    """A connection to the worker's agent socket (default $GRADSYNC_AGENT)."""
+    """A connection to the worker's agent socket (default $GRADSYNC_AGENT).
 
-    def __init__(self, path=None):
+    bell: all-reduces of shared-memory ranges go through the agent's bell (see _Bell) where the
+    worker has one; False sends them as gRPC calls, as the other calls go."""
+
+    def __init__(self, path=None, bell=True):
         path = path or os.environ.get(ENV_AGENT)
         if not path:
             raise RuntimeError(
@@ -89,8 +263,18 @@ class Agent:
         # A collective may wait for its turn and then for the ring, each
         # bounded by the step timeout on the worker's side.
         self._timeout = 2 * info.step_timeout_seconds + 10
+        # The bell, where the worker has one (older workers do not).
+        self._bell = None
+        bell_path = os.path.join(os.path.dirname(path), _BELL_NAME)
+        if bell and os.path.exists(bell_path):
+            try:
+                self._bell = _Bell(bell_path, self._timeout)
+            except OSError:
+                self._bell = None  # the gRPC path serves every call
 
     def close(self):
+        if self._bell is not None:
+            self._bell.close()
         self._channel.close()
 
     def _call(self, what, method, request_fn, decode):
@@ -120,6 +304,16 @@ class Agent:
     def allreduce_shared_async(self, offset, length, average=True):
         """Starts the all-reduce, in place, of values [offset, offset+length) of the shared region
         (register_layout(..., shared_memory=True)); returns a Future (of None)."""
+        if self._bell is not None:
+            with self._lock:
+                seq = self._seq
+                self._seq += 1
+                try:
+                    self._bell.send(seq, offset, length, average)
+                except OSError as e:
+                    raise AgentError("all_reduce", _Status(grpc.StatusCode.UNAVAILABLE.value[0],
+                                                           f"the agent's bell: {e}")) from None
+            return _BellFuture(self._bell, seq)
         rng = agent_pb2.ShmRange(offset=offset, length=length)
         return self._call("all_reduce", self._stub.AllReduce,
                           lambda seq: agent_pb2.AllReduceRequest(seq=seq, shm=rng, average=average),

@@ -36,11 +36,15 @@ from gradsync.client import Agent
 _agent = None
 
 
-def init(path=None):
-    """Connects to the worker's agent ($GRADSYNC_AGENT). Call once, first."""
+def init(path=None, bell=True):
+    """Connects to the worker's agent ($GRADSYNC_AGENT). Call once, first.
+
+    bell: gradient buckets in shared memory are reduced through the agent's bell (a 32-byte
+    request on a Unix socket) instead of a gRPC call each; False is for comparison and
+    debugging."""
     global _agent
     if _agent is None:
-        _agent = Agent(path)
+        _agent = Agent(path, bell=bell)
     return _agent
 
 
