@@ -43,7 +43,7 @@ type jobEntry struct {
 	// While RUNNING:
 	ps       *paramserver.Group
 	sums     *paramserver.Sums // an entrypoint job in mode ps: its script's summation shards
-	fed      *fedJob // fedavg with real clients: the round driver (federation.go)
+	fed      *fedJob           // fedavg with real clients: the round driver (federation.go)
 	run      *runlog.Writer
 	rankIPS  []float64
 	lastEval *pb.TaskEval
