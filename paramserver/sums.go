@@ -130,7 +130,7 @@ func (p *sumShard) serve(stream pb.ParameterServer_ReduceServer, join *pb.Reduce
 		// The rank's stream ended under it (its worker stopped, or its
 		// connection broke): the others must not wait the step timeout
 		// for it.
-		p.abort(status.Errorf(codes.Unavailable, "rank %d left the job's %s in the middle of its calls: %v", rank, p.who(), context.Cause(ctx)))
+		p.abort(status.Errorf(codes.Unavailable, "rank %d left in the middle of its script's calls (its worker stopped it, or its connection broke): %v", rank, context.Cause(ctx)))
 	}
 	return err
 }
@@ -257,11 +257,11 @@ func (p *sumShard) completedLocked(completed bool) {
 func (p *sumShard) callErr(rank int, err error) error {
 	var de *psstep.DisagreeError
 	if errors.As(err, &de) {
-		st := status.Errorf(codes.FailedPrecondition, "%s: %v", p.who(), err)
+		st := status.Error(codes.FailedPrecondition, err.Error())
 		p.abort(st)
 		return st
 	}
-	return status.Errorf(codes.InvalidArgument, "%s: rank %d: %v", p.who(), rank, err)
+	return status.Errorf(codes.InvalidArgument, "rank %d: %v", rank, err)
 }
 
 // wait waits for done (every rank's part of call in), within the step
@@ -293,7 +293,7 @@ func (p *sumShard) wait(ctx context.Context, timer *time.Timer, call psstep.Call
 	if len(gone) > 0 {
 		why = fmt.Sprintf("rank(s) %v had closed their streams or never joined (their scripts ended or never started)", gone)
 	}
-	st := status.Errorf(codes.DeadlineExceeded, "%v: rank(s) %v never joined it within the step timeout of %v at the %s: %s", call, missing, p.stepTimeout, p.who(), why)
+	st := status.Errorf(codes.DeadlineExceeded, "%v: rank(s) %v never joined it within the step timeout of %v: %s", call, missing, p.stepTimeout, why)
 	p.abort(st)
 	return st
 }
