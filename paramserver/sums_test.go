@@ -65,7 +65,7 @@ func newSumsWorld(t *testing.T, world, shards int, timeout time.Duration) *sumsW
 	w.stop = func() { once.Do(func() { srv.Stop(); <-served }) }
 	for r := range world {
 		c, err := paramserver.DialScript(t.Context(), conn, paramserver.ScriptConfig{JobID: "job-s", Generation: 1, Rank: r, World: world,
-			Shards: shards, StepTimeout: timeout, Where: "the test's server"})
+			Shards: shards, Where: "the test's server"})
 		if err != nil {
 			t.Fatal(err)
 		}

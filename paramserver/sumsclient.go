@@ -39,8 +39,6 @@ type ScriptConfig struct {
 	World      int
 	// Shards is the job's parameter_server.shards (0 counts as 1).
 	Shards int
-	// StepTimeout bounds the join; each call is bounded by its context.
-	StepTimeout time.Duration
 	// Where names the shards' host in errors, e.g. "the coordinator
 	// (10.0.0.1:7070)".
 	Where string
@@ -60,7 +58,9 @@ type scriptLink struct {
 const verdictGrace = 2 * time.Second
 
 // DialScript opens rank cfg.Rank's stream to every shard over conn and
-// joins; the shards answer nothing until the first call.
+// joins, without waiting: the shards answer nothing until the first call,
+// which fails if a join was refused (each call is bounded by its
+// context). The streams live until Close or Abort, not with ctx.
 func DialScript(ctx context.Context, conn grpc.ClientConnInterface, cfg ScriptConfig) (*ScriptClient, error) {
 	cfg.Shards = max(cfg.Shards, 1)
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -117,13 +117,16 @@ func (c *ScriptClient) Do(ctx context.Context, call psstep.Call, buf []float32) 
 			return status.Errorf(codes.Canceled, "%v: the call was cancelled before %s answered: %v", call, c.who(l), context.Cause(ctx))
 		}
 		if err != nil {
-			c.cancel()
 			return c.explain(l, err)
 		}
 		return nil
 	}
 	if len(c.links) == 1 {
-		return run(c.links[0])
+		err := run(c.links[0])
+		if err != nil {
+			c.cancel()
+		}
+		return err
 	}
 	var (
 		wg    sync.WaitGroup
@@ -137,7 +140,11 @@ func (c *ScriptClient) Do(ctx context.Context, call psstep.Call, buf []float32) 
 			if err := run(l); err != nil {
 				mu.Lock()
 				if first == nil {
+					// The cause, kept before the other links' streams
+					// end (they then fail as cancelled, not waiting on
+					// shards that will not answer).
 					first = err
+					c.cancel()
 				}
 				mu.Unlock()
 			}

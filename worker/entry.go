@@ -69,7 +69,7 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 	case "ps":
 		var sums *paramserver.ScriptClient
 		sums, err = paramserver.DialScript(ctx, env.conn, paramserver.ScriptConfig{JobID: a.JobId, Generation: a.Generation,
-			Rank: int(a.Rank), World: int(a.WorldSize), Shards: int(spec.GetParameterServer().GetShards()), StepTimeout: timeout,
+			Rank: int(a.Rank), World: int(a.WorldSize), Shards: int(spec.GetParameterServer().GetShards()),
 			Where: "the coordinator"})
 		if err != nil {
 			return nil, err
