@@ -69,7 +69,7 @@ func newPSWorld(t *testing.T, n, shards int, timeout time.Duration) *world {
 	}
 	cfgs := make([]Config, n)
 	for r := range n {
-		c, err := paramserver.DialScript(t.Context(), conn, paramserver.ScriptConfig{JobID: "job-1", Generation: 3, Rank: r, World: n,
+		c, err := paramserver.DialScript(t.Context(), []grpc.ClientConnInterface{conn}, paramserver.ScriptConfig{JobID: "job-1", Generation: 3, Rank: r, World: n,
 			Shards: shards})
 		if err != nil {
 			closeAll()

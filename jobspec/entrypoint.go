@@ -25,9 +25,9 @@ func IsEntrypoint(s *pb.JobSpec) bool { return s.GetEntrypoint() != nil }
 // normalizeEntrypoint checks an entrypoint job, before the mode's default
 // is filled in (it is ring for such jobs). Modes ring and ps exist: in
 // mode ps the coordinator hosts summation shards for the script's calls
-// (paramserver.Sums), synchronous by nature; other modes, checkpoints,
-// and in mode ps elastic sizes, compression, aggregator processes and
-// another consistency are refused (see entrypointPS). Compression (any
+// (paramserver.Sums; or `gradsync aggregator` processes do), synchronous
+// by nature; other modes, checkpoints, and in mode ps elastic sizes,
+// compression and another consistency are refused (see entrypointPS). Compression (any
 // type) applies to the script's gradient buckets in mode ring (the
 // agent's shared-memory all-reduces), checked as for any ring job.
 func normalizeEntrypoint(s *pb.JobSpec) error {
@@ -86,15 +86,13 @@ func normalizeEntrypoint(s *pb.JobSpec) error {
 }
 
 // entrypointPS refuses what an entrypoint job in mode ps cannot do: its
-// parameter server's shards only sum the script's calls (the script keeps
-// its parameters and optimiser), hosted by the coordinator.
+// parameter server's shards (the coordinator's, or `gradsync aggregator`
+// processes) only sum the script's calls; the script keeps its
+// parameters and optimiser.
 func entrypointPS(s *pb.JobSpec) error {
 	ps := s.GetParameterServer()
 	if t := s.GetCompression().GetType(); t != "" && t != defaultCompression {
 		return errf("compression.type", "%s compression of an entrypoint job in mode ps %s: the worker compresses a script's gradient buckets, with each bucket's error feedback, over the ring; the shards of mode ps only sum them (use mode ring with compression, or none)", t, notImplementedSuffix)
-	}
-	if len(ps.GetAddresses()) > 0 {
-		return errf("parameter_server.addresses", "`gradsync aggregator` shards for an entrypoint job %s: the coordinator hosts its summation shards (leave addresses out)", notImplementedSuffix)
 	}
 	if c := ps.GetConsistency(); c != "" && c != PSSync {
 		return errf("parameter_server.consistency", "%s: an entrypoint job's shards sum every rank's part of each call before they answer (sync); its script keeps its own parameters, so there is nothing to update asynchronously", c)

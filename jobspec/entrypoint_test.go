@@ -29,13 +29,13 @@ func TestEntrypoint(t *testing.T) {
 		}
 	}
 	// Mode ps: the coordinator's shards sum the script's calls, with one
-	// shard or several.
-	for _, shards := range []int32{1, 3} {
+	// shard or several, or `gradsync aggregator` processes'.
+	for _, psSpec := range []*pb.ParameterServerSpec{{Shards: 1}, {Shards: 3}, {Shards: 2, Addresses: []string{"a:1", "b:1"}}} {
 		p := ok()
 		p.Mode = "ps"
-		p.ParameterServer = &pb.ParameterServerSpec{Shards: shards}
+		p.ParameterServer = psSpec
 		if s, err := Normalize(p, nil); err != nil || s.Mode != "ps" {
-			t.Errorf("mode ps, %d shard(s): %v", shards, err)
+			t.Errorf("mode ps, %v: %v", psSpec, err)
 		}
 	}
 	// Elastic: its commands restart on a new generation.
@@ -56,10 +56,6 @@ func TestEntrypoint(t *testing.T) {
 		{func(s *pb.JobSpec) { s.Entrypoint.Env["A=B"] = "3" }, "entrypoint.env", "not a variable name"},
 		{func(s *pb.JobSpec) { s.Mode = "fedavg" }, "mode", notImplementedSuffix},
 		{func(s *pb.JobSpec) { s.Mode = "ps"; s.Compression = &pb.CompressionSpec{Type: "powersgd"} }, "compression.type", "only sum"},
-		{func(s *pb.JobSpec) {
-			s.Mode = "ps"
-			s.ParameterServer = &pb.ParameterServerSpec{Addresses: []string{"h:1"}}
-		}, "parameter_server.addresses", notImplementedSuffix},
 		{func(s *pb.JobSpec) {
 			s.Mode = "ps"
 			s.ParameterServer = &pb.ParameterServerSpec{Consistency: PSAsync}

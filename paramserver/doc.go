@@ -24,7 +24,8 @@
 // stream's context and returns once it ends.
 //
 // An entrypoint job in mode ps has no model on the server: its shards
-// (Sums, sums.go, hosted by the coordinator) are summation servers for
+// (Sums, sums.go, hosted by the coordinator, or one each by
+// ShardServer.Reduce) are summation servers for
 // the script's collective calls over Reduce streams, and ScriptClient
 // (sumsclient.go) is a rank's side, the agent's Collective in mode ps;
 // psstep.Calls is their arithmetic.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"time"
 
@@ -57,11 +58,24 @@ type sumShard struct {
 func NewSums(env Env, jobID string, gen uint64, world, shards int, stepTimeout time.Duration) *Sums {
 	g := &Sums{shards: make([]*sumShard, max(shards, 1))}
 	for i := range g.shards {
-		g.shards[i] = &sumShard{jobID: jobID, gen: gen, world: world, index: i, numShards: len(g.shards), stepTimeout: stepTimeout, env: env,
-			core: psstep.NewCalls(world, MaxCallElements), done: make(chan struct{}), joined: make([]bool, world), left: make([]bool, world),
-			aborted: make(chan struct{})}
+		g.shards[i] = newSumShard(env, jobID, gen, world, i, len(g.shards), stepTimeout)
 	}
 	return g
+}
+
+// newSumShard builds shard index of numShards (NewSums; a `gradsync
+// aggregator` process hosts one).
+func newSumShard(env Env, jobID string, gen uint64, world, index, numShards int, stepTimeout time.Duration) *sumShard {
+	return &sumShard{jobID: jobID, gen: gen, world: world, index: index, numShards: numShards, stepTimeout: stepTimeout, env: env,
+		core: psstep.NewCalls(world, MaxCallElements), done: make(chan struct{}), joined: make([]bool, world), left: make([]bool, world),
+		aborted: make(chan struct{})}
+}
+
+// anyJoined reports whether a rank has joined the shard.
+func (p *sumShard) anyJoined() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Contains(p.joined, true)
 }
 
 // Abort stops every shard: every stream waiting on one returns err's

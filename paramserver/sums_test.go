@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gradsync/gradsync/paramserver"
 	"github.com/gradsync/gradsync/paramserver/psstep"
@@ -64,8 +65,8 @@ func newSumsWorld(t *testing.T, world, shards int, timeout time.Duration) *sumsW
 	var once sync.Once
 	w.stop = func() { once.Do(func() { srv.Stop(); <-served }) }
 	for r := range world {
-		c, err := paramserver.DialScript(t.Context(), conn, paramserver.ScriptConfig{JobID: "job-s", Generation: 1, Rank: r, World: world,
-			Shards: shards, Where: "the test's server"})
+		c, err := paramserver.DialScript(t.Context(), []grpc.ClientConnInterface{conn}, paramserver.ScriptConfig{JobID: "job-s", Generation: 1, Rank: r, World: world,
+			Shards: shards, Where: []string{"the test's server"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -241,5 +242,77 @@ func TestSumsShardGone(t *testing.T) {
 	err := <-done
 	if c := status.Code(err); (c != codes.Unavailable && c != codes.Aborted) || !strings.Contains(err.Error(), "parameter-server shard 0 of 1 on the test's server") {
 		t.Fatalf("%v, want Unavailable naming shard 0", err)
+	}
+}
+
+// TestShardServerSums: `gradsync aggregator` processes host an entrypoint
+// job's summation shards, learnt from the joins' spec (here one process
+// hosts both shards); a rank with another spec is refused, and once
+// every stream has closed the shards are gone for good.
+func TestShardServerSums(t *testing.T) {
+	agg, err := paramserver.NewShardServer(paramserver.ShardServerConfig{Insecure: true, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	pb.RegisterParameterServerServer(srv, agg)
+	served := make(chan struct{})
+	go func() { // owned by the test: ends with srv.Stop
+		defer close(served)
+		_ = srv.Serve(lis)
+	}()
+	conn, err := grpc.NewClient("passthrough:///bufnet", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		srv.Stop()
+		<-served
+	})
+	spec := func(seed int64) *pb.JobSpec {
+		return &pb.JobSpec{Workers: proto.Int32(2), Mode: "ps", Seed: proto.Int64(seed), Entrypoint: &pb.EntrypointSpec{Command: []string{"train"}},
+			ParameterServer: &pb.ParameterServerSpec{Shards: 2, Addresses: []string{"bufnet:1", "bufnet:2"}}}
+	}
+	ctx := callCtx(t, time.Minute)
+	dial := func(rank int, s *pb.JobSpec) *paramserver.ScriptClient {
+		c, err := paramserver.DialScript(ctx, []grpc.ClientConnInterface{conn, conn}, paramserver.ScriptConfig{JobID: "job-a", Generation: 1,
+			Rank: rank, World: 2, Shards: 2, Spec: s, Where: []string{"aggregator bufnet:1", "aggregator bufnet:2"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	clients := []*paramserver.ScriptClient{dial(0, spec(1)), dial(1, spec(1))}
+	out := make([][]float32, 2)
+	for r, err := range onRanks(2, func(r int) error {
+		out[r] = []float32{float32(r), 1, 2}
+		return clients[r].Do(ctx, psstep.Call{Seq: 0, Kind: psstep.CallSum}, out[r])
+	}) {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	if out[0][0] != 1 || out[1][2] != 4 {
+		t.Fatalf("sums %v, want [1 2 4] on both ranks", out)
+	}
+	// A rank whose spec differs is refused at its first call.
+	other := dial(1, spec(2))
+	err = other.Do(ctx, psstep.Call{Seq: 0, Kind: psstep.CallBarrier}, nil)
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "differs from the first rank's") {
+		t.Fatalf("another spec: %v, want InvalidArgument", err)
+	}
+	for _, c := range clients {
+		c.Close(ctx)
+	}
+	if agg.Jobs() != 0 {
+		t.Fatalf("%d shards still held after every stream closed", agg.Jobs())
+	}
+	late := dial(0, spec(1))
+	defer late.Abort()
+	if err := late.Do(ctx, psstep.Call{Seq: 0, Kind: psstep.CallBarrier}, nil); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("a join after the end: %v, want FailedPrecondition", err)
 	}
 }

@@ -39,9 +39,13 @@ type ScriptConfig struct {
 	World      int
 	// Shards is the job's parameter_server.shards (0 counts as 1).
 	Shards int
-	// Where names the shards' host in errors, e.g. "the coordinator
-	// (10.0.0.1:7070)".
-	Where string
+	// Spec is the job's spec, sent with the joins for `gradsync
+	// aggregator` shards (nil for the coordinator's).
+	Spec *pb.JobSpec
+	// Where names the shards' hosts in errors: one name for all (e.g.
+	// "the coordinator"), or one per shard (e.g. "aggregator
+	// 10.0.0.7:7071").
+	Where []string
 }
 
 // scriptLink is one shard's stream.
@@ -57,24 +61,28 @@ type scriptLink struct {
 // the ranks that never made it, which this rank cannot know.
 const verdictGrace = 2 * time.Second
 
-// DialScript opens rank cfg.Rank's stream to every shard over conn and
-// joins, without waiting: the shards answer nothing until the first call,
+// DialScript opens rank cfg.Rank's stream to every shard and joins: over
+// conns[0] for every shard (the coordinator's), or over conns[i] for
+// shard i (aggregators'), without waiting: the shards answer nothing until the first call,
 // which fails if a join was refused (each call is bounded by its
 // context). The streams live until Close or Abort, not with ctx.
-func DialScript(ctx context.Context, conn grpc.ClientConnInterface, cfg ScriptConfig) (*ScriptClient, error) {
+func DialScript(ctx context.Context, conns []grpc.ClientConnInterface, cfg ScriptConfig) (*ScriptClient, error) {
 	cfg.Shards = max(cfg.Shards, 1)
+	if len(conns) != 1 && len(conns) != cfg.Shards {
+		return nil, fmt.Errorf("%d connections for %d parameter-server shards", len(conns), cfg.Shards)
+	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c := &ScriptClient{cfg: cfg, cancel: cancel}
 	for i := range cfg.Shards {
 		l := &scriptLink{index: i}
 		var err error
-		if l.stream, err = pb.NewParameterServerClient(conn).Reduce(sctx); err != nil {
+		if l.stream, err = pb.NewParameterServerClient(conns[min(i, len(conns)-1)]).Reduce(sctx); err != nil {
 			c.Abort()
 			return nil, c.explain(l, err)
 		}
 		c.links = append(c.links, l)
 		join := &pb.ReduceJoin{JobId: cfg.JobID, Generation: cfg.Generation, Rank: int32(cfg.Rank), WorldSize: int32(cfg.World),
-			Shard: int32(i), NumShards: int32(cfg.Shards)}
+			Shard: int32(i), NumShards: int32(cfg.Shards), Spec: cfg.Spec}
 		if err := l.stream.Send(&pb.ReduceRequest{Msg: &pb.ReduceRequest_Join{Join: join}}); err != nil {
 			c.Abort()
 			return nil, c.explain(l, c.recvErr(l, err))
@@ -230,9 +238,9 @@ func (c *ScriptClient) recvErr(l *scriptLink, err error) error {
 
 // who names a link's shard.
 func (c *ScriptClient) who(l *scriptLink) string {
-	w := fmt.Sprintf("parameter-server shard %d of %d", l.index, len(c.links))
-	if c.cfg.Where != "" {
-		w += " on " + c.cfg.Where
+	w := fmt.Sprintf("parameter-server shard %d of %d", l.index, c.cfg.Shards)
+	if n := len(c.cfg.Where); n > 0 {
+		w += " on " + c.cfg.Where[min(l.index, n-1)]
 	}
 	return w
 }

@@ -69,12 +69,13 @@ func (s *Server) prepareJob(j *pb.Job, workerIDs []string, started time.Time, fj
 	}
 	p.numParams = net.NumParams()
 	ckptDir := jobCheckpointDir(j)
-	if spec.Mode == "ps" && jobspec.IsEntrypoint(spec) {
+	addrs := len(spec.GetParameterServer().GetAddresses()) > 0 // `gradsync aggregator` processes host the shards
+	if spec.Mode == "ps" && jobspec.IsEntrypoint(spec) && !addrs {
 		// The script keeps its parameters: the shards only sum its
 		// calls, and learn its size from the layout it registers.
 		p.sums = paramserver.NewSums(paramserver.Env{Now: s.cfg.Now, Log: s.log, Metrics: s.cfg.Metrics}, j.Id, 1, world,
 			int(spec.GetParameterServer().GetShards()), time.Duration(spec.GetStepTimeoutSeconds()*float64(time.Second)))
-	} else if spec.Mode == "ps" && len(spec.GetParameterServer().GetAddresses()) == 0 {
+	} else if spec.Mode == "ps" && !jobspec.IsEntrypoint(spec) && !addrs {
 		// The server holds a ps job's state: it writes the checkpoints
 		// and, for a resume, loads one.
 		p.ps, err = paramserver.NewGroup(paramserver.Env{Now: s.cfg.Now, Log: s.log, Metrics: s.cfg.Metrics}, j.Id, 1, world, net, spec, ckptDir, j.ResumeFrom)

@@ -20,7 +20,6 @@ import (
 	"github.com/gradsync/gradsync/agent"
 	"github.com/gradsync/gradsync/internal/metrics"
 	"github.com/gradsync/gradsync/jobspec"
-	"github.com/gradsync/gradsync/paramserver"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -67,25 +66,20 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 		}()
 		cfg.Ring = jr.data
 	case "ps":
-		var sums *paramserver.ScriptClient
-		sums, err = paramserver.DialScript(ctx, env.conn, paramserver.ScriptConfig{JobID: a.JobId, Generation: a.Generation,
-			Rank: int(a.Rank), World: int(a.WorldSize), Shards: int(spec.GetParameterServer().GetShards()),
-			Where: "the coordinator"})
-		if err != nil {
+		var sums *scriptSums
+		if sums, err = joinSums(ctx, a, env); err != nil {
 			return nil, err
 		}
 		defer func() {
 			if err != nil {
 				// As for the ring: the shards fail the other ranks'
 				// calls at once, naming this rank.
-				sums.Abort()
+				sums.abort()
 				return
 			}
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			sums.Close(cctx)
+			sums.leave()
 		}()
-		cfg.Collective = sums
+		cfg.Collective = sums.ScriptClient
 	default:
 		return nil, fmt.Errorf("entrypoint jobs run in mode ring or ps; got %q", mode)
 	}

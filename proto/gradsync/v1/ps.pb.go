@@ -88,8 +88,12 @@ type ReduceJoin struct {
 	Rank       int32                  `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
 	WorldSize  int32                  `protobuf:"varint,4,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
 	// The shard this stream joins, of num_shards (0 counts as 1).
-	Shard         int32 `protobuf:"varint,5,opt,name=shard,proto3" json:"shard,omitempty"`
-	NumShards     int32 `protobuf:"varint,6,opt,name=num_shards,json=numShards,proto3" json:"num_shards,omitempty"`
+	Shard     int32 `protobuf:"varint,5,opt,name=shard,proto3" json:"shard,omitempty"`
+	NumShards int32 `protobuf:"varint,6,opt,name=num_shards,json=numShards,proto3" json:"num_shards,omitempty"`
+	// The job's normalized spec. A `gradsync aggregator` process learns the
+	// job from it (its workers, shards and step timeout); every rank must
+	// send the same. The coordinator's own shards use the spec it holds.
+	Spec          *JobSpec `protobuf:"bytes,7,opt,name=spec,proto3" json:"spec,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -164,6 +168,13 @@ func (x *ReduceJoin) GetNumShards() int32 {
 		return x.NumShards
 	}
 	return 0
+}
+
+func (x *ReduceJoin) GetSpec() *JobSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
 }
 
 // ReduceCall opens one call on a Reduce stream.
@@ -898,7 +909,7 @@ var File_gradsync_v1_ps_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_ps_proto_rawDesc = "" +
 	"\n" +
-	"\x14gradsync/v1/ps.proto\x12\vgradsync.v1\x1a\x16gradsync/v1/spec.proto\x1a\x18gradsync/v1/tensor.proto\"\xab\x01\n" +
+	"\x14gradsync/v1/ps.proto\x12\vgradsync.v1\x1a\x16gradsync/v1/spec.proto\x1a\x18gradsync/v1/tensor.proto\"\xd5\x01\n" +
 	"\n" +
 	"ReduceJoin\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1e\n" +
@@ -910,7 +921,8 @@ const file_gradsync_v1_ps_proto_rawDesc = "" +
 	"world_size\x18\x04 \x01(\x05R\tworldSize\x12\x14\n" +
 	"\x05shard\x18\x05 \x01(\x05R\x05shard\x12\x1d\n" +
 	"\n" +
-	"num_shards\x18\x06 \x01(\x05R\tnumShards\"\xc7\x01\n" +
+	"num_shards\x18\x06 \x01(\x05R\tnumShards\x12(\n" +
+	"\x04spec\x18\a \x01(\v2\x14.gradsync.v1.JobSpecR\x04spec\"\xc7\x01\n" +
 	"\n" +
 	"ReduceCall\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12)\n" +
@@ -1009,34 +1021,35 @@ var file_gradsync_v1_ps_proto_goTypes = []any{
 	(*PushReceipt)(nil),    // 8: gradsync.v1.PushReceipt
 	(*PullRequest)(nil),    // 9: gradsync.v1.PullRequest
 	(*PullResponse)(nil),   // 10: gradsync.v1.PullResponse
-	(*TensorFrame)(nil),    // 11: gradsync.v1.TensorFrame
-	(*JobSpec)(nil),        // 12: gradsync.v1.JobSpec
+	(*JobSpec)(nil),        // 11: gradsync.v1.JobSpec
+	(*TensorFrame)(nil),    // 12: gradsync.v1.TensorFrame
 }
 var file_gradsync_v1_ps_proto_depIdxs = []int32{
-	0,  // 0: gradsync.v1.ReduceCall.kind:type_name -> gradsync.v1.CallKind
-	1,  // 1: gradsync.v1.ReduceRequest.join:type_name -> gradsync.v1.ReduceJoin
-	2,  // 2: gradsync.v1.ReduceRequest.call:type_name -> gradsync.v1.ReduceCall
-	11, // 3: gradsync.v1.ReduceRequest.data:type_name -> gradsync.v1.TensorFrame
-	11, // 4: gradsync.v1.ReduceResponse.result:type_name -> gradsync.v1.TensorFrame
-	12, // 5: gradsync.v1.SyncJoin.spec:type_name -> gradsync.v1.JobSpec
-	5,  // 6: gradsync.v1.SyncRequest.join:type_name -> gradsync.v1.SyncJoin
-	11, // 7: gradsync.v1.SyncRequest.gradient:type_name -> gradsync.v1.TensorFrame
-	11, // 8: gradsync.v1.SyncRequest.state:type_name -> gradsync.v1.TensorFrame
-	11, // 9: gradsync.v1.SyncResponse.parameters:type_name -> gradsync.v1.TensorFrame
-	11, // 10: gradsync.v1.SyncResponse.factors:type_name -> gradsync.v1.TensorFrame
-	8,  // 11: gradsync.v1.SyncResponse.receipt:type_name -> gradsync.v1.PushReceipt
-	11, // 12: gradsync.v1.PullResponse.parameters:type_name -> gradsync.v1.TensorFrame
-	6,  // 13: gradsync.v1.ParameterServer.Sync:input_type -> gradsync.v1.SyncRequest
-	9,  // 14: gradsync.v1.ParameterServer.Pull:input_type -> gradsync.v1.PullRequest
-	3,  // 15: gradsync.v1.ParameterServer.Reduce:input_type -> gradsync.v1.ReduceRequest
-	7,  // 16: gradsync.v1.ParameterServer.Sync:output_type -> gradsync.v1.SyncResponse
-	10, // 17: gradsync.v1.ParameterServer.Pull:output_type -> gradsync.v1.PullResponse
-	4,  // 18: gradsync.v1.ParameterServer.Reduce:output_type -> gradsync.v1.ReduceResponse
-	16, // [16:19] is the sub-list for method output_type
-	13, // [13:16] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	11, // 0: gradsync.v1.ReduceJoin.spec:type_name -> gradsync.v1.JobSpec
+	0,  // 1: gradsync.v1.ReduceCall.kind:type_name -> gradsync.v1.CallKind
+	1,  // 2: gradsync.v1.ReduceRequest.join:type_name -> gradsync.v1.ReduceJoin
+	2,  // 3: gradsync.v1.ReduceRequest.call:type_name -> gradsync.v1.ReduceCall
+	12, // 4: gradsync.v1.ReduceRequest.data:type_name -> gradsync.v1.TensorFrame
+	12, // 5: gradsync.v1.ReduceResponse.result:type_name -> gradsync.v1.TensorFrame
+	11, // 6: gradsync.v1.SyncJoin.spec:type_name -> gradsync.v1.JobSpec
+	5,  // 7: gradsync.v1.SyncRequest.join:type_name -> gradsync.v1.SyncJoin
+	12, // 8: gradsync.v1.SyncRequest.gradient:type_name -> gradsync.v1.TensorFrame
+	12, // 9: gradsync.v1.SyncRequest.state:type_name -> gradsync.v1.TensorFrame
+	12, // 10: gradsync.v1.SyncResponse.parameters:type_name -> gradsync.v1.TensorFrame
+	12, // 11: gradsync.v1.SyncResponse.factors:type_name -> gradsync.v1.TensorFrame
+	8,  // 12: gradsync.v1.SyncResponse.receipt:type_name -> gradsync.v1.PushReceipt
+	12, // 13: gradsync.v1.PullResponse.parameters:type_name -> gradsync.v1.TensorFrame
+	6,  // 14: gradsync.v1.ParameterServer.Sync:input_type -> gradsync.v1.SyncRequest
+	9,  // 15: gradsync.v1.ParameterServer.Pull:input_type -> gradsync.v1.PullRequest
+	3,  // 16: gradsync.v1.ParameterServer.Reduce:input_type -> gradsync.v1.ReduceRequest
+	7,  // 17: gradsync.v1.ParameterServer.Sync:output_type -> gradsync.v1.SyncResponse
+	10, // 18: gradsync.v1.ParameterServer.Pull:output_type -> gradsync.v1.PullResponse
+	4,  // 19: gradsync.v1.ParameterServer.Reduce:output_type -> gradsync.v1.ReduceResponse
+	17, // [17:20] is the sub-list for method output_type
+	14, // [14:17] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_ps_proto_init() }
