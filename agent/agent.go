@@ -2,19 +2,22 @@
 // starts for an entrypoint job (a user's PyTorch script): the Agent gRPC
 // service of proto/gradsync/v1/agent.proto on a Unix socket only the
 // worker's user can open. The script computes; the agent communicates:
-// every all-reduce, broadcast and barrier it is asked for runs over the
-// job's ring of workers (aggregator's ring collectives over the worker's
-// ring transport), in the order of the calls' sequence numbers, so that a
-// script may keep several buckets in flight while its backward pass runs.
+// every all-reduce, broadcast and barrier it is asked for runs through a
+// Collective — in mode ring the job's ring of workers (aggregator's ring
+// collectives over the worker's ring transport, OverRing), in mode ps the
+// job's parameter-server shards, which sum the ranks' buckets as BytePS's
+// servers do (paramserver.ScriptClient) — in the order of the calls'
+// sequence numbers, so that a script may keep several buckets in flight
+// while its backward pass runs.
 //
 // Bulk data goes through the socket as raw little-endian float32 bytes
 // (at most MaxElements values a call), or through a shared-memory region
 // of the registered layout's size (shm.go).
 //
-// With the job's compression (Config.Compression) the all-reduces of
-// shared-memory ranges are gradient buckets, compressed by the worker with
-// a compress.Reducer per bucket that keeps its error feedback and
-// PowerSGD state between steps (compress.go).
+// With the job's compression (Config.Compression, mode ring) the
+// all-reduces of shared-memory ranges are gradient buckets, compressed by
+// the worker with a compress.Reducer per bucket that keeps its error
+// feedback and PowerSGD state between steps (compress.go).
 package agent
 
 import (
@@ -33,6 +36,7 @@ import (
 
 	"github.com/gradsync/gradsync/aggregator"
 	"github.com/gradsync/gradsync/compress"
+	"github.com/gradsync/gradsync/paramserver/psstep"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -45,8 +49,11 @@ const maxTensors = 1 << 16
 
 // Config configures a Server.
 type Config struct {
-	// Ring is this rank's view of the job's ring; the Server is its only
-	// user while it serves.
+	// Collective carries the collectives (mode ps: the parameter
+	// server's, paramserver.ScriptClient). Nil: OverRing(Ring).
+	Collective Collective
+	// Ring is this rank's view of the job's ring (mode ring); the Server
+	// is its only user while it serves. Compression needs it.
 	Ring aggregator.Ring
 	// JobID and Generation identify the job; Generation tags every frame.
 	JobID      string
@@ -64,15 +71,16 @@ type Config struct {
 	Peers []string
 	// Compression is the job's gradient compression (jobspec.
 	// CompressionScheme): applied to every all-reduce of a shared-memory
-	// range, each range a bucket with its own state. The zero value
-	// compresses nothing.
+	// range, each range a bucket with its own state, over Ring (jobspec
+	// refuses it in mode ps). The zero value compresses nothing.
 	Compression compress.Scheme
 }
 
 // Server implements pb.AgentServer for one rank of one job.
 type Server struct {
 	pb.UnimplementedAgentServer
-	cfg Config
+	cfg  Config
+	coll Collective // cfg.Collective, or OverRing(cfg.Ring)
 
 	// mu protects next, wake, failed, shm, buckets, inFlight, lastEnd
 	// and lastCall.
@@ -105,8 +113,14 @@ type Server struct {
 
 // New returns a Server for cfg.
 func New(cfg Config) (*Server, error) {
-	if cfg.Ring == nil {
-		return nil, errors.New("agent: no ring")
+	coll := cfg.Collective
+	switch {
+	case coll == nil && cfg.Ring == nil:
+		return nil, errors.New("agent: no ring and no collective")
+	case coll == nil:
+		coll = OverRing(cfg.Ring, cfg.Generation)
+	case compressing(cfg.Compression) && cfg.Ring == nil:
+		return nil, fmt.Errorf("agent: %s compression needs the job's ring (mode ring)", cfg.Compression.Type)
 	}
 	if cfg.StepTimeout <= 0 {
 		cfg.StepTimeout = 60 * time.Second
@@ -114,7 +128,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Server{cfg: cfg, wake: make(chan struct{}), lastEnd: time.Now()}, nil
+	return &Server{cfg: cfg, coll: coll, wake: make(chan struct{}), lastEnd: time.Now()}, nil
 }
 
 // Idle reports how long the script has made no collective call at now:
@@ -150,8 +164,8 @@ func (s *Server) Close() {
 
 // Init implements pb.AgentServer.
 func (s *Server) Init(context.Context, *pb.AgentInitRequest) (*pb.AgentInitResponse, error) {
-	return &pb.AgentInitResponse{JobId: s.cfg.JobID, Generation: s.cfg.Generation, Rank: int32(s.cfg.Ring.Rank()),
-		WorldSize: int32(s.cfg.Ring.Size()), StepTimeoutSeconds: s.cfg.StepTimeout.Seconds(), MaxElements: MaxElements,
+	return &pb.AgentInitResponse{JobId: s.cfg.JobID, Generation: s.cfg.Generation, Rank: int32(s.coll.Rank()),
+		WorldSize: int32(s.coll.Size()), StepTimeoutSeconds: s.cfg.StepTimeout.Seconds(), MaxElements: MaxElements,
 		Compression: s.compressionType()}, nil
 }
 
@@ -164,17 +178,16 @@ func (s *Server) compressionType() string {
 }
 
 // RegisterLayout implements pb.AgentServer: it checks the layout and that
-// every rank registered the same one (an all-gather of its checksum).
+// every rank registered the same one (a layout call of the collective:
+// its size and checksum).
 func (s *Server) RegisterLayout(ctx context.Context, req *pb.RegisterLayoutRequest) (*pb.RegisterLayoutResponse, error) {
 	n, sum, err := layoutSum(req.GetTensors())
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	world := s.cfg.Ring.Size()
-	all := make([]float32, 2*world)
-	mine := []float32{float32(sum >> 16), float32(sum & 0xffff)} // exact in float32
+	call := psstep.Call{Seq: req.GetSeq(), Kind: psstep.CallLayout, Lay: psstep.Layout{Elements: n, Checksum: sum}}
 	err = s.collective(ctx, req.GetSeq(), "register_layout", func(ctx context.Context) error {
-		if err := aggregator.AllGather(ctx, s.cfg.Ring, all, mine, req.GetSeq(), s.opt()); err != nil {
+		if err := s.coll.Do(ctx, call, nil); err != nil {
 			return err
 		}
 		// The new layout's buckets start empty, in this call's turn.
@@ -186,11 +199,6 @@ func (s *Server) RegisterLayout(ctx context.Context, req *pb.RegisterLayoutReque
 	})
 	if err != nil {
 		return nil, err
-	}
-	for r := range world {
-		if all[2*r] != mine[0] || all[2*r+1] != mine[1] {
-			return nil, status.Errorf(codes.FailedPrecondition, "rank %d registered another gradient layout than rank %d (names, shapes or dtypes differ)", r, s.cfg.Ring.Rank())
-		}
 	}
 	res := &pb.RegisterLayoutResponse{NumElements: n}
 	if req.GetSharedMemory() {
@@ -286,13 +294,13 @@ func (s *Server) AllReduce(ctx context.Context, req *pb.AllReduceRequest) (*pb.A
 		if compressed {
 			return s.reduceBucket(ctx, rng.GetOffset(), buf)
 		}
-		return aggregator.AllReduce(ctx, s.cfg.Ring, buf, req.GetSeq(), s.opt())
+		return s.coll.Do(ctx, psstep.Call{Seq: req.GetSeq(), Kind: psstep.CallSum, Len: len(buf)}, buf)
 	})
 	if err != nil {
 		return nil, err
 	}
 	if req.GetAverage() && !compressed {
-		average(buf, s.cfg.Ring.Size())
+		average(buf, s.coll.Size())
 	}
 	if rng != nil {
 		return &pb.AllReduceResponse{}, nil
@@ -319,15 +327,15 @@ func average(buf []float32, n int) {
 
 // Broadcast implements pb.AgentServer.
 func (s *Server) Broadcast(ctx context.Context, req *pb.BroadcastRequest) (*pb.BroadcastResponse, error) {
-	if r := req.GetRoot(); r < 0 || int(r) >= s.cfg.Ring.Size() {
-		return nil, status.Errorf(codes.InvalidArgument, "root %d out of range; allowed 0..%d", r, s.cfg.Ring.Size()-1)
+	if r := req.GetRoot(); r < 0 || int(r) >= s.coll.Size() {
+		return nil, status.Errorf(codes.InvalidArgument, "root %d out of range; allowed 0..%d", r, s.coll.Size()-1)
 	}
 	buf, err := decode(req.GetData())
 	if err != nil {
 		return nil, err
 	}
 	err = s.collective(ctx, req.GetSeq(), "broadcast", func(ctx context.Context) error {
-		return aggregator.Broadcast(ctx, s.cfg.Ring, buf, int(req.GetRoot()), req.GetSeq(), s.opt())
+		return s.coll.Do(ctx, psstep.Call{Seq: req.GetSeq(), Kind: psstep.CallBroadcast, Len: len(buf), Root: int(req.GetRoot())}, buf)
 	})
 	if err != nil {
 		return nil, err
@@ -338,7 +346,7 @@ func (s *Server) Broadcast(ctx context.Context, req *pb.BroadcastRequest) (*pb.B
 // Barrier implements pb.AgentServer.
 func (s *Server) Barrier(ctx context.Context, req *pb.BarrierRequest) (*pb.BarrierResponse, error) {
 	err := s.collective(ctx, req.GetSeq(), "barrier", func(ctx context.Context) error {
-		return aggregator.Barrier(ctx, s.cfg.Ring, req.GetSeq(), s.opt())
+		return s.coll.Do(ctx, psstep.Call{Seq: req.GetSeq(), Kind: psstep.CallBarrier}, nil)
 	})
 	if err != nil {
 		return nil, err
@@ -396,7 +404,7 @@ func (s *Server) collective(ctx context.Context, seq int64, what string, fn func
 		recv1, _ := s.received()
 		st := s.explain(ctx, seq, what, err, counted && recv1 == recv0)
 		s.failed = st.Err()
-		s.cfg.Logger.Warn("agent collective failed", "job", s.cfg.JobID, "rank", s.cfg.Ring.Rank(), "seq", seq, "op", what, "err", err)
+		s.cfg.Logger.Warn("agent collective failed", "job", s.cfg.JobID, "rank", s.coll.Rank(), "seq", seq, "op", what, "err", err)
 	} else {
 		s.next++
 	}
@@ -439,6 +447,9 @@ type trafficker interface {
 // received is what the ring has taken from the left neighbour so far, if
 // it counts it.
 func (s *Server) received() (int64, bool) {
+	if s.cfg.Collective != nil {
+		return 0, false // not the ring's
+	}
 	t, ok := s.cfg.Ring.(trafficker)
 	if !ok {
 		return 0, false

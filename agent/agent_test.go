@@ -36,13 +36,35 @@ func newWorld(t *testing.T, n int, timeout time.Duration) *world {
 // newWorldWith is newWorld with the job's compression sc.
 func newWorldWith(t *testing.T, n int, timeout time.Duration, sc compress.Scheme) *world {
 	t.Helper()
+	rings := aggregator.NewMemRing(n, 4)
+	cfgs := make([]Config, n)
+	for r := range n {
+		cfgs[r] = Config{Ring: rings[r], StepTimeout: timeout, Compression: sc}
+	}
+	return newWorldOf(t, cfgs, func() {
+		for _, r := range rings {
+			r.(*aggregator.MemRing).Close()
+		}
+	})
+}
+
+// newWorldOf is the world of agents made from cfgs (one per rank, the
+// job's settings filled in here); closeAll ends their collectives once
+// the agents have stopped serving.
+func newWorldOf(t *testing.T, cfgs []Config, closeAll func()) *world {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	w := &world{reports: make(chan *pb.ReportRequest, 16)}
-	rings := aggregator.NewMemRing(n, 4)
-	for r := range n {
-		s, err := New(Config{Ring: rings[r], JobID: "job-1", Generation: 3, StepTimeout: timeout,
-			Report: func(m *pb.ReportRequest) { w.reports <- m }, Compression: sc})
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		closeAll()
+	})
+	for _, cfg := range cfgs {
+		cfg.JobID, cfg.Generation = "job-1", 3
+		cfg.Report = func(m *pb.ReportRequest) { w.reports <- m }
+		s, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,13 +87,6 @@ func newWorldWith(t *testing.T, n int, timeout time.Duration, sc compress.Scheme
 		w.servers, w.sockets = append(w.servers, s), append(w.sockets, k)
 		w.clients = append(w.clients, pb.NewAgentClient(conn))
 	}
-	t.Cleanup(func() {
-		cancel()
-		wg.Wait()
-		for _, r := range rings {
-			r.(*aggregator.MemRing).Close()
-		}
-	})
 	return w
 }
 
@@ -99,7 +114,9 @@ func ctxT(t *testing.T) context.Context {
 // TestAllReduceSumsAndAverages: rank-valued inputs whose exact sum is
 // known, over world sizes and lengths around them; every rank gets the
 // same bytes.
-func TestAllReduceSumsAndAverages(t *testing.T) {
+func TestAllReduceSumsAndAverages(t *testing.T) { forEachMode(t, testAllReduceSumsAndAverages) }
+
+func testAllReduceSumsAndAverages(t *testing.T, newWorld func(*testing.T, int, time.Duration) *world) {
 	for _, n := range []int{1, 2, 3} {
 		w := newWorld(t, n, time.Minute)
 		ctx := ctxT(t)
@@ -148,6 +165,10 @@ func TestAllReduceSumsAndAverages(t *testing.T) {
 // collective 0 (as a script with buckets in flight may); the agent runs
 // them in number order, so the results are those of the calls by number.
 func TestCollectivesRunInSequenceOrder(t *testing.T) {
+	forEachMode(t, testCollectivesRunInSequenceOrder)
+}
+
+func testCollectivesRunInSequenceOrder(t *testing.T, newWorld func(*testing.T, int, time.Duration) *world) {
 	const n = 2
 	w := newWorld(t, n, time.Minute)
 	ctx := ctxT(t)
@@ -192,7 +213,9 @@ func TestCollectivesRunInSequenceOrder(t *testing.T) {
 	}
 }
 
-func TestBroadcastAndBarrier(t *testing.T) {
+func TestBroadcastAndBarrier(t *testing.T) { forEachMode(t, testBroadcastAndBarrier) }
+
+func testBroadcastAndBarrier(t *testing.T, newWorld func(*testing.T, int, time.Duration) *world) {
 	const n = 3
 	w := newWorld(t, n, time.Minute)
 	ctx := ctxT(t)
@@ -219,7 +242,9 @@ func TestBroadcastAndBarrier(t *testing.T) {
 	}
 }
 
-func TestRegisterLayout(t *testing.T) {
+func TestRegisterLayout(t *testing.T) { forEachMode(t, testRegisterLayout) }
+
+func testRegisterLayout(t *testing.T, newWorld func(*testing.T, int, time.Duration) *world) {
 	const n = 2
 	w := newWorld(t, n, time.Minute)
 	ctx := ctxT(t)

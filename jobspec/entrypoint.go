@@ -23,11 +23,13 @@ var entrypointVars = []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_S
 func IsEntrypoint(s *pb.JobSpec) bool { return s.GetEntrypoint() != nil }
 
 // normalizeEntrypoint checks an entrypoint job, before the mode's default
-// is filled in (it is ring for such jobs). Only the ring path exists so
-// far: the other modes, elastic sizes and checkpoints are refused as not
-// implemented yet. Compression (any type) applies to the script's
-// gradient buckets (the agent's shared-memory all-reduces), checked as
-// for any ring job.
+// is filled in (it is ring for such jobs). Modes ring and ps exist: in
+// mode ps the coordinator hosts summation shards for the script's calls
+// (paramserver.Sums; or `gradsync aggregator` processes do), synchronous
+// by nature; other modes, checkpoints, and in mode ps elastic sizes,
+// compression and another consistency are refused (see entrypointPS). Compression (any
+// type) applies to the script's gradient buckets in mode ring (the
+// agent's shared-memory all-reduces), checked as for any ring job.
 func normalizeEntrypoint(s *pb.JobSpec) error {
 	e := s.GetEntrypoint()
 	if e == nil {
@@ -68,11 +70,32 @@ func normalizeEntrypoint(s *pb.JobSpec) error {
 	if s.Mode == "" {
 		s.Mode = "ring"
 	}
-	if s.Mode != "ring" {
-		return errf("mode", "entrypoint jobs in mode %s %s; use mode ring", s.Mode, notImplementedSuffix)
+	switch s.Mode {
+	case "ring":
+	case "ps":
+		if err := entrypointPS(s); err != nil {
+			return err
+		}
+	default:
+		return errf("mode", "entrypoint jobs in mode %s %s; use mode ring or ps", s.Mode, notImplementedSuffix)
 	}
 	if CheckpointsOn(s) {
 		return errf("checkpoint", "checkpoints of entrypoint jobs %s (the script saves its own)", notImplementedSuffix)
+	}
+	return nil
+}
+
+// entrypointPS refuses what an entrypoint job in mode ps cannot do: its
+// parameter server's shards (the coordinator's, or `gradsync aggregator`
+// processes) only sum the script's calls; the script keeps its
+// parameters and optimiser.
+func entrypointPS(s *pb.JobSpec) error {
+	ps := s.GetParameterServer()
+	if t := s.GetCompression().GetType(); t != "" && t != defaultCompression {
+		return errf("compression.type", "%s compression of an entrypoint job in mode ps %s: the worker compresses a script's gradient buckets, with each bucket's error feedback, over the ring; the shards of mode ps only sum them (use mode ring with compression, or none)", t, notImplementedSuffix)
+	}
+	if c := ps.GetConsistency(); c != "" && c != PSSync {
+		return errf("parameter_server.consistency", "%s: an entrypoint job's shards sum every rank's part of each call before they answer (sync); its script keeps its own parameters, so there is nothing to update asynchronously", c)
 	}
 	return nil
 }

@@ -28,6 +28,16 @@ func TestEntrypoint(t *testing.T) {
 			t.Errorf("compression %s: %v", typ, err)
 		}
 	}
+	// Mode ps: the coordinator's shards sum the script's calls, with one
+	// shard or several, or `gradsync aggregator` processes'.
+	for _, psSpec := range []*pb.ParameterServerSpec{{Shards: 1}, {Shards: 3}, {Shards: 2, Addresses: []string{"a:1", "b:1"}}} {
+		p := ok()
+		p.Mode = "ps"
+		p.ParameterServer = psSpec
+		if s, err := Normalize(p, nil); err != nil || s.Mode != "ps" {
+			t.Errorf("mode ps, %v: %v", psSpec, err)
+		}
+	}
 	// Elastic: its commands restart on a new generation.
 	el := ok()
 	el.MinWorkers = 1
@@ -44,7 +54,13 @@ func TestEntrypoint(t *testing.T) {
 		{func(s *pb.JobSpec) { s.Entrypoint.Env["GRADSYNC_TOKEN"] = "x" }, "entrypoint.env", "GRADSYNC_"},
 		{func(s *pb.JobSpec) { s.Entrypoint.Env["RANK"] = "3" }, "entrypoint.env", "set by the worker"},
 		{func(s *pb.JobSpec) { s.Entrypoint.Env["A=B"] = "3" }, "entrypoint.env", "not a variable name"},
-		{func(s *pb.JobSpec) { s.Mode = "ps" }, "mode", notImplementedSuffix},
+		{func(s *pb.JobSpec) { s.Mode = "fedavg" }, "mode", notImplementedSuffix},
+		{func(s *pb.JobSpec) { s.Mode = "ps"; s.Compression = &pb.CompressionSpec{Type: "powersgd"} }, "compression.type", "only sum"},
+		{func(s *pb.JobSpec) {
+			s.Mode = "ps"
+			s.ParameterServer = &pb.ParameterServerSpec{Consistency: PSAsync}
+		}, "parameter_server.consistency", "sync"},
+		{func(s *pb.JobSpec) { s.Mode = "ps"; s.MinWorkers = 1 }, "min_workers", notImplementedSuffix},
 		{func(s *pb.JobSpec) { s.Compression = &pb.CompressionSpec{Type: "zip"} }, "compression", "allowed"},
 		{func(s *pb.JobSpec) { s.Checkpoint = &pb.CheckpointSpec{EverySteps: 10} }, "checkpoint", notImplementedSuffix},
 	} {

@@ -22,4 +22,11 @@
 // (psstep.Checkpoints, checkpoint.go), how late each rank's push arrives
 // (psstep.Lags, read by Group.TakeLag). Every receive loop takes the
 // stream's context and returns once it ends.
+//
+// An entrypoint job in mode ps has no model on the server: its shards
+// (Sums, sums.go, hosted by the coordinator, or one each by
+// ShardServer.Reduce) are summation servers for
+// the script's collective calls over Reduce streams, and ScriptClient
+// (sumsclient.go) is a rank's side, the agent's Collective in mode ps;
+// psstep.Calls is their arithmetic.
 package paramserver

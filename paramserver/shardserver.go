@@ -56,7 +56,9 @@ func (c *ShardServerConfig) Validate() error {
 
 // ShardServer is a parameter-server shard process (`gradsync aggregator`):
 // it serves ParameterServer.Sync for the jobs whose spec names it in
-// parameter_server.addresses. It needs no set-up per job: the first
+// parameter_server.addresses, and Reduce for the entrypoint jobs among
+// them (summation shards of their scripts' calls, built the same way
+// from the first rank's join, without a model). It needs no set-up per job: the first
 // rank's join of (job, generation, shard) carries the normalized spec,
 // from which the aggregator builds the model's initial parameters (the
 // seed makes them those of the coordinator and every worker), takes its
@@ -70,9 +72,10 @@ type ShardServer struct {
 	grpc   *grpc.Server
 	health *health.Server
 
-	mu    sync.Mutex // guards jobs, ended
-	jobs  map[shardKey]*hostedShard
-	ended map[shardKey]bool
+	mu      sync.Mutex // guards jobs, scripts, ended
+	jobs    map[shardKey]*hostedShard
+	scripts map[shardKey]*hostedSums // entrypoint jobs' summation shards
+	ended   map[shardKey]bool
 
 	pb.UnimplementedParameterServerServer
 }
@@ -98,7 +101,7 @@ func NewShardServer(cfg ShardServerConfig) (*ShardServer, error) {
 	if cfg.TLS == nil {
 		cfg.Logger.Warn("plaintext gRPC: no TLS and no client certificates checked (asked for with --insecure)")
 	}
-	a := &ShardServer{cfg: cfg, jobs: map[shardKey]*hostedShard{}, ended: map[shardKey]bool{}}
+	a := &ShardServer{cfg: cfg, jobs: map[shardKey]*hostedShard{}, scripts: map[shardKey]*hostedSums{}, ended: map[shardKey]bool{}}
 	auth := &security.AuthOptions{Insecure: cfg.TLS == nil}
 	opts := append(cfg.Metrics.GRPCServerOptions(), rpc.ServerOptions(cfg.Logger, cfg.TLS, auth)...)
 	a.grpc = grpc.NewServer(opts...)
@@ -132,6 +135,9 @@ func (a *ShardServer) Serve(ctx context.Context, lis net.Listener) error {
 	for _, j := range a.jobs {
 		j.p.abort(errors.New("the aggregator is shutting down"))
 	}
+	for _, j := range a.scripts {
+		j.p.abort(errors.New("the aggregator is shutting down"))
+	}
 	a.mu.Unlock()
 	rpc.Stop(a.grpc, 5*time.Second)
 	if !served {
@@ -147,7 +153,7 @@ func (a *ShardServer) Serve(ctx context.Context, lis net.Listener) error {
 func (a *ShardServer) Jobs() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.jobs)
+	return len(a.jobs) + len(a.scripts)
 }
 
 // Sync serves one rank's stream to the shard this process hosts for the
@@ -233,4 +239,87 @@ func (a *ShardServer) release(join *pb.SyncJoin, j *hostedShard) {
 	j.p.abort(errors.New("every stream to the shard has closed"))
 	a.ended[key] = true
 	a.cfg.Logger.Info("shard ended", "job", join.JobId, "generation", join.Generation, "shard", join.Shard)
+}
+
+// hostedSums is one summation shard of an entrypoint job's generation and
+// its open streams.
+type hostedSums struct {
+	p      *sumShard
+	spec   *pb.JobSpec
+	active int // streams being served
+}
+
+// Reduce serves one rank's stream to the summation shard this process
+// hosts for the entrypoint job of its join (see ps.proto).
+func (a *ShardServer) Reduce(stream pb.ParameterServer_ReduceServer) error {
+	join, err := RecvReduceJoin(stream)
+	if err != nil {
+		return err
+	}
+	j, err := a.acquireSums(join)
+	if err != nil {
+		return err
+	}
+	defer a.releaseSums(join, j)
+	return j.p.serve(stream, join)
+}
+
+// acquireSums finds or builds the summation shard a join names and counts
+// the stream.
+func (a *ShardServer) acquireSums(join *pb.ReduceJoin) (*hostedSums, error) {
+	if join.Spec == nil {
+		return nil, status.Error(codes.InvalidArgument, "a join of a `gradsync aggregator` shard must carry the job's spec")
+	}
+	spec, err := jobspec.Normalize(join.Spec, models.Names())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "the job's spec: %v", err)
+	}
+	ps := spec.GetParameterServer()
+	switch {
+	case spec.Mode != "ps" || !jobspec.IsEntrypoint(spec):
+		return nil, status.Errorf(codes.InvalidArgument, "job %s is not an entrypoint job in mode ps (mode %s); its shards serve Sync", join.JobId, spec.Mode)
+	case len(ps.GetAddresses()) == 0:
+		return nil, status.Errorf(codes.InvalidArgument, "job %s names no aggregator addresses; its shards are in the server", join.JobId)
+	case join.NumShards != ps.Shards || join.Shard < 0 || join.Shard >= ps.Shards:
+		return nil, status.Errorf(codes.InvalidArgument, "joined shard %d of %d; the job has %d shards", join.Shard, join.NumShards, ps.Shards)
+	case join.WorldSize != spec.GetWorkers():
+		return nil, status.Errorf(codes.InvalidArgument, "world size %d, the job's spec has %d workers", join.WorldSize, spec.GetWorkers())
+	}
+	key := shardKey{job: join.JobId, gen: join.Generation, shard: join.Shard}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ended[key] {
+		return nil, status.Errorf(codes.FailedPrecondition, "shard %d of job %s (generation %d) has ended here: every stream to it closed", join.Shard, join.JobId, join.Generation)
+	}
+	j := a.scripts[key]
+	if j == nil {
+		env := Env{Now: a.cfg.Now, Log: a.cfg.Logger, Metrics: a.cfg.Metrics}
+		timeout := time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second))
+		j = &hostedSums{p: newSumShard(env, join.JobId, join.Generation, int(join.WorldSize), int(join.Shard), int(ps.Shards), timeout), spec: spec}
+		a.scripts[key] = j
+		a.cfg.Logger.Info("summation shard started", "job", join.JobId, "generation", join.Generation, "shard", join.Shard, "of", ps.Shards, "world", join.WorldSize)
+	} else if !proto.Equal(j.spec, spec) {
+		return nil, status.Errorf(codes.InvalidArgument, "rank %d's spec of job %s differs from the first rank's", join.Rank, join.JobId)
+	}
+	j.active++
+	return j, nil
+}
+
+// releaseSums counts a stream out; the last one drops the shard, for good
+// once a rank had joined it.
+func (a *ShardServer) releaseSums(join *pb.ReduceJoin, j *hostedSums) {
+	key := shardKey{job: join.JobId, gen: join.Generation, shard: join.Shard}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	j.active--
+	if j.active > 0 {
+		return
+	}
+	delete(a.scripts, key)
+	if !j.p.anyJoined() {
+		return // only refused joins: a valid one builds it afresh
+	}
+	j.p.abort(errors.New("every stream to the shard has closed"))
+	a.ended[key] = true
+	a.cfg.Logger.Info("summation shard ended", "job", join.JobId, "generation", join.Generation, "shard", join.Shard)
 }

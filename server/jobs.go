@@ -42,7 +42,8 @@ type jobEntry struct {
 	announced bool
 	// While RUNNING:
 	ps       *paramserver.Group
-	fed      *fedJob // fedavg with real clients: the round driver (federation.go)
+	sums     *paramserver.Sums // an entrypoint job in mode ps: its script's summation shards
+	fed      *fedJob           // fedavg with real clients: the round driver (federation.go)
 	run      *runlog.Writer
 	rankIPS  []float64
 	lastEval *pb.TaskEval
@@ -82,6 +83,9 @@ func (e *jobEntry) tasksStoppedLocked() {
 func (e *jobEntry) abort(err error) {
 	if e.ps != nil {
 		e.ps.Abort(err)
+	}
+	if e.sums != nil {
+		e.sums.Abort(err)
 	}
 	if e.fed != nil {
 		e.fed.abort(err)

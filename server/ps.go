@@ -27,6 +27,30 @@ func (s *Server) Sync(stream pb.ParameterServer_SyncServer) error {
 	return g.Serve(stream, join)
 }
 
+// Reduce serves one worker's stream for one summation shard of an
+// entrypoint job in mode ps (see paramserver.Sums).
+func (s *Server) Reduce(stream pb.ParameterServer_ReduceServer) error {
+	join, err := paramserver.RecvReduceJoin(stream)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	e := s.jobs[join.JobId]
+	var g *paramserver.Sums
+	var state pb.JobState
+	if e != nil {
+		g, state = e.sums, e.job.State
+	}
+	s.mu.Unlock()
+	switch {
+	case e == nil:
+		return status.Errorf(codes.NotFound, "job %q not found", join.JobId)
+	case state != pb.JobState_JOB_STATE_RUNNING || g == nil:
+		return status.Errorf(codes.FailedPrecondition, "job %s is not an entrypoint job running in mode ps on this coordinator", join.JobId)
+	}
+	return g.Serve(stream, join)
+}
+
 // Pull streams a snapshot of a running ps job's parameters, whose shards
 // the coordinator hosts (see paramserver.Group.Pull).
 func (s *Server) Pull(req *pb.PullRequest, stream pb.ParameterServer_PullServer) error {

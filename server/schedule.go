@@ -38,10 +38,11 @@ func (s *Server) startJobLocked(e *jobEntry, workerIDs []string) {
 type prepared struct {
 	run    *runlog.Writer
 	runErr error
-	// numParams is the model's size; ps and fed are set for the modes
-	// that have them.
+	// numParams is the model's size; ps, sums and fed are set for the
+	// modes that have them.
 	numParams int
 	ps        *paramserver.Group
+	sums      *paramserver.Sums
 	fed       *fedJob
 	// failure is why the job cannot start (its run directory is made).
 	failure string
@@ -68,7 +69,13 @@ func (s *Server) prepareJob(j *pb.Job, workerIDs []string, started time.Time, fj
 	}
 	p.numParams = net.NumParams()
 	ckptDir := jobCheckpointDir(j)
-	if spec.Mode == "ps" && len(spec.GetParameterServer().GetAddresses()) == 0 {
+	addrs := len(spec.GetParameterServer().GetAddresses()) > 0 // `gradsync aggregator` processes host the shards
+	if spec.Mode == "ps" && jobspec.IsEntrypoint(spec) && !addrs {
+		// The script keeps its parameters: the shards only sum its
+		// calls, and learn its size from the layout it registers.
+		p.sums = paramserver.NewSums(paramserver.Env{Now: s.cfg.Now, Log: s.log, Metrics: s.cfg.Metrics}, j.Id, 1, world,
+			int(spec.GetParameterServer().GetShards()), time.Duration(spec.GetStepTimeoutSeconds()*float64(time.Second)))
+	} else if spec.Mode == "ps" && !jobspec.IsEntrypoint(spec) && !addrs {
 		// The server holds a ps job's state: it writes the checkpoints
 		// and, for a resume, loads one.
 		p.ps, err = paramserver.NewGroup(paramserver.Env{Now: s.cfg.Now, Log: s.log, Metrics: s.cfg.Metrics}, j.Id, 1, world, net, spec, ckptDir, j.ResumeFrom)
@@ -117,6 +124,9 @@ func (s *Server) dropPreparedLocked(e *jobEntry, ended bool) {
 	if p.ps != nil {
 		p.ps.Abort(errors.New("the job ended before it started"))
 	}
+	if p.sums != nil {
+		p.sums.Abort(errors.New("the job ended before it started"))
+	}
 	if p.fed != nil {
 		p.fed.abort(errors.New("the job ended before it started"))
 	}
@@ -146,7 +156,7 @@ func jobCheckpointDir(j *pb.Job) string {
 func (s *Server) startGenerationLocked(e *jobEntry, a coordinator.StartGeneration) {
 	j := e.job
 	if p := e.prep; p != nil && a.Generation == 1 {
-		e.numParams, e.ps = p.numParams, p.ps
+		e.numParams, e.ps, e.sums = p.numParams, p.ps, p.sums
 		if p.fed != nil {
 			e.fed = s.runFedJob(p.fed)
 		}

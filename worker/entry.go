@@ -26,8 +26,9 @@ import (
 // An entrypoint job's rank: instead of a Trainer, the worker starts the
 // job's command (a user's PyTorch script) with torchrun's variables, serves
 // it the local agent socket through which it all-reduces over the job's
-// ring, streams its output to the run directory, and ends it when the task
-// ends. entryproc.go holds the process side.
+// ring (mode ring) or through the summation shards the coordinator hosts
+// (mode ps), streams its output to the run directory, and ends it when
+// the task ends. entryproc.go holds the process side.
 
 // errEntrypointsOff is the refusal of a worker not started with
 // --allow-entrypoints.
@@ -43,33 +44,51 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 		return nil, errEntrypointsOff
 	}
 	spec := a.GetSpec()
-	if mode := spec.GetMode(); mode != "ring" {
-		return nil, fmt.Errorf("entrypoint jobs run in mode ring; got %q", mode)
-	}
 	log := env.log.With("job", a.JobId, "rank", a.Rank)
-	jr, err := joinRing(ctx, a, env)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if err != nil {
-			// This rank failed: its peers (whose scripts may still
-			// run) need nothing more from it, and an orderly shutdown
-			// would wait for them. Break the ring at once, so the
-			// failure is reported now, not after the shutdown timeout.
-			jr.abort()
-			return
-		}
-		jr.leave()
-	}()
 	timeout := time.Duration(spec.GetStepTimeoutSeconds() * float64(time.Second))
-	sc, err := jobspec.CompressionScheme(spec.GetCompression(), spec.GetSeed())
-	if err != nil {
+	cfg := agent.Config{JobID: a.JobId, Generation: a.Generation, StepTimeout: timeout, Logger: log, Peers: a.Peers}
+	var jr *joinedRing // mode ring
+	switch mode := spec.GetMode(); mode {
+	case "ring":
+		if jr, err = joinRing(ctx, a, env); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				// This rank failed: its peers (whose scripts may still
+				// run) need nothing more from it, and an orderly shutdown
+				// would wait for them. Break the ring at once, so the
+				// failure is reported now, not after the shutdown timeout.
+				jr.abort()
+				return
+			}
+			jr.leave()
+		}()
+		cfg.Ring = jr.data
+	case "ps":
+		var sums *scriptSums
+		if sums, err = joinSums(ctx, a, env); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				// As for the ring: the shards fail the other ranks'
+				// calls at once, naming this rank.
+				sums.abort()
+				return
+			}
+			sums.leave()
+		}()
+		cfg.Collective = sums.ScriptClient
+	default:
+		return nil, fmt.Errorf("entrypoint jobs run in mode ring or ps; got %q", mode)
+	}
+	if cfg.Compression, err = jobspec.CompressionScheme(spec.GetCompression(), spec.GetSeed()); err != nil {
 		return nil, err
 	}
 	rep := newEntryReports(a, env.rep)
-	srv, err := agent.New(agent.Config{Ring: jr.data, JobID: a.JobId, Generation: a.Generation, StepTimeout: timeout,
-		Report: rep.report, Logger: log, Compression: sc, Peers: a.Peers})
+	cfg.Report = rep.report
+	srv, err := agent.New(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -119,14 +138,18 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 	log.Info("starting entrypoint", "command", strings.Join(p.command, " "), "log", logPath)
 	pctx, stopScript := context.WithCancelCause(ctx)
 	defer stopScript(nil) // before the agent's defer: ends the watcher
-	wg.Add(1)
-	go func() { // owned by runEntrypoint: watches for a hung script until it ends
-		defer wg.Done()
-		if hung := watchHung(pctx, jr.grpc, srv, timeout, time.Now); hung != nil {
-			log.Warn("stopping a hung entrypoint", "why", hung)
-			stopScript(hung)
-		}
-	}()
+	if jr != nil {
+		// Mode ps needs no watcher: the shards name the rank whose script
+		// made no call, and the coordinator then stops its task.
+		wg.Add(1)
+		go func() { // owned by runEntrypoint: watches for a hung script until it ends
+			defer wg.Done()
+			if hung := watchHung(pctx, jr.grpc, srv, timeout, time.Now); hung != nil {
+				log.Warn("stopping a hung entrypoint", "why", hung)
+				stopScript(hung)
+			}
+		}()
+	}
 	err = p.run(pctx)
 	var hung *hungScript
 	if errors.As(context.Cause(pctx), &hung) {
@@ -142,12 +165,16 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 		aerr := srv.Err()
 		ringFailed := aerr != nil && status.Code(aerr) != codes.Canceled
 		if ringFailed && hung == nil {
-			msg += fmt.Sprintf(" (the agent's ring failed first: %v)", aerr)
+			via := "ring"
+			if jr == nil {
+				via = "parameter server"
+			}
+			msg += fmt.Sprintf(" (the agent's %s failed first: %v)", via, aerr)
 		}
 		if tail := p.stderrTail(); tail != "" {
 			msg += "; last lines of its stderr:\n" + tail
 		}
-		if hung != nil || (!ringFailed && jr.brokenErr() == nil) {
+		if hung != nil || (!ringFailed && (jr == nil || jr.brokenErr() == nil)) {
 			// Its own command failed while its ring was whole (or it
 			// hung while its peers waited): the cause, not a victim.
 			return nil, &commandFailed{msg: msg}

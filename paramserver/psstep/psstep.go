@@ -26,6 +26,11 @@
 //     rank's sums of its async or bounded shards' receipts (lags.go).
 //   - The wire encoding of compress's push frames: DType, Frame,
 //     FrameSender (frames.go, the only file that knows the proto types).
+//   - An entrypoint job's script in mode ps, whose shards only sum
+//     (as BytePS's servers): Call, one collective call of the script as
+//     every rank makes it, and the shard's piece of it (Call.Piece);
+//     Calls, the shard's side, which combines the ranks' calls one at a
+//     time (calls.go).
 //
 // The maths itself (the encodings, PowerSGD's products, orthogonalisation)
 // stays in compress over []float32, and the shard cores (sync, and

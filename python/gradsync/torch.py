@@ -14,10 +14,13 @@ The gradients are averaged over the ranks bucket by bucket as backward
 produces them (through a shared-memory region the worker maps too) (each bucket's all-reduce starts as soon as its last gradient
 is accumulated, while backward goes on, as DDP's reducer does); step()
 waits for them and then steps the wrapped optimiser. The all-reduce runs in
-the Go worker over the job's ring. CUDA tensors are copied to host memory
+the Go worker over the job's ring, or, for a job in mode ps (``--mode ps``),
+through the coordinator's parameter-server shards, which sum every rank's
+bucket and answer the sum to all (the script keeps its own parameters and
+optimiser; broadcasts and barriers go through them too). CUDA tensors are copied to host memory
 bucket by bucket; the code path is the same on CPU.
 
-Compression is the job's (``gradsync local/submit --compress powersgd:rank=2``):
+Compression is the job's (``gradsync local/submit --compress powersgd:rank=2``; mode ring only):
 the worker compresses each bucket with its own state (error feedback, PowerSGD's
 warm-start Q) kept between steps; PowerSGD compresses the tensors of two or more
 dimensions of a bucket and sends 1-D ones as they are, as PyTorch's powerSGD_hook

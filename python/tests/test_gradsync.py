@@ -61,12 +61,14 @@ class TestThroughWorkers(unittest.TestCase):
 
     def test_equivalence_with_full_batch(self):
         # Several buckets and one, through shared memory; several through the socket.
-        # The ring between the workers on gRPC, and on shared memory.
-        for bucket, shm, transport in (("0.002", "1", "grpc"), ("4", "1", "grpc"), ("0.002", "0", "grpc"),
-                                       ("0.002", "1", "shm")):
-            with self.subTest(bucket_mb=bucket, shared_memory=shm, transport=transport):
+        # The ring between the workers on gRPC, and on shared memory. Mode ps: the
+        # coordinator's two summation shards each sum a piece of every bucket.
+        for bucket, shm, args in (("0.002", "1", ("--transport", "grpc")), ("4", "1", ("--transport", "grpc")),
+                                  ("0.002", "0", ("--transport", "grpc")), ("0.002", "1", ("--transport", "shm")),
+                                  ("0.002", "1", ("--mode", "ps", "--ps-shards", "2"))):
+            with self.subTest(bucket_mb=bucket, shared_memory=shm, args=" ".join(args)):
                 p, logs = run_local("equiv_entry.py", extra_env={"EQUIV_BUCKET_MB": bucket, "EQUIV_SHM": shm},
-                                    args=("--transport", transport))
+                                    args=args)
                 self.assertEqual(p.returncode, 0, p.stdout + p.stderr + str(logs))
                 self.assertIn("SUCCEEDED", p.stdout)
                 for r in (0, 1):

@@ -35,7 +35,8 @@ const (
 // an entrypoint job (a user's PyTorch script), on a Unix socket (mode 0600,
 // in a 0700 directory) whose path is in the command's GRADSYNC_AGENT. The
 // worker does the communication: every collective runs over the job's ring
-// of workers.
+// of workers, or, in mode ps, through the job's parameter-server shards
+// (ParameterServer.Reduce), which sum the ranks' calls.
 //
 // Collectives carry a sequence number: every rank numbers its collective
 // calls 0, 1, 2, … in the order it means them, and the agent runs them in
@@ -142,7 +143,8 @@ func (c *agentClient) Report(ctx context.Context, in *ReportRequest, opts ...grp
 // an entrypoint job (a user's PyTorch script), on a Unix socket (mode 0600,
 // in a 0700 directory) whose path is in the command's GRADSYNC_AGENT. The
 // worker does the communication: every collective runs over the job's ring
-// of workers.
+// of workers, or, in mode ps, through the job's parameter-server shards
+// (ParameterServer.Reduce), which sum the ranks' calls.
 //
 // Collectives carry a sequence number: every rank numbers its collective
 // calls 0, 1, 2, … in the order it means them, and the agent runs them in

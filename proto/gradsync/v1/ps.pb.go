@@ -21,6 +21,404 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// CallKind is what a script's collective call asks of the shards.
+type CallKind int32
+
+const (
+	CallKind_CALL_KIND_UNSPECIFIED CallKind = 0
+	// Sum the ranks' values.
+	CallKind_CALL_KIND_SUM CallKind = 1
+	// Every rank gets the root's values.
+	CallKind_CALL_KIND_BROADCAST CallKind = 2
+	// Returns once every rank has called it.
+	CallKind_CALL_KIND_BARRIER CallKind = 3
+	// Every rank registered the same gradient layout (its size and checksum).
+	CallKind_CALL_KIND_LAYOUT CallKind = 4
+)
+
+// Enum value maps for CallKind.
+var (
+	CallKind_name = map[int32]string{
+		0: "CALL_KIND_UNSPECIFIED",
+		1: "CALL_KIND_SUM",
+		2: "CALL_KIND_BROADCAST",
+		3: "CALL_KIND_BARRIER",
+		4: "CALL_KIND_LAYOUT",
+	}
+	CallKind_value = map[string]int32{
+		"CALL_KIND_UNSPECIFIED": 0,
+		"CALL_KIND_SUM":         1,
+		"CALL_KIND_BROADCAST":   2,
+		"CALL_KIND_BARRIER":     3,
+		"CALL_KIND_LAYOUT":      4,
+	}
+)
+
+func (x CallKind) Enum() *CallKind {
+	p := new(CallKind)
+	*p = x
+	return p
+}
+
+func (x CallKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CallKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_gradsync_v1_ps_proto_enumTypes[0].Descriptor()
+}
+
+func (CallKind) Type() protoreflect.EnumType {
+	return &file_gradsync_v1_ps_proto_enumTypes[0]
+}
+
+func (x CallKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CallKind.Descriptor instead.
+func (CallKind) EnumDescriptor() ([]byte, []int) {
+	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{0}
+}
+
+type ReduceJoin struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	JobId      string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Generation uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	Rank       int32                  `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	WorldSize  int32                  `protobuf:"varint,4,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	// The shard this stream joins, of num_shards (0 counts as 1).
+	Shard     int32 `protobuf:"varint,5,opt,name=shard,proto3" json:"shard,omitempty"`
+	NumShards int32 `protobuf:"varint,6,opt,name=num_shards,json=numShards,proto3" json:"num_shards,omitempty"`
+	// The job's normalized spec. A `gradsync aggregator` process learns the
+	// job from it (its workers, shards and step timeout); every rank must
+	// send the same. The coordinator's own shards use the spec it holds.
+	Spec          *JobSpec `protobuf:"bytes,7,opt,name=spec,proto3" json:"spec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReduceJoin) Reset() {
+	*x = ReduceJoin{}
+	mi := &file_gradsync_v1_ps_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReduceJoin) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReduceJoin) ProtoMessage() {}
+
+func (x *ReduceJoin) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_ps_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReduceJoin.ProtoReflect.Descriptor instead.
+func (*ReduceJoin) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ReduceJoin) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *ReduceJoin) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *ReduceJoin) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *ReduceJoin) GetWorldSize() int32 {
+	if x != nil {
+		return x.WorldSize
+	}
+	return 0
+}
+
+func (x *ReduceJoin) GetShard() int32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *ReduceJoin) GetNumShards() int32 {
+	if x != nil {
+		return x.NumShards
+	}
+	return 0
+}
+
+func (x *ReduceJoin) GetSpec() *JobSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+// ReduceCall opens one call on a Reduce stream.
+type ReduceCall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Seq   int64                  `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Kind  CallKind               `protobuf:"varint,2,opt,name=kind,proto3,enum=gradsync.v1.CallKind" json:"kind,omitempty"`
+	// Values of the call's piece on this shard (sum, broadcast).
+	Length int64 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	// The broadcast's root.
+	Root int32 `protobuf:"varint,4,opt,name=root,proto3" json:"root,omitempty"`
+	// Layout: the registered layout's values and checksum.
+	LayoutElements int64  `protobuf:"varint,5,opt,name=layout_elements,json=layoutElements,proto3" json:"layout_elements,omitempty"`
+	LayoutChecksum uint32 `protobuf:"varint,6,opt,name=layout_checksum,json=layoutChecksum,proto3" json:"layout_checksum,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ReduceCall) Reset() {
+	*x = ReduceCall{}
+	mi := &file_gradsync_v1_ps_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReduceCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReduceCall) ProtoMessage() {}
+
+func (x *ReduceCall) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_ps_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReduceCall.ProtoReflect.Descriptor instead.
+func (*ReduceCall) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ReduceCall) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ReduceCall) GetKind() CallKind {
+	if x != nil {
+		return x.Kind
+	}
+	return CallKind_CALL_KIND_UNSPECIFIED
+}
+
+func (x *ReduceCall) GetLength() int64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+func (x *ReduceCall) GetRoot() int32 {
+	if x != nil {
+		return x.Root
+	}
+	return 0
+}
+
+func (x *ReduceCall) GetLayoutElements() int64 {
+	if x != nil {
+		return x.LayoutElements
+	}
+	return 0
+}
+
+func (x *ReduceCall) GetLayoutChecksum() uint32 {
+	if x != nil {
+		return x.LayoutChecksum
+	}
+	return 0
+}
+
+type ReduceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*ReduceRequest_Join
+	//	*ReduceRequest_Call
+	//	*ReduceRequest_Data
+	Msg           isReduceRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReduceRequest) Reset() {
+	*x = ReduceRequest{}
+	mi := &file_gradsync_v1_ps_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReduceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReduceRequest) ProtoMessage() {}
+
+func (x *ReduceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_ps_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReduceRequest.ProtoReflect.Descriptor instead.
+func (*ReduceRequest) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReduceRequest) GetMsg() isReduceRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *ReduceRequest) GetJoin() *ReduceJoin {
+	if x != nil {
+		if x, ok := x.Msg.(*ReduceRequest_Join); ok {
+			return x.Join
+		}
+	}
+	return nil
+}
+
+func (x *ReduceRequest) GetCall() *ReduceCall {
+	if x != nil {
+		if x, ok := x.Msg.(*ReduceRequest_Call); ok {
+			return x.Call
+		}
+	}
+	return nil
+}
+
+func (x *ReduceRequest) GetData() *TensorFrame {
+	if x != nil {
+		if x, ok := x.Msg.(*ReduceRequest_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isReduceRequest_Msg interface {
+	isReduceRequest_Msg()
+}
+
+type ReduceRequest_Join struct {
+	Join *ReduceJoin `protobuf:"bytes,1,opt,name=join,proto3,oneof"`
+}
+
+type ReduceRequest_Call struct {
+	Call *ReduceCall `protobuf:"bytes,2,opt,name=call,proto3,oneof"`
+}
+
+type ReduceRequest_Data struct {
+	// The call's data (OP_ALL_REDUCE or OP_BROADCAST, step = seq, float32).
+	Data *TensorFrame `protobuf:"bytes,3,opt,name=data,proto3,oneof"`
+}
+
+func (*ReduceRequest_Join) isReduceRequest_Msg() {}
+
+func (*ReduceRequest_Call) isReduceRequest_Msg() {}
+
+func (*ReduceRequest_Data) isReduceRequest_Msg() {}
+
+type ReduceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The call answered.
+	Seq int64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The result's frames (tagged as the call's data); none for a call
+	// without data.
+	Result        *TensorFrame `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReduceResponse) Reset() {
+	*x = ReduceResponse{}
+	mi := &file_gradsync_v1_ps_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReduceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReduceResponse) ProtoMessage() {}
+
+func (x *ReduceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_ps_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReduceResponse.ProtoReflect.Descriptor instead.
+func (*ReduceResponse) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ReduceResponse) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ReduceResponse) GetResult() *TensorFrame {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
 type SyncJoin struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	JobId      string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
@@ -52,7 +450,7 @@ type SyncJoin struct {
 
 func (x *SyncJoin) Reset() {
 	*x = SyncJoin{}
-	mi := &file_gradsync_v1_ps_proto_msgTypes[0]
+	mi := &file_gradsync_v1_ps_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -64,7 +462,7 @@ func (x *SyncJoin) String() string {
 func (*SyncJoin) ProtoMessage() {}
 
 func (x *SyncJoin) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_ps_proto_msgTypes[0]
+	mi := &file_gradsync_v1_ps_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -77,7 +475,7 @@ func (x *SyncJoin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncJoin.ProtoReflect.Descriptor instead.
 func (*SyncJoin) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{0}
+	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SyncJoin) GetJobId() string {
@@ -164,7 +562,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_gradsync_v1_ps_proto_msgTypes[1]
+	mi := &file_gradsync_v1_ps_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -176,7 +574,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_ps_proto_msgTypes[1]
+	mi := &file_gradsync_v1_ps_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -189,7 +587,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{1}
+	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SyncRequest) GetMsg() isSyncRequest_Msg {
@@ -272,7 +670,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_gradsync_v1_ps_proto_msgTypes[2]
+	mi := &file_gradsync_v1_ps_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -284,7 +682,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_ps_proto_msgTypes[2]
+	mi := &file_gradsync_v1_ps_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -297,7 +695,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{2}
+	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SyncResponse) GetParameters() *TensorFrame {
@@ -356,7 +754,7 @@ type PushReceipt struct {
 
 func (x *PushReceipt) Reset() {
 	*x = PushReceipt{}
-	mi := &file_gradsync_v1_ps_proto_msgTypes[3]
+	mi := &file_gradsync_v1_ps_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -368,7 +766,7 @@ func (x *PushReceipt) String() string {
 func (*PushReceipt) ProtoMessage() {}
 
 func (x *PushReceipt) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_ps_proto_msgTypes[3]
+	mi := &file_gradsync_v1_ps_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -381,7 +779,7 @@ func (x *PushReceipt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushReceipt.ProtoReflect.Descriptor instead.
 func (*PushReceipt) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{3}
+	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PushReceipt) GetApplied() bool {
@@ -428,7 +826,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_gradsync_v1_ps_proto_msgTypes[4]
+	mi := &file_gradsync_v1_ps_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -440,7 +838,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_ps_proto_msgTypes[4]
+	mi := &file_gradsync_v1_ps_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -453,7 +851,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{4}
+	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PullRequest) GetJobId() string {
@@ -472,7 +870,7 @@ type PullResponse struct {
 
 func (x *PullResponse) Reset() {
 	*x = PullResponse{}
-	mi := &file_gradsync_v1_ps_proto_msgTypes[5]
+	mi := &file_gradsync_v1_ps_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +882,7 @@ func (x *PullResponse) String() string {
 func (*PullResponse) ProtoMessage() {}
 
 func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_ps_proto_msgTypes[5]
+	mi := &file_gradsync_v1_ps_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +895,7 @@ func (x *PullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
 func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{5}
+	return file_gradsync_v1_ps_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PullResponse) GetParameters() *TensorFrame {
@@ -511,7 +909,36 @@ var File_gradsync_v1_ps_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_ps_proto_rawDesc = "" +
 	"\n" +
-	"\x14gradsync/v1/ps.proto\x12\vgradsync.v1\x1a\x16gradsync/v1/spec.proto\x1a\x18gradsync/v1/tensor.proto\"\xba\x02\n" +
+	"\x14gradsync/v1/ps.proto\x12\vgradsync.v1\x1a\x16gradsync/v1/spec.proto\x1a\x18gradsync/v1/tensor.proto\"\xd5\x01\n" +
+	"\n" +
+	"ReduceJoin\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\x05R\x04rank\x12\x1d\n" +
+	"\n" +
+	"world_size\x18\x04 \x01(\x05R\tworldSize\x12\x14\n" +
+	"\x05shard\x18\x05 \x01(\x05R\x05shard\x12\x1d\n" +
+	"\n" +
+	"num_shards\x18\x06 \x01(\x05R\tnumShards\x12(\n" +
+	"\x04spec\x18\a \x01(\v2\x14.gradsync.v1.JobSpecR\x04spec\"\xc7\x01\n" +
+	"\n" +
+	"ReduceCall\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12)\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x15.gradsync.v1.CallKindR\x04kind\x12\x16\n" +
+	"\x06length\x18\x03 \x01(\x03R\x06length\x12\x12\n" +
+	"\x04root\x18\x04 \x01(\x05R\x04root\x12'\n" +
+	"\x0flayout_elements\x18\x05 \x01(\x03R\x0elayoutElements\x12'\n" +
+	"\x0flayout_checksum\x18\x06 \x01(\rR\x0elayoutChecksum\"\xa4\x01\n" +
+	"\rReduceRequest\x12-\n" +
+	"\x04join\x18\x01 \x01(\v2\x17.gradsync.v1.ReduceJoinH\x00R\x04join\x12-\n" +
+	"\x04call\x18\x02 \x01(\v2\x17.gradsync.v1.ReduceCallH\x00R\x04call\x12.\n" +
+	"\x04data\x18\x03 \x01(\v2\x18.gradsync.v1.TensorFrameH\x00R\x04dataB\x05\n" +
+	"\x03msg\"T\n" +
+	"\x0eReduceResponse\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\x120\n" +
+	"\x06result\x18\x02 \x01(\v2\x18.gradsync.v1.TensorFrameR\x06result\"\xba\x02\n" +
 	"\bSyncJoin\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1e\n" +
 	"\n" +
@@ -556,10 +983,17 @@ const file_gradsync_v1_ps_proto_rawDesc = "" +
 	"\fPullResponse\x128\n" +
 	"\n" +
 	"parameters\x18\x01 \x01(\v2\x18.gradsync.v1.TensorFrameR\n" +
-	"parameters2\x91\x01\n" +
+	"parameters*~\n" +
+	"\bCallKind\x12\x19\n" +
+	"\x15CALL_KIND_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rCALL_KIND_SUM\x10\x01\x12\x17\n" +
+	"\x13CALL_KIND_BROADCAST\x10\x02\x12\x15\n" +
+	"\x11CALL_KIND_BARRIER\x10\x03\x12\x14\n" +
+	"\x10CALL_KIND_LAYOUT\x10\x042\xd8\x01\n" +
 	"\x0fParameterServer\x12?\n" +
 	"\x04Sync\x12\x18.gradsync.v1.SyncRequest\x1a\x19.gradsync.v1.SyncResponse(\x010\x01\x12=\n" +
-	"\x04Pull\x12\x18.gradsync.v1.PullRequest\x1a\x19.gradsync.v1.PullResponse0\x01B;Z9github.com/gradsync/gradsync/proto/gradsync/v1;gradsyncv1b\x06proto3"
+	"\x04Pull\x12\x18.gradsync.v1.PullRequest\x1a\x19.gradsync.v1.PullResponse0\x01\x12E\n" +
+	"\x06Reduce\x12\x1a.gradsync.v1.ReduceRequest\x1a\x1b.gradsync.v1.ReduceResponse(\x010\x01B;Z9github.com/gradsync/gradsync/proto/gradsync/v1;gradsyncv1b\x06proto3"
 
 var (
 	file_gradsync_v1_ps_proto_rawDescOnce sync.Once
@@ -573,35 +1007,49 @@ func file_gradsync_v1_ps_proto_rawDescGZIP() []byte {
 	return file_gradsync_v1_ps_proto_rawDescData
 }
 
-var file_gradsync_v1_ps_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_gradsync_v1_ps_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_gradsync_v1_ps_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_gradsync_v1_ps_proto_goTypes = []any{
-	(*SyncJoin)(nil),     // 0: gradsync.v1.SyncJoin
-	(*SyncRequest)(nil),  // 1: gradsync.v1.SyncRequest
-	(*SyncResponse)(nil), // 2: gradsync.v1.SyncResponse
-	(*PushReceipt)(nil),  // 3: gradsync.v1.PushReceipt
-	(*PullRequest)(nil),  // 4: gradsync.v1.PullRequest
-	(*PullResponse)(nil), // 5: gradsync.v1.PullResponse
-	(*JobSpec)(nil),      // 6: gradsync.v1.JobSpec
-	(*TensorFrame)(nil),  // 7: gradsync.v1.TensorFrame
+	(CallKind)(0),          // 0: gradsync.v1.CallKind
+	(*ReduceJoin)(nil),     // 1: gradsync.v1.ReduceJoin
+	(*ReduceCall)(nil),     // 2: gradsync.v1.ReduceCall
+	(*ReduceRequest)(nil),  // 3: gradsync.v1.ReduceRequest
+	(*ReduceResponse)(nil), // 4: gradsync.v1.ReduceResponse
+	(*SyncJoin)(nil),       // 5: gradsync.v1.SyncJoin
+	(*SyncRequest)(nil),    // 6: gradsync.v1.SyncRequest
+	(*SyncResponse)(nil),   // 7: gradsync.v1.SyncResponse
+	(*PushReceipt)(nil),    // 8: gradsync.v1.PushReceipt
+	(*PullRequest)(nil),    // 9: gradsync.v1.PullRequest
+	(*PullResponse)(nil),   // 10: gradsync.v1.PullResponse
+	(*JobSpec)(nil),        // 11: gradsync.v1.JobSpec
+	(*TensorFrame)(nil),    // 12: gradsync.v1.TensorFrame
 }
 var file_gradsync_v1_ps_proto_depIdxs = []int32{
-	6,  // 0: gradsync.v1.SyncJoin.spec:type_name -> gradsync.v1.JobSpec
-	0,  // 1: gradsync.v1.SyncRequest.join:type_name -> gradsync.v1.SyncJoin
-	7,  // 2: gradsync.v1.SyncRequest.gradient:type_name -> gradsync.v1.TensorFrame
-	7,  // 3: gradsync.v1.SyncRequest.state:type_name -> gradsync.v1.TensorFrame
-	7,  // 4: gradsync.v1.SyncResponse.parameters:type_name -> gradsync.v1.TensorFrame
-	7,  // 5: gradsync.v1.SyncResponse.factors:type_name -> gradsync.v1.TensorFrame
-	3,  // 6: gradsync.v1.SyncResponse.receipt:type_name -> gradsync.v1.PushReceipt
-	7,  // 7: gradsync.v1.PullResponse.parameters:type_name -> gradsync.v1.TensorFrame
-	1,  // 8: gradsync.v1.ParameterServer.Sync:input_type -> gradsync.v1.SyncRequest
-	4,  // 9: gradsync.v1.ParameterServer.Pull:input_type -> gradsync.v1.PullRequest
-	2,  // 10: gradsync.v1.ParameterServer.Sync:output_type -> gradsync.v1.SyncResponse
-	5,  // 11: gradsync.v1.ParameterServer.Pull:output_type -> gradsync.v1.PullResponse
-	10, // [10:12] is the sub-list for method output_type
-	8,  // [8:10] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	11, // 0: gradsync.v1.ReduceJoin.spec:type_name -> gradsync.v1.JobSpec
+	0,  // 1: gradsync.v1.ReduceCall.kind:type_name -> gradsync.v1.CallKind
+	1,  // 2: gradsync.v1.ReduceRequest.join:type_name -> gradsync.v1.ReduceJoin
+	2,  // 3: gradsync.v1.ReduceRequest.call:type_name -> gradsync.v1.ReduceCall
+	12, // 4: gradsync.v1.ReduceRequest.data:type_name -> gradsync.v1.TensorFrame
+	12, // 5: gradsync.v1.ReduceResponse.result:type_name -> gradsync.v1.TensorFrame
+	11, // 6: gradsync.v1.SyncJoin.spec:type_name -> gradsync.v1.JobSpec
+	5,  // 7: gradsync.v1.SyncRequest.join:type_name -> gradsync.v1.SyncJoin
+	12, // 8: gradsync.v1.SyncRequest.gradient:type_name -> gradsync.v1.TensorFrame
+	12, // 9: gradsync.v1.SyncRequest.state:type_name -> gradsync.v1.TensorFrame
+	12, // 10: gradsync.v1.SyncResponse.parameters:type_name -> gradsync.v1.TensorFrame
+	12, // 11: gradsync.v1.SyncResponse.factors:type_name -> gradsync.v1.TensorFrame
+	8,  // 12: gradsync.v1.SyncResponse.receipt:type_name -> gradsync.v1.PushReceipt
+	12, // 13: gradsync.v1.PullResponse.parameters:type_name -> gradsync.v1.TensorFrame
+	6,  // 14: gradsync.v1.ParameterServer.Sync:input_type -> gradsync.v1.SyncRequest
+	9,  // 15: gradsync.v1.ParameterServer.Pull:input_type -> gradsync.v1.PullRequest
+	3,  // 16: gradsync.v1.ParameterServer.Reduce:input_type -> gradsync.v1.ReduceRequest
+	7,  // 17: gradsync.v1.ParameterServer.Sync:output_type -> gradsync.v1.SyncResponse
+	10, // 18: gradsync.v1.ParameterServer.Pull:output_type -> gradsync.v1.PullResponse
+	4,  // 19: gradsync.v1.ParameterServer.Reduce:output_type -> gradsync.v1.ReduceResponse
+	17, // [17:20] is the sub-list for method output_type
+	14, // [14:17] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_ps_proto_init() }
@@ -611,7 +1059,12 @@ func file_gradsync_v1_ps_proto_init() {
 	}
 	file_gradsync_v1_spec_proto_init()
 	file_gradsync_v1_tensor_proto_init()
-	file_gradsync_v1_ps_proto_msgTypes[1].OneofWrappers = []any{
+	file_gradsync_v1_ps_proto_msgTypes[2].OneofWrappers = []any{
+		(*ReduceRequest_Join)(nil),
+		(*ReduceRequest_Call)(nil),
+		(*ReduceRequest_Data)(nil),
+	}
+	file_gradsync_v1_ps_proto_msgTypes[5].OneofWrappers = []any{
 		(*SyncRequest_Join)(nil),
 		(*SyncRequest_Gradient)(nil),
 		(*SyncRequest_State)(nil),
@@ -621,13 +1074,14 @@ func file_gradsync_v1_ps_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gradsync_v1_ps_proto_rawDesc), len(file_gradsync_v1_ps_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   6,
+			NumEnums:      1,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_gradsync_v1_ps_proto_goTypes,
 		DependencyIndexes: file_gradsync_v1_ps_proto_depIdxs,
+		EnumInfos:         file_gradsync_v1_ps_proto_enumTypes,
 		MessageInfos:      file_gradsync_v1_ps_proto_msgTypes,
 	}.Build()
 	File_gradsync_v1_ps_proto = out.File

@@ -19,8 +19,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ParameterServer_Sync_FullMethodName = "/gradsync.v1.ParameterServer/Sync"
-	ParameterServer_Pull_FullMethodName = "/gradsync.v1.ParameterServer/Pull"
+	ParameterServer_Sync_FullMethodName   = "/gradsync.v1.ParameterServer/Sync"
+	ParameterServer_Pull_FullMethodName   = "/gradsync.v1.ParameterServer/Pull"
+	ParameterServer_Reduce_FullMethodName = "/gradsync.v1.ParameterServer/Reduce"
 )
 
 // ParameterServerClient is the client API for ParameterServer service.
@@ -53,6 +54,21 @@ type ParameterServerClient interface {
 	Sync(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SyncRequest, SyncResponse], error)
 	// Pull streams the current parameters of a job.
 	Pull(ctx context.Context, in *PullRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PullResponse], error)
+	// Reduce serves an entrypoint job's script in mode ps: the shards are
+	// summation servers (as BytePS's), the script keeps its parameters and
+	// optimiser. The worker sends a ReduceJoin, then, for each collective
+	// call of its script in the order of their sequence numbers, a
+	// ReduceCall and the call's data frames for this shard (its piece
+	// aggregator.Partition(length, num_shards)[shard] of the call's values;
+	// an all-reduce's from every rank, a broadcast's from the root only, none
+	// for a barrier or a layout). Once every rank's call is in, the shard
+	// answers each rank: the piece's result frames (the sum; the root's
+	// values bit for bit), or one ReduceResponse without a frame for a call
+	// without data. The ranks must make the same call at each number (kind,
+	// length, root), else FailedPrecondition; and register the same layout,
+	// else InvalidArgument. A rank whose call does not come within the
+	// step timeout is named (DeadlineExceeded) to the ranks that wait.
+	Reduce(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReduceRequest, ReduceResponse], error)
 }
 
 type parameterServerClient struct {
@@ -95,6 +111,19 @@ func (c *parameterServerClient) Pull(ctx context.Context, in *PullRequest, opts 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type ParameterServer_PullClient = grpc.ServerStreamingClient[PullResponse]
 
+func (c *parameterServerClient) Reduce(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReduceRequest, ReduceResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &ParameterServer_ServiceDesc.Streams[2], ParameterServer_Reduce_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReduceRequest, ReduceResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ParameterServer_ReduceClient = grpc.BidiStreamingClient[ReduceRequest, ReduceResponse]
+
 // ParameterServerServer is the server API for ParameterServer service.
 // All implementations must embed UnimplementedParameterServerServer
 // for forward compatibility.
@@ -125,6 +154,21 @@ type ParameterServerServer interface {
 	Sync(grpc.BidiStreamingServer[SyncRequest, SyncResponse]) error
 	// Pull streams the current parameters of a job.
 	Pull(*PullRequest, grpc.ServerStreamingServer[PullResponse]) error
+	// Reduce serves an entrypoint job's script in mode ps: the shards are
+	// summation servers (as BytePS's), the script keeps its parameters and
+	// optimiser. The worker sends a ReduceJoin, then, for each collective
+	// call of its script in the order of their sequence numbers, a
+	// ReduceCall and the call's data frames for this shard (its piece
+	// aggregator.Partition(length, num_shards)[shard] of the call's values;
+	// an all-reduce's from every rank, a broadcast's from the root only, none
+	// for a barrier or a layout). Once every rank's call is in, the shard
+	// answers each rank: the piece's result frames (the sum; the root's
+	// values bit for bit), or one ReduceResponse without a frame for a call
+	// without data. The ranks must make the same call at each number (kind,
+	// length, root), else FailedPrecondition; and register the same layout,
+	// else InvalidArgument. A rank whose call does not come within the
+	// step timeout is named (DeadlineExceeded) to the ranks that wait.
+	Reduce(grpc.BidiStreamingServer[ReduceRequest, ReduceResponse]) error
 	mustEmbedUnimplementedParameterServerServer()
 }
 
@@ -140,6 +184,9 @@ func (UnimplementedParameterServerServer) Sync(grpc.BidiStreamingServer[SyncRequ
 }
 func (UnimplementedParameterServerServer) Pull(*PullRequest, grpc.ServerStreamingServer[PullResponse]) error {
 	return status.Error(codes.Unimplemented, "method Pull not implemented")
+}
+func (UnimplementedParameterServerServer) Reduce(grpc.BidiStreamingServer[ReduceRequest, ReduceResponse]) error {
+	return status.Error(codes.Unimplemented, "method Reduce not implemented")
 }
 func (UnimplementedParameterServerServer) mustEmbedUnimplementedParameterServerServer() {}
 func (UnimplementedParameterServerServer) testEmbeddedByValue()                         {}
@@ -180,6 +227,13 @@ func _ParameterServer_Pull_Handler(srv interface{}, stream grpc.ServerStream) er
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type ParameterServer_PullServer = grpc.ServerStreamingServer[PullResponse]
 
+func _ParameterServer_Reduce_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(ParameterServerServer).Reduce(&grpc.GenericServerStream[ReduceRequest, ReduceResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ParameterServer_ReduceServer = grpc.BidiStreamingServer[ReduceRequest, ReduceResponse]
+
 // ParameterServer_ServiceDesc is the grpc.ServiceDesc for ParameterServer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -198,6 +252,12 @@ var ParameterServer_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Pull",
 			Handler:       _ParameterServer_Pull_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Reduce",
+			Handler:       _ParameterServer_Reduce_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "gradsync/v1/ps.proto",

@@ -10,7 +10,8 @@ class AgentStub(object):
     an entrypoint job (a user's PyTorch script), on a Unix socket (mode 0600,
     in a 0700 directory) whose path is in the command's GRADSYNC_AGENT. The
     worker does the communication: every collective runs over the job's ring
-    of workers.
+    of workers, or, in mode ps, through the job's parameter-server shards
+    (ParameterServer.Reduce), which sum the ranks' calls.
 
     Collectives carry a sequence number: every rank numbers its collective
     calls 0, 1, 2, … in the order it means them, and the agent runs them in
@@ -69,7 +70,8 @@ class AgentServicer(object):
     an entrypoint job (a user's PyTorch script), on a Unix socket (mode 0600,
     in a 0700 directory) whose path is in the command's GRADSYNC_AGENT. The
     worker does the communication: every collective runs over the job's ring
-    of workers.
+    of workers, or, in mode ps, through the job's parameter-server shards
+    (ParameterServer.Reduce), which sum the ranks' calls.
 
     Collectives carry a sequence number: every rank numbers its collective
     calls 0, 1, 2, … in the order it means them, and the agent runs them in
@@ -174,7 +176,8 @@ class Agent(object):
     an entrypoint job (a user's PyTorch script), on a Unix socket (mode 0600,
     in a 0700 directory) whose path is in the command's GRADSYNC_AGENT. The
     worker does the communication: every collective runs over the job's ring
-    of workers.
+    of workers, or, in mode ps, through the job's parameter-server shards
+    (ParameterServer.Reduce), which sum the ranks' calls.
 
     Collectives carry a sequence number: every rank numbers its collective
     calls 0, 1, 2, … in the order it means them, and the agent runs them in
