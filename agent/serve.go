@@ -59,6 +59,16 @@ func Listen(parent string) (*Socket, error) {
 // (calls in flight are cancelled) and removes the socket's directory. The
 // socket cannot be served again.
 func (k *Socket) Serve(ctx context.Context, s *Server, log *slog.Logger) error {
+	return k.serve(ctx, log, func(gs *grpc.Server) { pb.RegisterAgentServer(gs, s) })
+}
+
+// ServeFed is Serve for the FedAgent service of a fedavg entrypoint
+// job's script.
+func (k *Socket) ServeFed(ctx context.Context, s *FedServer, log *slog.Logger) error {
+	return k.serve(ctx, log, func(gs *grpc.Server) { pb.RegisterFedAgentServer(gs, s) })
+}
+
+func (k *Socket) serve(ctx context.Context, log *slog.Logger, register func(*grpc.Server)) error {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -67,7 +77,7 @@ func (k *Socket) Serve(ctx context.Context, s *Server, log *slog.Logger) error {
 	// Stop waits for the handlers, so that nothing uses the shared region
 	// after Serve returns.
 	gs := grpc.NewServer(append(rpc.ServerOptions(log, nil, nil), grpc.WaitForHandlers(true))...)
-	pb.RegisterAgentServer(gs, s)
+	register(gs)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { // owned by Serve: stops the server when ctx is done
