@@ -114,13 +114,13 @@ type Driver struct {
 	receivers sync.WaitGroup
 
 	// mu guards everything below. It is never held while calling coord.
-	mu        sync.Mutex
-	stopped   bool                // Abort was called
-	ended     bool                // the driver asked coord to end the job
-	doneMsg   string              // when it ended the job SUCCEEDED: the clients' FederationDone
-	calls     []func(Coordinator) // for coord, in order; Run makes them
-	srv       *federated.Server // nil until the first round opens in an entrypoint job
-	begun     bool           // the rounds have started
+	mu      sync.Mutex
+	stopped bool                // Abort was called
+	ended   bool                // the driver asked coord to end the job
+	doneMsg string              // when it ended the job SUCCEEDED: the clients' FederationDone
+	calls   []func(Coordinator) // for coord, in order; Run makes them
+	srv     *federated.Server   // nil until the first round opens in an entrypoint job
+	begun   bool                // the rounds have started
 	// An entrypoint job's model, from its clients' joins (entry.go):
 	// layout is the first join's (params is set with it); initial and
 	// initialFrom are the initial parameters of the lowest-index client
@@ -129,22 +129,22 @@ type Driver struct {
 	layout      []*pb.TensorInfo
 	initial     []float32
 	initialFrom int
-	startBy   time.Time      // the first round opens then at the latest
-	sessions  []*session     // by client; nil while not connected
-	hists     [][]int        // by client: its label histogram (from its join)
-	weights   [][]float32    // by client: class-balanced loss weights; nil without reweighting
-	lost      []bool         // by client: its worker is lost
-	nLost     int            // clients lost
-	open      *openRound     // the open round, nil when none
-	closed    int            // rounds closed, those before a resume included
-	lastRound int            // the number of the last round that closed
-	evals     []*pendingEval // closed rounds waiting for their evaluation, oldest first
-	evaluator *session       // who evaluates; nil: pick one when needed
-	finished  bool           // the last round closed: the job ends with its evaluation
-	evalBy    time.Time      // when finished: the final evaluation is due by then
-	wakeAt    time.Time      // when Run must call tick; zero: never
-	last      *pb.TaskEval   // the latest evaluation recorded
-	lastTrain float64        // the last closed round's training loss
+	startBy     time.Time      // the first round opens then at the latest
+	sessions    []*session     // by client; nil while not connected
+	hists       [][]int        // by client: its label histogram (from its join)
+	weights     [][]float32    // by client: class-balanced loss weights; nil without reweighting
+	lost        []bool         // by client: its worker is lost
+	nLost       int            // clients lost
+	open        *openRound     // the open round, nil when none
+	closed      int            // rounds closed, those before a resume included
+	lastRound   int            // the number of the last round that closed
+	evals       []*pendingEval // closed rounds waiting for their evaluation, oldest first
+	evaluator   *session       // who evaluates; nil: pick one when needed
+	finished    bool           // the last round closed: the job ends with its evaluation
+	evalBy      time.Time      // when finished: the final evaluation is due by then
+	wakeAt      time.Time      // when Run must call tick; zero: never
+	last        *pb.TaskEval   // the latest evaluation recorded
+	lastTrain   float64        // the last closed round's training loss
 }
 
 // openRound is an open round as clients are told of it.
