@@ -28,6 +28,13 @@ func TestEntrypoint(t *testing.T) {
 			t.Errorf("compression %s: %v", typ, err)
 		}
 	}
+	// A federated client per worker (gradsync.fl), with the server
+	// optimisers and weighting by examples.
+	fed := ok()
+	fed.Mode, fed.Federated = "fedavg", &pb.FederatedSpec{Rounds: 3, Fraction: 1, Strategy: "fedavgm"}
+	if s, err := Normalize(fed, nil); err != nil || s.Federated.Clients != 2 || s.Federated.Weighting != "examples" {
+		t.Errorf("fedavg entrypoint on 2 workers: %v, %v; want 2 clients weighted by examples", s.GetFederated(), err)
+	}
 	// Elastic: its commands restart on a new generation.
 	el := ok()
 	el.MinWorkers = 1
@@ -47,6 +54,19 @@ func TestEntrypoint(t *testing.T) {
 		{func(s *pb.JobSpec) { s.Mode = "ps" }, "mode", notImplementedSuffix},
 		{func(s *pb.JobSpec) { s.Compression = &pb.CompressionSpec{Type: "zip"} }, "compression", "allowed"},
 		{func(s *pb.JobSpec) { s.Checkpoint = &pb.CheckpointSpec{EverySteps: 10} }, "checkpoint", notImplementedSuffix},
+		// fedavg: one script client per worker, and nothing that needs
+		// the clients' label histograms or the worker's own data.
+		{func(s *pb.JobSpec) { s.Mode, s.Workers = "fedavg", proto.Int32(1) }, "workers", "one client (script) per worker"},
+		{func(s *pb.JobSpec) { s.Mode, s.Partition = "fedavg", &pb.PartitionSpec{Type: "dirichlet"} }, "partition", "load their own data"},
+		{func(s *pb.JobSpec) {
+			s.Mode, s.Federated = "fedavg", &pb.FederatedSpec{Reweighting: "class-balanced"}
+		}, "federated.reweighting", "label histogram"},
+		{func(s *pb.JobSpec) {
+			s.Mode, s.Federated = "fedavg", &pb.FederatedSpec{Weighting: "label-balanced"}
+		}, "federated.weighting", "label histogram"},
+		{func(s *pb.JobSpec) {
+			s.Mode, s.Checkpoint = "fedavg", &pb.CheckpointSpec{EverySteps: 1}
+		}, "checkpoint", notImplementedSuffix},
 	} {
 		s := ok()
 		c.edit(s)
