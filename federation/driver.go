@@ -247,6 +247,10 @@ func New(cfg Config, coord Coordinator) (*Driver, error) {
 			model:    jobspec.ModelMetadata(spec, nil, nil),
 			lastSave: now, saved: firstDone}
 	}
+	if entry {
+		// Scripts take a while to start (torch, their data).
+		d.startBy = now.Add(jobspec.FedJoinWait(spec))
+	}
 	d.wakeAt = d.startBy
 	return d, nil
 }

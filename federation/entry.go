@@ -10,6 +10,7 @@ import (
 
 	"github.com/gradsync/gradsync/federated"
 	"github.com/gradsync/gradsync/internal/wire"
+	"github.com/gradsync/gradsync/jobspec"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -124,7 +125,8 @@ func (d *Driver) entryJoinLocked(client int, layout []*pb.TensorInfo, n int, ini
 // client has joined (the job has failed).
 func (d *Driver) entryServerLocked() bool {
 	if d.initial == nil {
-		d.failLocked(fmt.Sprintf("no client joined within the round deadline of %v after the job started: no initial parameters (a script calls gradsync.fl.start)", d.deadline))
+		d.failLocked(fmt.Sprintf("no client joined within %v of the job's start (the longer of the round deadline and the step timeout): no initial parameters (a script calls gradsync.fl.start)",
+			jobspec.FedJoinWait(d.spec)))
 		return false
 	}
 	srv, err := federated.NewServer(d.srvCfg, d.strat, d.initial)

@@ -2,6 +2,7 @@ package jobspec
 
 import (
 	"strings"
+	"time"
 
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -106,4 +107,12 @@ func checkEntrypointFedAvg(s *pb.JobSpec) error {
 		return errf("federated.weighting", "label-balanced needs each client's label histogram, which a script does not report; use examples or uniform")
 	}
 	return nil
+}
+
+// FedJoinWait is how long a fedavg entrypoint job's scripts have to start
+// and join its rounds (import torch, load their data) before the first
+// round opens without them, and a worker waits for its script's join:
+// the round deadline or the step timeout, whichever is longer.
+func FedJoinWait(s *pb.JobSpec) time.Duration {
+	return time.Duration(max(s.GetFederated().GetRoundDeadlineSeconds(), s.GetStepTimeoutSeconds()) * float64(time.Second))
 }

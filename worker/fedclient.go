@@ -217,6 +217,9 @@ func (c *fedClient) session(ctx context.Context) (done bool, err error) {
 			if err := c.receiveModel(recv, int64(rs.Round), 0); err != nil {
 				return false, err
 			}
+			if c.left {
+				continue // sent before the coordinator heard that it left
+			}
 			watchdog.Stop() // training is not waiting
 			err := c.trainAndSend(ctx, stream, rs)
 			if err = c.leaveIfGone(stream, err); err != nil {
@@ -229,6 +232,9 @@ func (c *fedClient) session(ctx context.Context) (done bool, err error) {
 			round := m.Eval.Round
 			if err := c.receiveModel(recv, int64(round), 1); err != nil {
 				return false, err
+			}
+			if c.left {
+				continue // the next evaluator has it
 			}
 			watchdog.Stop()
 			err := c.evaluate(ctx, stream, round)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gradsync/gradsync/agent"
+	"github.com/gradsync/gradsync/jobspec"
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
 
@@ -23,7 +24,7 @@ import (
 // the updates and the evaluations are those of a Go client.
 //
 // The script must join (send its layout and initial parameters) within
-// the round deadline of its start, or the task fails with its stderr: a
+// jobspec.FedJoinWait of its start, or the task fails with its stderr: a
 // script that cannot start is a broken job, not a lost client. Once it
 // has joined, a script that exits before the rounds are over, or does not
 // answer a fit or evaluation within the round deadline, is stopped and
@@ -97,8 +98,10 @@ func runFedEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.
 		return ""
 	}
 
-	// The script joins within the round deadline of its start.
-	t := time.NewTimer(deadline)
+	// The script joins within the longer of the round deadline and the
+	// step timeout of its start.
+	joinWait := jobspec.FedJoinWait(spec)
+	t := time.NewTimer(joinWait)
 	defer t.Stop()
 	select {
 	case <-fs.Joined():
@@ -108,8 +111,8 @@ func runFedEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.
 	case <-t.C:
 		stopScript(errors.New("it did not join in time"))
 		<-exited.Done()
-		return nil, &commandFailed{msg: fmt.Sprintf("client %d on worker %s: its script did not join (gradsync.fl.start) within the round deadline of %v%s",
-			a.Rank, env.worker, deadline, stderr())}
+		return nil, &commandFailed{msg: fmt.Sprintf("client %d on worker %s: its script did not join (gradsync.fl.start) within %v (the longer of the round deadline and the step timeout)%s",
+			a.Rank, env.worker, joinWait, stderr())}
 	case <-ctx.Done():
 		return nil, fmt.Errorf("entrypoint stopped: %w", ctx.Err())
 	}
@@ -185,7 +188,7 @@ func (l *scriptLearner) evaluate(ctx context.Context, round int32, global []floa
 // script that exits or does not answer in time is gone: it is stopped,
 // and the error (a *fedLearnerGone) says why, with its stderr.
 func (l *scriptLearner) call(ctx context.Context, d time.Duration, task func(context.Context) (*agent.FedResult, error)) (*agent.FedResult, error) {
-	tctx, cancel := context.WithTimeoutCause(ctx, d, fmt.Errorf("its deadline of %v passed", d))
+	tctx, cancel := context.WithTimeoutCause(ctx, d, fmt.Errorf("its deadline of %v passed", d.Round(10*time.Millisecond)))
 	defer cancel()
 	sctx, cancelS := context.WithCancelCause(tctx)
 	defer cancelS(nil)

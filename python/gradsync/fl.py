@@ -40,7 +40,8 @@ What happens:
   fedyogi, fedprox, median, trimmed-mean) and server learning rate. ``config`` holds the round's
   ``round``, ``local_epochs``, ``batch_size`` (0: the whole local data set), ``lr`` (the job's
   client_lr), ``mu`` (FedProx's proximal coefficient, 0 without: the script applies it) and
-  ``deadline_seconds`` (answer within it).
+  ``deadline_seconds`` (answer within it). ``metrics["loss"]``, if given, is recorded as the
+  client's training loss of the round.
 - The evaluator (the connected client with the lowest index) gets ``evaluate(parameters, config)``
   of the global model after each evaluated round and returns ``(loss, num_examples, metrics)``;
   ``metrics["accuracy"]`` (in [0, 1]) is required: it is the job's test accuracy, recorded as Go
@@ -52,7 +53,8 @@ What happens:
 - A script that raises, exits, or does not answer within the round deadline is stopped, and its
   client leaves the job: it is missing from the rounds it is sampled for, as a lost worker's
   client is, named with its stderr in the job's events; the job fails only when every client is
-  gone. A script that fails before it joins fails the job.
+  gone. Scripts have the longer of the round deadline and the step timeout (default 60 s) to
+  start and join; a script that fails before it joins fails the job.
 
 Parameters move through the worker's agent socket in chunks of at most 4 MiB; no message holds a
 whole model. Needs numpy, grpcio and protobuf (Debian: python3-numpy, python3-grpcio,
