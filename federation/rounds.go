@@ -192,6 +192,9 @@ func (d *Driver) closedLocked(a *federated.RoundClosed) {
 	info := &pb.RoundInfo{Round: int32(a.Round), UpdateNorm: a.Stats.DeltaNorm}
 	for _, k := range a.Participants {
 		info.Participants = append(info.Participants, int32(k))
+		if d.entry {
+			continue // scripts report no label histograms
+		}
 		lh := &pb.LabelHistogram{}
 		for _, v := range d.hists[k] {
 			lh.Counts = append(lh.Counts, int32(v))
