@@ -70,6 +70,18 @@ func Listen(parent string) (*Socket, error) {
 // (calls in flight are cancelled) and removes the socket's directory. The
 // socket cannot be served again.
 func (k *Socket) Serve(ctx context.Context, s *Server, log *slog.Logger) error {
+	return k.serve(ctx, log, func(gs *grpc.Server) { pb.RegisterAgentServer(gs, s) }, s)
+}
+
+// ServeFed is Serve for the FedAgent service of a fedavg entrypoint
+// job's script.
+func (k *Socket) ServeFed(ctx context.Context, s *FedServer, log *slog.Logger) error {
+	return k.serve(ctx, log, func(gs *grpc.Server) { pb.RegisterFedAgentServer(gs, s) }, nil)
+}
+
+// serve serves the services register registers on the socket, and the
+// bell for bell (nil: no bell; its socket is closed at once).
+func (k *Socket) serve(ctx context.Context, log *slog.Logger, register func(*grpc.Server), bell *Server) error {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -78,7 +90,7 @@ func (k *Socket) Serve(ctx context.Context, s *Server, log *slog.Logger) error {
 	// Stop waits for the handlers, so that nothing uses the shared region
 	// after Serve returns.
 	gs := grpc.NewServer(append(rpc.ServerOptions(log, nil, nil), grpc.WaitForHandlers(true))...)
-	pb.RegisterAgentServer(gs, s)
+	register(gs)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { // owned by Serve: stops the servers when ctx is done
@@ -89,7 +101,11 @@ func (k *Socket) Serve(ctx context.Context, s *Server, log *slog.Logger) error {
 	}()
 	go func() { // owned by Serve: the bell's connections
 		defer wg.Done()
-		serveBells(ctx, &peerListener{Listener: k.bell, uid: k.uid, log: log}, s, log)
+		if bell == nil {
+			k.bell.Close()
+			return
+		}
+		serveBells(ctx, &peerListener{Listener: k.bell, uid: k.uid, log: log}, bell, log)
 	}()
 	err := gs.Serve(&peerListener{Listener: k.lis, uid: k.uid, log: log})
 	cancel()

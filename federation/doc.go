@@ -49,6 +49,16 @@
 //     The evaluation of a round that closed before the checkpoint but was
 //     not yet recorded is lost, except the last round's, which a resumed
 //     job asks for before it ends.
+//   - An entrypoint job's clients are scripts (gradsync.fl): the
+//     coordinator has no model (Config.Net is nil). Each client joins
+//     with its parameters' layout and initial values; the first join sets
+//     the layout, a join whose layout differs is refused (InvalidArgument
+//     naming the tensor), and the global model starts from the initial
+//     parameters of the lowest-index client that joined before the first
+//     round (entry.go). No checkpoints (jobspec refuses them).
+//   - A client that can no longer take part (its script crashed or hung)
+//     says so with ClientLeave: it is lost from then on, as a lost
+//     worker's client is, and named in the job's events.
 //
 // # Locks and goroutines
 //

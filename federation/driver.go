@@ -1,6 +1,7 @@
 package federation
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -52,6 +53,9 @@ type Config struct {
 	WorkerIDs []string
 	// Net is the model: its layout, its initial parameters and the
 	// buffers checkpoints hold. A resume loads the checkpoint into it.
+	// Nil for an entrypoint job (its clients are scripts): the layout and
+	// the initial parameters come from the clients' joins (entry.go), and
+	// there are no checkpoints.
 	Net *models.Network
 	// ResumeFrom is the checkpoint the job resumes from; "" starts afresh.
 	ResumeFrom string
@@ -89,9 +93,14 @@ type Driver struct {
 	every    int // evaluate every this many closed rounds
 	deadline time.Duration
 	started  time.Time           // the job's start
-	net      *models.Network     // the model's layout, and the buffers its checkpoints hold
+	net      *models.Network     // the model's layout, and the buffers its checkpoints hold; nil for an entrypoint job
 	strat    *federated.Strategy // the server optimiser, whose state checkpoints hold
 	ckpt     *checkpointer       // nil: the job writes no checkpoints
+	// entry: the clients are scripts (an entrypoint job); the round state
+	// machine is made when the first round opens (srvCfg), from the
+	// initial parameters of a client's join (entry.go).
+	entry  bool
+	srvCfg federated.ServerConfig
 	// firstDone is the number of rounds closed before this run (those of
 	// the checkpoint it resumed from); resumedDone says they are all of
 	// them, so only the final evaluation is left.
@@ -105,29 +114,37 @@ type Driver struct {
 	receivers sync.WaitGroup
 
 	// mu guards everything below. It is never held while calling coord.
-	mu        sync.Mutex
-	stopped   bool                // Abort was called
-	ended     bool                // the driver asked coord to end the job
-	doneMsg   string              // when it ended the job SUCCEEDED: the clients' FederationDone
-	calls     []func(Coordinator) // for coord, in order; Run makes them
-	srv       *federated.Server
-	begun     bool           // the rounds have started
-	startBy   time.Time      // the first round opens then at the latest
-	sessions  []*session     // by client; nil while not connected
-	hists     [][]int        // by client: its label histogram (from its join)
-	weights   [][]float32    // by client: class-balanced loss weights; nil without reweighting
-	lost      []bool         // by client: its worker is lost
-	nLost     int            // clients lost
-	open      *openRound     // the open round, nil when none
-	closed    int            // rounds closed, those before a resume included
-	lastRound int            // the number of the last round that closed
-	evals     []*pendingEval // closed rounds waiting for their evaluation, oldest first
-	evaluator *session       // who evaluates; nil: pick one when needed
-	finished  bool           // the last round closed: the job ends with its evaluation
-	evalBy    time.Time      // when finished: the final evaluation is due by then
-	wakeAt    time.Time      // when Run must call tick; zero: never
-	last      *pb.TaskEval   // the latest evaluation recorded
-	lastTrain float64        // the last closed round's training loss
+	mu      sync.Mutex
+	stopped bool                // Abort was called
+	ended   bool                // the driver asked coord to end the job
+	doneMsg string              // when it ended the job SUCCEEDED: the clients' FederationDone
+	calls   []func(Coordinator) // for coord, in order; Run makes them
+	srv     *federated.Server   // nil until the first round opens in an entrypoint job
+	begun   bool                // the rounds have started
+	// An entrypoint job's model, from its clients' joins (entry.go):
+	// layout is the first join's (params is set with it); initial and
+	// initialFrom are the initial parameters of the lowest-index client
+	// that joined before the rounds began, which the global model starts
+	// from (nil once they have).
+	layout      []*pb.TensorInfo
+	initial     []float32
+	initialFrom int
+	startBy     time.Time      // the first round opens then at the latest
+	sessions    []*session     // by client; nil while not connected
+	hists       [][]int        // by client: its label histogram (from its join)
+	weights     [][]float32    // by client: class-balanced loss weights; nil without reweighting
+	lost        []bool         // by client: its worker is lost
+	nLost       int            // clients lost
+	open        *openRound     // the open round, nil when none
+	closed      int            // rounds closed, those before a resume included
+	lastRound   int            // the number of the last round that closed
+	evals       []*pendingEval // closed rounds waiting for their evaluation, oldest first
+	evaluator   *session       // who evaluates; nil: pick one when needed
+	finished    bool           // the last round closed: the job ends with its evaluation
+	evalBy      time.Time      // when finished: the final evaluation is due by then
+	wakeAt      time.Time      // when Run must call tick; zero: never
+	last        *pb.TaskEval   // the latest evaluation recorded
+	lastTrain   float64        // the last closed round's training loss
 }
 
 // openRound is an open round as clients are told of it.
@@ -158,6 +175,13 @@ func New(cfg Config, coord Coordinator) (*Driver, error) {
 		cfg.Logger = slog.Default()
 	}
 	spec, net := cfg.Spec, cfg.Net
+	entry := net == nil
+	switch {
+	case entry && !jobspec.IsEntrypoint(spec):
+		return nil, errors.New("federation: no model for a job that is not an entrypoint job")
+	case entry && (cfg.ResumeFrom != "" || cfg.CheckpointDir != ""):
+		return nil, errors.New("federation: checkpoints of entrypoint jobs are not implemented yet")
+	}
 	f := spec.GetFederated()
 	weighting, err := federated.ParseWeighting(f.GetWeighting())
 	if err != nil {
@@ -183,8 +207,16 @@ func New(cfg Config, coord Coordinator) (*Driver, error) {
 		}
 	}
 	deadline := time.Duration(f.GetRoundDeadlineSeconds() * float64(time.Second))
-	srv, err := federated.NewServer(federated.ServerConfig{Clients: n, Fraction: f.GetFraction(), Rounds: rounds,
-		MinClients: int(f.GetMinClients()), Deadline: deadline, Seed: spec.GetSeed()}, strat, slices.Clone(net.Params()))
+	srvCfg := federated.ServerConfig{Clients: n, Fraction: f.GetFraction(), Rounds: rounds,
+		MinClients: int(f.GetMinClients()), Deadline: deadline, Seed: spec.GetSeed()}
+	var srv *federated.Server
+	params := 0
+	if entry {
+		err = srvCfg.Validate() // the Server itself is made when the first round opens
+	} else {
+		params = net.NumParams()
+		srv, err = federated.NewServer(srvCfg, strat, slices.Clone(net.Params()))
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +234,7 @@ func New(cfg Config, coord Coordinator) (*Driver, error) {
 	d := &Driver{
 		coord: coord, now: cfg.Now, log: cfg.Logger,
 		jobID: cfg.JobID, gen: cfg.Generation, spec: spec, n: n, workers: slices.Clone(cfg.WorkerIDs),
-		params: net.NumParams(), classes: classes, rounds: rounds, every: max(int(f.GetEvalEveryRounds()), 1),
+		params: params, classes: classes, entry: entry, srvCfg: srvCfg, rounds: rounds, every: max(int(f.GetEvalEveryRounds()), 1),
 		deadline: deadline, started: cfg.Started, net: net, strat: strat, firstDone: firstDone, resumedDone: firstDone == rounds,
 		wake: make(chan struct{}, 1), done: make(chan struct{}),
 		srv: srv, startBy: now.Add(deadline), sessions: make([]*session, n),
@@ -214,6 +246,10 @@ func New(cfg Config, coord Coordinator) (*Driver, error) {
 			meta:     checkpoint.Meta{JobID: cfg.JobID, SpecHash: jobspec.CheckpointHash(spec), WorldSize: n, Seed: spec.GetSeed()},
 			model:    jobspec.ModelMetadata(spec, nil, nil),
 			lastSave: now, saved: firstDone}
+	}
+	if entry {
+		// Scripts take a while to start (torch, their data).
+		d.startBy = now.Add(jobspec.FedJoinWait(spec))
 	}
 	d.wakeAt = d.startBy
 	return d, nil

@@ -71,6 +71,9 @@ func (d *Driver) startLocked(now time.Time) {
 		d.rearmLocked()
 		return
 	}
+	if d.entry && !d.entryServerLocked() {
+		return
+	}
 	acts, err := d.srv.Start(now)
 	d.applyLocked(acts, err)
 }
@@ -189,6 +192,9 @@ func (d *Driver) closedLocked(a *federated.RoundClosed) {
 	info := &pb.RoundInfo{Round: int32(a.Round), UpdateNorm: a.Stats.DeltaNorm}
 	for _, k := range a.Participants {
 		info.Participants = append(info.Participants, int32(k))
+		if d.entry {
+			continue // scripts report no label histograms
+		}
 		lh := &pb.LabelHistogram{}
 		for _, v := range d.hists[k] {
 			lh.Counts = append(lh.Counts, int32(v))
@@ -236,8 +242,12 @@ func (d *Driver) evalLocked(c *session, r *pb.ClientEval) error {
 	if !(acc >= 0 && acc <= 1) || loss != loss || loss < 0 {
 		return status.Errorf(codes.InvalidArgument, "client %d: evaluation of round %d: accuracy %v must be in [0, 1] and loss %v ≥ 0", c.client, r.Round, acc, loss)
 	}
+	if err := checkMetrics(r.Metrics); err != nil {
+		return status.Errorf(codes.InvalidArgument, "client %d: evaluation of round %d: %v", c.client, r.Round, err)
+	}
 	ev := d.evals[0]
 	d.evals = d.evals[1:]
+	d.metricsLocked(c.client, int(r.Round), "evaluate", r.Metrics)
 	te := &pb.TaskEval{JobId: d.jobID, Rank: int32(c.client), Generation: d.gen, Epoch: ev.info.Round, Step: int64(ev.info.Round),
 		TestAccuracy: acc, TestLoss: loss, TrainLoss: ev.train, Round: ev.info}
 	d.last = te

@@ -71,12 +71,29 @@ func (d *Driver) serve(stream pb.Federation_ParticipateServer, join *pb.Federati
 		return status.Errorf(codes.InvalidArgument, "num_clients %d, the job has %d", join.NumClients, d.n)
 	case join.Client < 0 || int(join.Client) >= d.n:
 		return status.Errorf(codes.InvalidArgument, "client %d out of range [0, %d)", join.Client, d.n)
-	case join.NumParams != int64(d.params):
+	case !d.entry && len(join.Layout) > 0:
+		return status.Errorf(codes.InvalidArgument, "client %d: a layout, but the job's model is the spec's (%s): layouts are for entrypoint jobs' scripts", join.Client, d.spec.GetModel())
+	case d.entry && len(join.Layout) == 0:
+		return status.Errorf(codes.InvalidArgument, "client %d: no layout; an entrypoint job's client joins with its parameters' layout and initial values", join.Client)
+	case !d.entry && join.NumParams != int64(d.params):
 		return status.Errorf(codes.InvalidArgument, "model has %d parameters, the server's has %d", join.NumParams, d.params)
 	}
 	hist, err := checkHistogram(join.LabelHistogram, join.NumExamples, d.classes)
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "join of client %d: %v", join.Client, err)
+	}
+	var initial []float32
+	var n int
+	if d.entry {
+		if n, err = layoutSize(join.Layout); err != nil {
+			return status.Errorf(codes.InvalidArgument, "join of client %d: layout: %v", join.Client, err)
+		}
+		if join.NumParams != int64(n) {
+			return status.Errorf(codes.InvalidArgument, "join of client %d: num_params %d, its layout holds %d", join.Client, join.NumParams, n)
+		}
+		if initial, err = d.readInitial(stream, join.Client, n); err != nil {
+			return err
+		}
 	}
 	c := &session{client: int(join.Client), out: make(chan message, fedOutbox), stop: cancel}
 	d.mu.Lock()
@@ -84,7 +101,12 @@ func (d *Driver) serve(stream pb.Federation_ParticipateServer, join *pb.Federati
 		d.mu.Unlock()
 		return status.Errorf(codes.FailedPrecondition, "job %s has ended", d.jobID)
 	}
-	err = d.joinLocked(c, hist)
+	if d.entry {
+		err = d.entryJoinLocked(c.client, join.Layout, n, initial)
+	}
+	if err == nil {
+		err = d.joinLocked(c, hist)
+	}
 	if err == nil {
 		d.receivers.Add(1) // under mu, not stopped: before Run's Wait
 	}
@@ -179,9 +201,15 @@ func (d *Driver) receive(c *session, stream pb.Federation_ParticipateServer) err
 			if m.Update.Round < 1 {
 				return status.Errorf(codes.InvalidArgument, "client %d: update for round %d; rounds are numbered from 1", c.client, m.Update.Round)
 			}
-			r = assembly{hdr: m.Update, delta: make([]float32, d.params)}
+			if err := checkMetrics(m.Update.Metrics); err != nil {
+				return status.Errorf(codes.InvalidArgument, "client %d: update for round %d: %v", c.client, m.Update.Round, err)
+			}
+			d.mu.Lock()
+			params := d.params // set before this client joined
+			d.mu.Unlock()
+			r = assembly{hdr: m.Update, delta: make([]float32, params)}
 			r.asm.Start(wire.Expect{JobID: d.jobID, Generation: d.gen, Op: pb.Op_OP_PUSH_GRADIENT,
-				Step: int64(r.hdr.Round), Total: uint64(d.params)}, 0)
+				Step: int64(r.hdr.Round), Total: uint64(params)}, 0)
 		case *pb.ParticipateRequest_Delta:
 			if r.hdr == nil {
 				return status.Errorf(codes.InvalidArgument, "client %d: delta frame without an update header", c.client)
@@ -202,6 +230,9 @@ func (d *Driver) receive(c *session, stream pb.Federation_ParticipateServer) err
 			r = assembly{}
 			d.mu.Lock()
 			err = d.updateLocked(c, u)
+			if err == nil {
+				d.metricsLocked(c.client, u.Round, "fit", hdr.Metrics)
+			}
 			d.mu.Unlock()
 			if err != nil {
 				return err
@@ -216,6 +247,10 @@ func (d *Driver) receive(c *session, stream pb.Federation_ParticipateServer) err
 			if err != nil {
 				return err
 			}
+		case *pb.ParticipateRequest_Leave:
+			d.mu.Lock()
+			d.leftLocked(c, m.Leave.Reason)
+			d.mu.Unlock()
 		default:
 			return status.Errorf(codes.InvalidArgument, "client %d: unexpected message %T after the join", c.client, m)
 		}

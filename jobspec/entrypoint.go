@@ -2,6 +2,7 @@ package jobspec
 
 import (
 	"strings"
+	"time"
 
 	pb "github.com/gradsync/gradsync/proto/gradsync/v1"
 )
@@ -23,13 +24,16 @@ var entrypointVars = []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_S
 func IsEntrypoint(s *pb.JobSpec) bool { return s.GetEntrypoint() != nil }
 
 // normalizeEntrypoint checks an entrypoint job, before the mode's default
-// is filled in (it is ring for such jobs). Modes ring and ps exist: in
-// mode ps the coordinator hosts summation shards for the script's calls
-// (paramserver.Sums; or `gradsync aggregator` processes do), synchronous
-// by nature; other modes, checkpoints, and in mode ps elastic sizes,
-// compression and another consistency are refused (see entrypointPS). Compression (any
-// type) applies to the script's gradient buckets in mode ring (the
-// agent's shared-memory all-reduces), checked as for any ring job.
+// is filled in (it is ring for such jobs). Modes ring (the script
+// all-reduces through its worker), ps (the coordinator hosts summation
+// shards for the script's calls — paramserver.Sums; or `gradsync
+// aggregator` processes do —, synchronous by nature; elastic sizes,
+// compression and another consistency are refused: entrypointPS) and
+// fedavg with real clients (the script is one federated client,
+// gradsync.fl: checkEntrypointFedAvg) exist; checkpoints are refused as
+// not implemented yet. Compression (any type) applies to a ring script's
+// gradient buckets (the agent's shared-memory all-reduces), checked as
+// for any ring job.
 func normalizeEntrypoint(s *pb.JobSpec) error {
 	e := s.GetEntrypoint()
 	if e == nil {
@@ -71,13 +75,13 @@ func normalizeEntrypoint(s *pb.JobSpec) error {
 		s.Mode = "ring"
 	}
 	switch s.Mode {
-	case "ring":
+	case "ring", "fedavg":
 	case "ps":
 		if err := entrypointPS(s); err != nil {
 			return err
 		}
 	default:
-		return errf("mode", "entrypoint jobs in mode %s %s; use mode ring or ps", s.Mode, notImplementedSuffix)
+		return errf("mode", "entrypoint jobs in mode %s %s; use mode ring or ps (a data-parallel script) or fedavg (a federated client, gradsync.fl)", s.Mode, notImplementedSuffix)
 	}
 	if CheckpointsOn(s) {
 		return errf("checkpoint", "checkpoints of entrypoint jobs %s (the script saves its own)", notImplementedSuffix)
@@ -98,4 +102,42 @@ func entrypointPS(s *pb.JobSpec) error {
 		return errf("parameter_server.consistency", "%s: an entrypoint job's shards sum every rank's part of each call before they answer (sync); its script keeps its own parameters, so there is nothing to update asynchronously", c)
 	}
 	return nil
+}
+
+// checkEntrypointFedAvg refuses what a fedavg entrypoint job's clients
+// (scripts written with gradsync.fl, one per worker) cannot do, once the
+// federated settings are filled in. The script owns its model and data:
+// the server knows neither its labels nor its batch-norm buffers (those
+// the script returns from get_parameters are averaged as parameters, as
+// in Flower), so the settings that need label histograms are refused, as
+// is a partition of data the worker does not load, and simulating the
+// clients in one worker (workers: 1), which is gradsync's own engine.
+// FedAvg weighting by num_examples (or uniform), the server optimisers
+// and robust rules, min_clients, fraction and deadlines apply as for Go
+// clients; local_epochs, local_batch_size, client_lr and FedProx's mu go
+// to the script's fit in its config.
+func checkEntrypointFedAvg(s *pb.JobSpec) error {
+	if !IsEntrypoint(s) || s.GetMode() != "fedavg" {
+		return nil
+	}
+	f := s.GetFederated()
+	switch {
+	case !RealClients(s):
+		return errf("workers", "%d: a fedavg entrypoint job runs one client (script) per worker; use workers ≥ 2 (simulated clients in one worker are gradsync's own engine)", s.GetWorkers())
+	case s.GetPartition() != nil:
+		return errf("partition", "a fedavg entrypoint job's scripts load their own data; partition applies to gradsync's own engine")
+	case f.GetReweighting() == "class-balanced":
+		return errf("federated.reweighting", "class-balanced needs each client's label histogram, which a script does not report; use none")
+	case f.GetWeighting() == "label-balanced":
+		return errf("federated.weighting", "label-balanced needs each client's label histogram, which a script does not report; use examples or uniform")
+	}
+	return nil
+}
+
+// FedJoinWait is how long a fedavg entrypoint job's scripts have to start
+// and join its rounds (import torch, load their data) before the first
+// round opens without them, and a worker waits for its script's join:
+// the round deadline or the step timeout, whichever is longer.
+func FedJoinWait(s *pb.JobSpec) time.Duration {
+	return time.Duration(max(s.GetFederated().GetRoundDeadlineSeconds(), s.GetStepTimeoutSeconds()) * float64(time.Second))
 }

@@ -38,6 +38,13 @@ func TestEntrypoint(t *testing.T) {
 			t.Errorf("mode ps, %v: %v", psSpec, err)
 		}
 	}
+	// A federated client per worker (gradsync.fl), with the server
+	// optimisers and weighting by examples.
+	fed := ok()
+	fed.Mode, fed.Federated = "fedavg", &pb.FederatedSpec{Rounds: 3, Fraction: 1, Strategy: "fedavgm"}
+	if s, err := Normalize(fed, nil); err != nil || s.Federated.Clients != 2 || s.Federated.Weighting != "examples" {
+		t.Errorf("fedavg entrypoint on 2 workers: %v, %v; want 2 clients weighted by examples", s.GetFederated(), err)
+	}
 	// Elastic: its commands restart on a new generation.
 	el := ok()
 	el.MinWorkers = 1
@@ -54,7 +61,6 @@ func TestEntrypoint(t *testing.T) {
 		{func(s *pb.JobSpec) { s.Entrypoint.Env["GRADSYNC_TOKEN"] = "x" }, "entrypoint.env", "GRADSYNC_"},
 		{func(s *pb.JobSpec) { s.Entrypoint.Env["RANK"] = "3" }, "entrypoint.env", "set by the worker"},
 		{func(s *pb.JobSpec) { s.Entrypoint.Env["A=B"] = "3" }, "entrypoint.env", "not a variable name"},
-		{func(s *pb.JobSpec) { s.Mode = "fedavg" }, "mode", notImplementedSuffix},
 		{func(s *pb.JobSpec) { s.Mode = "ps"; s.Compression = &pb.CompressionSpec{Type: "powersgd"} }, "compression.type", "only sum"},
 		{func(s *pb.JobSpec) {
 			s.Mode = "ps"
@@ -63,6 +69,19 @@ func TestEntrypoint(t *testing.T) {
 		{func(s *pb.JobSpec) { s.Mode = "ps"; s.MinWorkers = 1 }, "min_workers", notImplementedSuffix},
 		{func(s *pb.JobSpec) { s.Compression = &pb.CompressionSpec{Type: "zip"} }, "compression", "allowed"},
 		{func(s *pb.JobSpec) { s.Checkpoint = &pb.CheckpointSpec{EverySteps: 10} }, "checkpoint", notImplementedSuffix},
+		// fedavg: one script client per worker, and nothing that needs
+		// the clients' label histograms or the worker's own data.
+		{func(s *pb.JobSpec) { s.Mode, s.Workers = "fedavg", proto.Int32(1) }, "workers", "one client (script) per worker"},
+		{func(s *pb.JobSpec) { s.Mode, s.Partition = "fedavg", &pb.PartitionSpec{Type: "dirichlet"} }, "partition", "load their own data"},
+		{func(s *pb.JobSpec) {
+			s.Mode, s.Federated = "fedavg", &pb.FederatedSpec{Reweighting: "class-balanced"}
+		}, "federated.reweighting", "label histogram"},
+		{func(s *pb.JobSpec) {
+			s.Mode, s.Federated = "fedavg", &pb.FederatedSpec{Weighting: "label-balanced"}
+		}, "federated.weighting", "label histogram"},
+		{func(s *pb.JobSpec) {
+			s.Mode, s.Checkpoint = "fedavg", &pb.CheckpointSpec{EverySteps: 1}
+		}, "checkpoint", notImplementedSuffix},
 	} {
 		s := ok()
 		c.edit(s)

@@ -285,6 +285,9 @@ func Normalize(in *pb.JobSpec, models []string) (*pb.JobSpec, error) {
 	if err := normalizeFederated(s); err != nil {
 		return nil, err
 	}
+	if err := checkEntrypointFedAvg(s); err != nil {
+		return nil, err
+	}
 	if s.BucketCapMb != 0 {
 		if !(s.BucketCapMb > 0 && s.BucketCapMb <= 1024) {
 			return nil, errf("bucket_cap_mb", "%v out of range; allowed (0, 1024]", s.BucketCapMb)

@@ -90,6 +90,11 @@ func (s *Server) prepareJob(j *pb.Job, workerIDs []string, started time.Time, fj
 	}
 	if fj != nil {
 		// The coordinator drives the rounds; each worker is one client.
+		// An entrypoint job's clients are scripts: the model is theirs
+		// (their joins give its layout and initial parameters).
+		if jobspec.IsEntrypoint(spec) {
+			net = nil
+		}
 		if err := s.newFedDriver(fj, j, workerIDs, net, ckptDir, started); err != nil {
 			p.failure = fmt.Sprintf("starting the federated rounds: %v", err)
 			return p

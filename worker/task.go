@@ -66,6 +66,9 @@ func runAssignment(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.Job
 		return nil, errors.New("assignment without a spec")
 	}
 	if spec.GetEntrypoint() != nil {
+		if jobspec.RealClients(spec) {
+			return runFedEntrypoint(ctx, a, env)
+		}
 		return runEntrypoint(ctx, a, env)
 	}
 	seed := spec.GetSeed()

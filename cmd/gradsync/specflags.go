@@ -135,7 +135,7 @@ func (f *specFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.psConsistency, "ps-consistency", "", "ps mode: sync (default), async (no barrier) or bounded (with --ps-staleness)")
 	fl.Int32Var(&f.psStaleness, "ps-staleness", 0, "ps mode, bounded: steps a worker may be ahead of the slowest")
 	fl.StringSliceVar(&f.psAddrs, "ps-aggregators", nil, "ps mode: host:port of one 'gradsync aggregator' per shard, in shard order (default: shards in the server)")
-	fl.StringVar(&f.entrypoint, "entrypoint", "", "run this command on every worker instead of gradsync's engine (mode ring): words split as a shell would, no shell run, e.g. 'python3 train.py --epochs 2'")
+	fl.StringVar(&f.entrypoint, "entrypoint", "", "run this command on every worker instead of gradsync's engine (mode ring: a data-parallel script; fedavg: each worker's script is one federated client, gradsync.fl): words split as a shell would, no shell run, e.g. 'python3 train.py --epochs 2'")
 	fl.StringVar(&f.compress, "compress", "", "gradient compression (modes ring and ps), e.g. powersgd:rank=2,start_iter=10 | topk:ratio=0.01 | int8 | fp16 | bf16")
 	fl.StringVar(&f.transport, "transport", "", "ring collectives' data plane: grpc (default), shm (ranks on one host move to shared memory, negotiated when the ring forms; falls back to gRPC, saying why) or auto (the same: shared memory where every rank is on one host and the negotiation succeeds, gRPC otherwise; the worker logs which and why)")
 	fl.StringVar(&f.precision, "precision", "", "matrix products' operands: fp32 (default), bf16 (modes ps, ring and fedavg) or fp16 (modes ring and fedavg, with a dynamic loss scaler; in fedavg one per client's local run); float32 accumulation and master weights")

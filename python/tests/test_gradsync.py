@@ -150,5 +150,44 @@ class TestThroughWorkers(unittest.TestCase):
         self.assertIn("boom on purpose", logs.get("rank-1.log", ""))
 
 
+    def test_federated_clients(self):
+        # 3 script clients (gradsync.fl) holding 40, 80 and 120 examples, 4 rounds; client 2's
+        # script crashes in round 3: it leaves, named with its stderr, and the job goes on.
+        import numpy as np
+        with tempfile.TemporaryDirectory() as d:
+            p, logs = run_local("fl_entry.py", workers=3, extra_env={
+                "FL_DUMP_DIR": d, "FL_CRASH_CLIENT": "2", "FL_CRASH_ROUND": "3"},
+                args=("--mode", "fedavg", "--fraction", "1", "--rounds", "4", "--lr", "0.1", "--local-batch", "20"))
+            out = p.stdout + p.stderr
+            self.assertEqual(p.returncode, 0, out + str(logs))
+            self.assertIn("SUCCEEDED", out)
+            self.assertIn("(client 2) lost: its client left", out)
+            self.assertIn("crash on purpose in round 3", out)
+            files = set(os.listdir(d))
+            acc = {}
+            for rnd in range(1, 5):
+                ev = np.load(os.path.join(d, f"eval-{rnd}.npz"))
+                acc[rnd] = float(ev["acc"])
+                glob = [ev[f"arr_{i}"] for i in range(len(ev.files) - 1)]
+                fits = [np.load(os.path.join(d, f"fit-{rnd}-{k}.npz")) for k in range(3) if f"fit-{rnd}-{k}.npz" in files]
+                self.assertEqual(len(fits), 3 if rnd < 3 else 2, f"round {rnd}: {sorted(files)}")
+                P = len(glob)
+                total = sum(int(f["n"]) for f in fits)
+                for i in range(P):
+                    start = fits[0][f"arr_{i}"]
+                    for f in fits:  # every client trained from the same global model
+                        np.testing.assert_array_equal(f[f"arr_{i}"], start)
+                    # FedAvg: the global model moves by the num_examples-weighted mean of the deltas.
+                    want = start + sum(int(f["n"]) * (f[f"arr_{P + i}"] - start) for f in fits) / total
+                    np.testing.assert_allclose(glob[i], want, rtol=0, atol=2e-6,
+                                               err_msg=f"round {rnd}, parameter {i}: not the weighted average")
+                if rnd < 4:  # the next round starts from this global model
+                    nxt = np.load(os.path.join(d, f"fit-{rnd + 1}-0.npz"))
+                    for i in range(P):
+                        np.testing.assert_array_equal(nxt[f"arr_{i}"], glob[i])
+        self.assertGreater(acc[4], acc[1], acc)
+        self.assertGreater(acc[4], 0.75, acc)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

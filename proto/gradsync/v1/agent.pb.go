@@ -21,6 +21,65 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type FedTaskKind int32
+
+const (
+	FedTaskKind_FED_TASK_KIND_UNSPECIFIED FedTaskKind = 0
+	// No task yet: ask again.
+	FedTaskKind_FED_TASK_KIND_NONE FedTaskKind = 1
+	// Train from the parameters that follow; answer with the new ones.
+	FedTaskKind_FED_TASK_KIND_FIT FedTaskKind = 2
+	// Evaluate the parameters that follow on the client's test data.
+	FedTaskKind_FED_TASK_KIND_EVALUATE FedTaskKind = 3
+	// The job's rounds are over (or this client left the job): exit.
+	FedTaskKind_FED_TASK_KIND_DONE FedTaskKind = 4
+)
+
+// Enum value maps for FedTaskKind.
+var (
+	FedTaskKind_name = map[int32]string{
+		0: "FED_TASK_KIND_UNSPECIFIED",
+		1: "FED_TASK_KIND_NONE",
+		2: "FED_TASK_KIND_FIT",
+		3: "FED_TASK_KIND_EVALUATE",
+		4: "FED_TASK_KIND_DONE",
+	}
+	FedTaskKind_value = map[string]int32{
+		"FED_TASK_KIND_UNSPECIFIED": 0,
+		"FED_TASK_KIND_NONE":        1,
+		"FED_TASK_KIND_FIT":         2,
+		"FED_TASK_KIND_EVALUATE":    3,
+		"FED_TASK_KIND_DONE":        4,
+	}
+)
+
+func (x FedTaskKind) Enum() *FedTaskKind {
+	p := new(FedTaskKind)
+	*p = x
+	return p
+}
+
+func (x FedTaskKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FedTaskKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_gradsync_v1_agent_proto_enumTypes[0].Descriptor()
+}
+
+func (FedTaskKind) Type() protoreflect.EnumType {
+	return &file_gradsync_v1_agent_proto_enumTypes[0]
+}
+
+func (x FedTaskKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FedTaskKind.Descriptor instead.
+func (FedTaskKind) EnumDescriptor() ([]byte, []int) {
+	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
 type AgentInitRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -855,6 +914,411 @@ func (*ReportResponse) Descriptor() ([]byte, []int) {
 	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
+type FedAgentJoinRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The layout (first message only): float32 tensors, in order.
+	Tensors []*TensorInfo `protobuf:"bytes,1,rep,name=tensors,proto3" json:"tensors,omitempty"`
+	// A chunk of the initial parameters, little-endian float32.
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FedAgentJoinRequest) Reset() {
+	*x = FedAgentJoinRequest{}
+	mi := &file_gradsync_v1_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FedAgentJoinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FedAgentJoinRequest) ProtoMessage() {}
+
+func (x *FedAgentJoinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FedAgentJoinRequest.ProtoReflect.Descriptor instead.
+func (*FedAgentJoinRequest) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *FedAgentJoinRequest) GetTensors() []*TensorInfo {
+	if x != nil {
+		return x.Tensors
+	}
+	return nil
+}
+
+func (x *FedAgentJoinRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type FedAgentJoinResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	JobId string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// This client's index (the worker's rank) and the number of clients.
+	Client     int32 `protobuf:"varint,2,opt,name=client,proto3" json:"client,omitempty"`
+	NumClients int32 `protobuf:"varint,3,opt,name=num_clients,json=numClients,proto3" json:"num_clients,omitempty"`
+	// The rounds the job runs.
+	Rounds int32 `protobuf:"varint,4,opt,name=rounds,proto3" json:"rounds,omitempty"`
+	// The most float32 values a message carries.
+	MaxElements   int64 `protobuf:"varint,5,opt,name=max_elements,json=maxElements,proto3" json:"max_elements,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FedAgentJoinResponse) Reset() {
+	*x = FedAgentJoinResponse{}
+	mi := &file_gradsync_v1_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FedAgentJoinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FedAgentJoinResponse) ProtoMessage() {}
+
+func (x *FedAgentJoinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FedAgentJoinResponse.ProtoReflect.Descriptor instead.
+func (*FedAgentJoinResponse) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *FedAgentJoinResponse) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *FedAgentJoinResponse) GetClient() int32 {
+	if x != nil {
+		return x.Client
+	}
+	return 0
+}
+
+func (x *FedAgentJoinResponse) GetNumClients() int32 {
+	if x != nil {
+		return x.NumClients
+	}
+	return 0
+}
+
+func (x *FedAgentJoinResponse) GetRounds() int32 {
+	if x != nil {
+		return x.Rounds
+	}
+	return 0
+}
+
+func (x *FedAgentJoinResponse) GetMaxElements() int64 {
+	if x != nil {
+		return x.MaxElements
+	}
+	return 0
+}
+
+type FedAgentNextRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How long to wait for a task before answering NONE; 0 or more than
+	// 60: 60.
+	WaitSeconds   float64 `protobuf:"fixed64,1,opt,name=wait_seconds,json=waitSeconds,proto3" json:"wait_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FedAgentNextRequest) Reset() {
+	*x = FedAgentNextRequest{}
+	mi := &file_gradsync_v1_agent_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FedAgentNextRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FedAgentNextRequest) ProtoMessage() {}
+
+func (x *FedAgentNextRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_agent_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FedAgentNextRequest.ProtoReflect.Descriptor instead.
+func (*FedAgentNextRequest) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *FedAgentNextRequest) GetWaitSeconds() float64 {
+	if x != nil {
+		return x.WaitSeconds
+	}
+	return 0
+}
+
+type FedAgentNextResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The first message of a Next stream: kind, round, config, size.
+	Kind FedTaskKind `protobuf:"varint,1,opt,name=kind,proto3,enum=gradsync.v1.FedTaskKind" json:"kind,omitempty"`
+	// The round to fit, or the closed round whose global model to evaluate.
+	Round int32 `protobuf:"varint,2,opt,name=round,proto3" json:"round,omitempty"`
+	// The round's settings: local_epochs, batch_size (0: the whole local
+	// data set), lr, mu (FedProx's proximal term; 0: none), round,
+	// deadline_seconds (answer within it).
+	Config map[string]float64 `protobuf:"bytes,3,rep,name=config,proto3" json:"config,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	// The parameters' values in all (the layout's size).
+	NumElements int64 `protobuf:"varint,4,opt,name=num_elements,json=numElements,proto3" json:"num_elements,omitempty"`
+	// A chunk of the parameters (later messages).
+	Data []byte `protobuf:"bytes,5,opt,name=data,proto3" json:"data,omitempty"`
+	// DONE: why.
+	Message       string `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FedAgentNextResponse) Reset() {
+	*x = FedAgentNextResponse{}
+	mi := &file_gradsync_v1_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FedAgentNextResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FedAgentNextResponse) ProtoMessage() {}
+
+func (x *FedAgentNextResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FedAgentNextResponse.ProtoReflect.Descriptor instead.
+func (*FedAgentNextResponse) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *FedAgentNextResponse) GetKind() FedTaskKind {
+	if x != nil {
+		return x.Kind
+	}
+	return FedTaskKind_FED_TASK_KIND_UNSPECIFIED
+}
+
+func (x *FedAgentNextResponse) GetRound() int32 {
+	if x != nil {
+		return x.Round
+	}
+	return 0
+}
+
+func (x *FedAgentNextResponse) GetConfig() map[string]float64 {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+func (x *FedAgentNextResponse) GetNumElements() int64 {
+	if x != nil {
+		return x.NumElements
+	}
+	return 0
+}
+
+func (x *FedAgentNextResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *FedAgentNextResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+type FedAgentResultRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Header (first message): the task answered.
+	Kind  FedTaskKind `protobuf:"varint,1,opt,name=kind,proto3,enum=gradsync.v1.FedTaskKind" json:"kind,omitempty"`
+	Round int32       `protobuf:"varint,2,opt,name=round,proto3" json:"round,omitempty"`
+	// The examples the fit trained on, or the evaluation evaluated.
+	NumExamples int64 `protobuf:"varint,3,opt,name=num_examples,json=numExamples,proto3" json:"num_examples,omitempty"`
+	// The fit's mean training loss, or the evaluation's loss.
+	Loss float64 `protobuf:"fixed64,4,opt,name=loss,proto3" json:"loss,omitempty"`
+	// An evaluation's accuracy, in [0, 1] (the job's result).
+	Accuracy float64 `protobuf:"fixed64,5,opt,name=accuracy,proto3" json:"accuracy,omitempty"`
+	// The script's own metrics, recorded in the run log.
+	Metrics map[string]float64 `protobuf:"bytes,6,rep,name=metrics,proto3" json:"metrics,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	// A chunk of a fit's new parameters, little-endian float32.
+	Data          []byte `protobuf:"bytes,7,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FedAgentResultRequest) Reset() {
+	*x = FedAgentResultRequest{}
+	mi := &file_gradsync_v1_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FedAgentResultRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FedAgentResultRequest) ProtoMessage() {}
+
+func (x *FedAgentResultRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FedAgentResultRequest.ProtoReflect.Descriptor instead.
+func (*FedAgentResultRequest) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *FedAgentResultRequest) GetKind() FedTaskKind {
+	if x != nil {
+		return x.Kind
+	}
+	return FedTaskKind_FED_TASK_KIND_UNSPECIFIED
+}
+
+func (x *FedAgentResultRequest) GetRound() int32 {
+	if x != nil {
+		return x.Round
+	}
+	return 0
+}
+
+func (x *FedAgentResultRequest) GetNumExamples() int64 {
+	if x != nil {
+		return x.NumExamples
+	}
+	return 0
+}
+
+func (x *FedAgentResultRequest) GetLoss() float64 {
+	if x != nil {
+		return x.Loss
+	}
+	return 0
+}
+
+func (x *FedAgentResultRequest) GetAccuracy() float64 {
+	if x != nil {
+		return x.Accuracy
+	}
+	return 0
+}
+
+func (x *FedAgentResultRequest) GetMetrics() map[string]float64 {
+	if x != nil {
+		return x.Metrics
+	}
+	return nil
+}
+
+func (x *FedAgentResultRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type FedAgentResultResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FedAgentResultResponse) Reset() {
+	*x = FedAgentResultResponse{}
+	mi := &file_gradsync_v1_agent_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FedAgentResultResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FedAgentResultResponse) ProtoMessage() {}
+
+func (x *FedAgentResultResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_agent_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FedAgentResultResponse.ProtoReflect.Descriptor instead.
+func (*FedAgentResultResponse) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_agent_proto_rawDescGZIP(), []int{19}
+}
+
 var File_gradsync_v1_agent_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_agent_proto_rawDesc = "" +
@@ -918,14 +1382,58 @@ const file_gradsync_v1_agent_proto_rawDesc = "" +
 	"train_loss\x18\n" +
 	" \x01(\x01R\ttrainLoss\x12\x14\n" +
 	"\x05final\x18\v \x01(\bR\x05final\"\x10\n" +
-	"\x0eReportResponse2\xca\x03\n" +
+	"\x0eReportResponse\"\\\n" +
+	"\x13FedAgentJoinRequest\x121\n" +
+	"\atensors\x18\x01 \x03(\v2\x17.gradsync.v1.TensorInfoR\atensors\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\xa1\x01\n" +
+	"\x14FedAgentJoinResponse\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
+	"\x06client\x18\x02 \x01(\x05R\x06client\x12\x1f\n" +
+	"\vnum_clients\x18\x03 \x01(\x05R\n" +
+	"numClients\x12\x16\n" +
+	"\x06rounds\x18\x04 \x01(\x05R\x06rounds\x12!\n" +
+	"\fmax_elements\x18\x05 \x01(\x03R\vmaxElements\"8\n" +
+	"\x13FedAgentNextRequest\x12!\n" +
+	"\fwait_seconds\x18\x01 \x01(\x01R\vwaitSeconds\"\xad\x02\n" +
+	"\x14FedAgentNextResponse\x12,\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x18.gradsync.v1.FedTaskKindR\x04kind\x12\x14\n" +
+	"\x05round\x18\x02 \x01(\x05R\x05round\x12E\n" +
+	"\x06config\x18\x03 \x03(\v2-.gradsync.v1.FedAgentNextResponse.ConfigEntryR\x06config\x12!\n" +
+	"\fnum_elements\x18\x04 \x01(\x03R\vnumElements\x12\x12\n" +
+	"\x04data\x18\x05 \x01(\fR\x04data\x12\x18\n" +
+	"\amessage\x18\x06 \x01(\tR\amessage\x1a9\n" +
+	"\vConfigEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xc9\x02\n" +
+	"\x15FedAgentResultRequest\x12,\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x18.gradsync.v1.FedTaskKindR\x04kind\x12\x14\n" +
+	"\x05round\x18\x02 \x01(\x05R\x05round\x12!\n" +
+	"\fnum_examples\x18\x03 \x01(\x03R\vnumExamples\x12\x12\n" +
+	"\x04loss\x18\x04 \x01(\x01R\x04loss\x12\x1a\n" +
+	"\baccuracy\x18\x05 \x01(\x01R\baccuracy\x12I\n" +
+	"\ametrics\x18\x06 \x03(\v2/.gradsync.v1.FedAgentResultRequest.MetricsEntryR\ametrics\x12\x12\n" +
+	"\x04data\x18\a \x01(\fR\x04data\x1a:\n" +
+	"\fMetricsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\x18\n" +
+	"\x16FedAgentResultResponse*\x8f\x01\n" +
+	"\vFedTaskKind\x12\x1d\n" +
+	"\x19FED_TASK_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12FED_TASK_KIND_NONE\x10\x01\x12\x15\n" +
+	"\x11FED_TASK_KIND_FIT\x10\x02\x12\x1a\n" +
+	"\x16FED_TASK_KIND_EVALUATE\x10\x03\x12\x16\n" +
+	"\x12FED_TASK_KIND_DONE\x10\x042\xca\x03\n" +
 	"\x05Agent\x12E\n" +
 	"\x04Init\x12\x1d.gradsync.v1.AgentInitRequest\x1a\x1e.gradsync.v1.AgentInitResponse\x12Y\n" +
 	"\x0eRegisterLayout\x12\".gradsync.v1.RegisterLayoutRequest\x1a#.gradsync.v1.RegisterLayoutResponse\x12J\n" +
 	"\tAllReduce\x12\x1d.gradsync.v1.AllReduceRequest\x1a\x1e.gradsync.v1.AllReduceResponse\x12J\n" +
 	"\tBroadcast\x12\x1d.gradsync.v1.BroadcastRequest\x1a\x1e.gradsync.v1.BroadcastResponse\x12D\n" +
 	"\aBarrier\x12\x1b.gradsync.v1.BarrierRequest\x1a\x1c.gradsync.v1.BarrierResponse\x12A\n" +
-	"\x06Report\x12\x1a.gradsync.v1.ReportRequest\x1a\x1b.gradsync.v1.ReportResponseB;Z9github.com/gradsync/gradsync/proto/gradsync/v1;gradsyncv1b\x06proto3"
+	"\x06Report\x12\x1a.gradsync.v1.ReportRequest\x1a\x1b.gradsync.v1.ReportResponse2\xfd\x01\n" +
+	"\bFedAgent\x12M\n" +
+	"\x04Join\x12 .gradsync.v1.FedAgentJoinRequest\x1a!.gradsync.v1.FedAgentJoinResponse(\x01\x12M\n" +
+	"\x04Next\x12 .gradsync.v1.FedAgentNextRequest\x1a!.gradsync.v1.FedAgentNextResponse0\x01\x12S\n" +
+	"\x06Result\x12\".gradsync.v1.FedAgentResultRequest\x1a#.gradsync.v1.FedAgentResultResponse(\x01B;Z9github.com/gradsync/gradsync/proto/gradsync/v1;gradsyncv1b\x06proto3"
 
 var (
 	file_gradsync_v1_agent_proto_rawDescOnce sync.Once
@@ -939,43 +1447,64 @@ func file_gradsync_v1_agent_proto_rawDescGZIP() []byte {
 	return file_gradsync_v1_agent_proto_rawDescData
 }
 
-var file_gradsync_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_gradsync_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_gradsync_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_gradsync_v1_agent_proto_goTypes = []any{
-	(*AgentInitRequest)(nil),       // 0: gradsync.v1.AgentInitRequest
-	(*AgentInitResponse)(nil),      // 1: gradsync.v1.AgentInitResponse
-	(*TensorInfo)(nil),             // 2: gradsync.v1.TensorInfo
-	(*RegisterLayoutRequest)(nil),  // 3: gradsync.v1.RegisterLayoutRequest
-	(*RegisterLayoutResponse)(nil), // 4: gradsync.v1.RegisterLayoutResponse
-	(*ShmRange)(nil),               // 5: gradsync.v1.ShmRange
-	(*AllReduceRequest)(nil),       // 6: gradsync.v1.AllReduceRequest
-	(*AllReduceResponse)(nil),      // 7: gradsync.v1.AllReduceResponse
-	(*BroadcastRequest)(nil),       // 8: gradsync.v1.BroadcastRequest
-	(*BroadcastResponse)(nil),      // 9: gradsync.v1.BroadcastResponse
-	(*BarrierRequest)(nil),         // 10: gradsync.v1.BarrierRequest
-	(*BarrierResponse)(nil),        // 11: gradsync.v1.BarrierResponse
-	(*ReportRequest)(nil),          // 12: gradsync.v1.ReportRequest
-	(*ReportResponse)(nil),         // 13: gradsync.v1.ReportResponse
+	(FedTaskKind)(0),               // 0: gradsync.v1.FedTaskKind
+	(*AgentInitRequest)(nil),       // 1: gradsync.v1.AgentInitRequest
+	(*AgentInitResponse)(nil),      // 2: gradsync.v1.AgentInitResponse
+	(*TensorInfo)(nil),             // 3: gradsync.v1.TensorInfo
+	(*RegisterLayoutRequest)(nil),  // 4: gradsync.v1.RegisterLayoutRequest
+	(*RegisterLayoutResponse)(nil), // 5: gradsync.v1.RegisterLayoutResponse
+	(*ShmRange)(nil),               // 6: gradsync.v1.ShmRange
+	(*AllReduceRequest)(nil),       // 7: gradsync.v1.AllReduceRequest
+	(*AllReduceResponse)(nil),      // 8: gradsync.v1.AllReduceResponse
+	(*BroadcastRequest)(nil),       // 9: gradsync.v1.BroadcastRequest
+	(*BroadcastResponse)(nil),      // 10: gradsync.v1.BroadcastResponse
+	(*BarrierRequest)(nil),         // 11: gradsync.v1.BarrierRequest
+	(*BarrierResponse)(nil),        // 12: gradsync.v1.BarrierResponse
+	(*ReportRequest)(nil),          // 13: gradsync.v1.ReportRequest
+	(*ReportResponse)(nil),         // 14: gradsync.v1.ReportResponse
+	(*FedAgentJoinRequest)(nil),    // 15: gradsync.v1.FedAgentJoinRequest
+	(*FedAgentJoinResponse)(nil),   // 16: gradsync.v1.FedAgentJoinResponse
+	(*FedAgentNextRequest)(nil),    // 17: gradsync.v1.FedAgentNextRequest
+	(*FedAgentNextResponse)(nil),   // 18: gradsync.v1.FedAgentNextResponse
+	(*FedAgentResultRequest)(nil),  // 19: gradsync.v1.FedAgentResultRequest
+	(*FedAgentResultResponse)(nil), // 20: gradsync.v1.FedAgentResultResponse
+	nil,                            // 21: gradsync.v1.FedAgentNextResponse.ConfigEntry
+	nil,                            // 22: gradsync.v1.FedAgentResultRequest.MetricsEntry
 }
 var file_gradsync_v1_agent_proto_depIdxs = []int32{
-	2,  // 0: gradsync.v1.RegisterLayoutRequest.tensors:type_name -> gradsync.v1.TensorInfo
-	5,  // 1: gradsync.v1.AllReduceRequest.shm:type_name -> gradsync.v1.ShmRange
-	0,  // 2: gradsync.v1.Agent.Init:input_type -> gradsync.v1.AgentInitRequest
-	3,  // 3: gradsync.v1.Agent.RegisterLayout:input_type -> gradsync.v1.RegisterLayoutRequest
-	6,  // 4: gradsync.v1.Agent.AllReduce:input_type -> gradsync.v1.AllReduceRequest
-	8,  // 5: gradsync.v1.Agent.Broadcast:input_type -> gradsync.v1.BroadcastRequest
-	10, // 6: gradsync.v1.Agent.Barrier:input_type -> gradsync.v1.BarrierRequest
-	12, // 7: gradsync.v1.Agent.Report:input_type -> gradsync.v1.ReportRequest
-	1,  // 8: gradsync.v1.Agent.Init:output_type -> gradsync.v1.AgentInitResponse
-	4,  // 9: gradsync.v1.Agent.RegisterLayout:output_type -> gradsync.v1.RegisterLayoutResponse
-	7,  // 10: gradsync.v1.Agent.AllReduce:output_type -> gradsync.v1.AllReduceResponse
-	9,  // 11: gradsync.v1.Agent.Broadcast:output_type -> gradsync.v1.BroadcastResponse
-	11, // 12: gradsync.v1.Agent.Barrier:output_type -> gradsync.v1.BarrierResponse
-	13, // 13: gradsync.v1.Agent.Report:output_type -> gradsync.v1.ReportResponse
-	8,  // [8:14] is the sub-list for method output_type
-	2,  // [2:8] is the sub-list for method input_type
-	2,  // [2:2] is the sub-list for extension type_name
-	2,  // [2:2] is the sub-list for extension extendee
-	0,  // [0:2] is the sub-list for field type_name
+	3,  // 0: gradsync.v1.RegisterLayoutRequest.tensors:type_name -> gradsync.v1.TensorInfo
+	6,  // 1: gradsync.v1.AllReduceRequest.shm:type_name -> gradsync.v1.ShmRange
+	3,  // 2: gradsync.v1.FedAgentJoinRequest.tensors:type_name -> gradsync.v1.TensorInfo
+	0,  // 3: gradsync.v1.FedAgentNextResponse.kind:type_name -> gradsync.v1.FedTaskKind
+	21, // 4: gradsync.v1.FedAgentNextResponse.config:type_name -> gradsync.v1.FedAgentNextResponse.ConfigEntry
+	0,  // 5: gradsync.v1.FedAgentResultRequest.kind:type_name -> gradsync.v1.FedTaskKind
+	22, // 6: gradsync.v1.FedAgentResultRequest.metrics:type_name -> gradsync.v1.FedAgentResultRequest.MetricsEntry
+	1,  // 7: gradsync.v1.Agent.Init:input_type -> gradsync.v1.AgentInitRequest
+	4,  // 8: gradsync.v1.Agent.RegisterLayout:input_type -> gradsync.v1.RegisterLayoutRequest
+	7,  // 9: gradsync.v1.Agent.AllReduce:input_type -> gradsync.v1.AllReduceRequest
+	9,  // 10: gradsync.v1.Agent.Broadcast:input_type -> gradsync.v1.BroadcastRequest
+	11, // 11: gradsync.v1.Agent.Barrier:input_type -> gradsync.v1.BarrierRequest
+	13, // 12: gradsync.v1.Agent.Report:input_type -> gradsync.v1.ReportRequest
+	15, // 13: gradsync.v1.FedAgent.Join:input_type -> gradsync.v1.FedAgentJoinRequest
+	17, // 14: gradsync.v1.FedAgent.Next:input_type -> gradsync.v1.FedAgentNextRequest
+	19, // 15: gradsync.v1.FedAgent.Result:input_type -> gradsync.v1.FedAgentResultRequest
+	2,  // 16: gradsync.v1.Agent.Init:output_type -> gradsync.v1.AgentInitResponse
+	5,  // 17: gradsync.v1.Agent.RegisterLayout:output_type -> gradsync.v1.RegisterLayoutResponse
+	8,  // 18: gradsync.v1.Agent.AllReduce:output_type -> gradsync.v1.AllReduceResponse
+	10, // 19: gradsync.v1.Agent.Broadcast:output_type -> gradsync.v1.BroadcastResponse
+	12, // 20: gradsync.v1.Agent.Barrier:output_type -> gradsync.v1.BarrierResponse
+	14, // 21: gradsync.v1.Agent.Report:output_type -> gradsync.v1.ReportResponse
+	16, // 22: gradsync.v1.FedAgent.Join:output_type -> gradsync.v1.FedAgentJoinResponse
+	18, // 23: gradsync.v1.FedAgent.Next:output_type -> gradsync.v1.FedAgentNextResponse
+	20, // 24: gradsync.v1.FedAgent.Result:output_type -> gradsync.v1.FedAgentResultResponse
+	16, // [16:25] is the sub-list for method output_type
+	7,  // [7:16] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_agent_proto_init() }
@@ -988,13 +1517,14 @@ func file_gradsync_v1_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gradsync_v1_agent_proto_rawDesc), len(file_gradsync_v1_agent_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   14,
+			NumEnums:      1,
+			NumMessages:   22,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_gradsync_v1_agent_proto_goTypes,
 		DependencyIndexes: file_gradsync_v1_agent_proto_depIdxs,
+		EnumInfos:         file_gradsync_v1_agent_proto_enumTypes,
 		MessageInfos:      file_gradsync_v1_agent_proto_msgTypes,
 	}.Build()
 	File_gradsync_v1_agent_proto = out.File

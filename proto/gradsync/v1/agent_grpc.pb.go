@@ -365,3 +365,220 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "gradsync/v1/agent.proto",
 }
+
+const (
+	FedAgent_Join_FullMethodName   = "/gradsync.v1.FedAgent/Join"
+	FedAgent_Next_FullMethodName   = "/gradsync.v1.FedAgent/Next"
+	FedAgent_Result_FullMethodName = "/gradsync.v1.FedAgent/Result"
+)
+
+// FedAgentClient is the client API for FedAgent service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// FedAgent is the local service a worker serves to the script of a fedavg
+// entrypoint job: the script is one federated client (client index = the
+// worker's rank), written with gradsync.fl (fit and evaluate over numpy
+// arrays, as Flower's NumPyClient). It is served on the socket in
+// GRADSYNC_AGENT, as Agent is for ring jobs.
+//
+// The script pulls its work. It joins once with its parameters' layout and
+// initial values (get_parameters()), then asks for tasks one at a time —
+// fit the global model of a round, evaluate a global model, or done — and
+// answers each fit and evaluate with Result. Parameters travel as chunks
+// of little-endian float32 values, at most max_elements (4 MiB) a
+// message, in order; never a whole model in one message.
+//
+// A task not answered within its deadline (the round's, sent in its
+// config) is abandoned: the worker stops the script and its client leaves
+// the job, as does a script that exits before the job's rounds are over.
+type FedAgentClient interface {
+	// Join: the first message holds the layout; the initial parameters
+	// follow in the data of later messages (the first may carry some too).
+	Join(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[FedAgentJoinRequest, FedAgentJoinResponse], error)
+	// Next waits up to wait_seconds for the next task. Its stream's first
+	// message says what it is (NONE: no task yet, ask again); a fit's or
+	// evaluation's parameters follow in the data of later messages.
+	Next(ctx context.Context, in *FedAgentNextRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FedAgentNextResponse], error)
+	// Result answers the task in hand: the first message is the header; a
+	// fit's new parameters follow in the data of later messages (the first
+	// may carry some too).
+	Result(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[FedAgentResultRequest, FedAgentResultResponse], error)
+}
+
+type fedAgentClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewFedAgentClient(cc grpc.ClientConnInterface) FedAgentClient {
+	return &fedAgentClient{cc}
+}
+
+func (c *fedAgentClient) Join(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[FedAgentJoinRequest, FedAgentJoinResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &FedAgent_ServiceDesc.Streams[0], FedAgent_Join_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FedAgentJoinRequest, FedAgentJoinResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type FedAgent_JoinClient = grpc.ClientStreamingClient[FedAgentJoinRequest, FedAgentJoinResponse]
+
+func (c *fedAgentClient) Next(ctx context.Context, in *FedAgentNextRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FedAgentNextResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &FedAgent_ServiceDesc.Streams[1], FedAgent_Next_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FedAgentNextRequest, FedAgentNextResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type FedAgent_NextClient = grpc.ServerStreamingClient[FedAgentNextResponse]
+
+func (c *fedAgentClient) Result(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[FedAgentResultRequest, FedAgentResultResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &FedAgent_ServiceDesc.Streams[2], FedAgent_Result_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FedAgentResultRequest, FedAgentResultResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type FedAgent_ResultClient = grpc.ClientStreamingClient[FedAgentResultRequest, FedAgentResultResponse]
+
+// FedAgentServer is the server API for FedAgent service.
+// All implementations must embed UnimplementedFedAgentServer
+// for forward compatibility.
+//
+// FedAgent is the local service a worker serves to the script of a fedavg
+// entrypoint job: the script is one federated client (client index = the
+// worker's rank), written with gradsync.fl (fit and evaluate over numpy
+// arrays, as Flower's NumPyClient). It is served on the socket in
+// GRADSYNC_AGENT, as Agent is for ring jobs.
+//
+// The script pulls its work. It joins once with its parameters' layout and
+// initial values (get_parameters()), then asks for tasks one at a time —
+// fit the global model of a round, evaluate a global model, or done — and
+// answers each fit and evaluate with Result. Parameters travel as chunks
+// of little-endian float32 values, at most max_elements (4 MiB) a
+// message, in order; never a whole model in one message.
+//
+// A task not answered within its deadline (the round's, sent in its
+// config) is abandoned: the worker stops the script and its client leaves
+// the job, as does a script that exits before the job's rounds are over.
+type FedAgentServer interface {
+	// Join: the first message holds the layout; the initial parameters
+	// follow in the data of later messages (the first may carry some too).
+	Join(grpc.ClientStreamingServer[FedAgentJoinRequest, FedAgentJoinResponse]) error
+	// Next waits up to wait_seconds for the next task. Its stream's first
+	// message says what it is (NONE: no task yet, ask again); a fit's or
+	// evaluation's parameters follow in the data of later messages.
+	Next(*FedAgentNextRequest, grpc.ServerStreamingServer[FedAgentNextResponse]) error
+	// Result answers the task in hand: the first message is the header; a
+	// fit's new parameters follow in the data of later messages (the first
+	// may carry some too).
+	Result(grpc.ClientStreamingServer[FedAgentResultRequest, FedAgentResultResponse]) error
+	mustEmbedUnimplementedFedAgentServer()
+}
+
+// UnimplementedFedAgentServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedFedAgentServer struct{}
+
+func (UnimplementedFedAgentServer) Join(grpc.ClientStreamingServer[FedAgentJoinRequest, FedAgentJoinResponse]) error {
+	return status.Error(codes.Unimplemented, "method Join not implemented")
+}
+func (UnimplementedFedAgentServer) Next(*FedAgentNextRequest, grpc.ServerStreamingServer[FedAgentNextResponse]) error {
+	return status.Error(codes.Unimplemented, "method Next not implemented")
+}
+func (UnimplementedFedAgentServer) Result(grpc.ClientStreamingServer[FedAgentResultRequest, FedAgentResultResponse]) error {
+	return status.Error(codes.Unimplemented, "method Result not implemented")
+}
+func (UnimplementedFedAgentServer) mustEmbedUnimplementedFedAgentServer() {}
+func (UnimplementedFedAgentServer) testEmbeddedByValue()                  {}
+
+// UnsafeFedAgentServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to FedAgentServer will
+// result in compilation errors.
+type UnsafeFedAgentServer interface {
+	mustEmbedUnimplementedFedAgentServer()
+}
+
+func RegisterFedAgentServer(s grpc.ServiceRegistrar, srv FedAgentServer) {
+	// If the following call panics, it indicates UnimplementedFedAgentServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&FedAgent_ServiceDesc, srv)
+}
+
+func _FedAgent_Join_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(FedAgentServer).Join(&grpc.GenericServerStream[FedAgentJoinRequest, FedAgentJoinResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type FedAgent_JoinServer = grpc.ClientStreamingServer[FedAgentJoinRequest, FedAgentJoinResponse]
+
+func _FedAgent_Next_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FedAgentNextRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(FedAgentServer).Next(m, &grpc.GenericServerStream[FedAgentNextRequest, FedAgentNextResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type FedAgent_NextServer = grpc.ServerStreamingServer[FedAgentNextResponse]
+
+func _FedAgent_Result_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(FedAgentServer).Result(&grpc.GenericServerStream[FedAgentResultRequest, FedAgentResultResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type FedAgent_ResultServer = grpc.ClientStreamingServer[FedAgentResultRequest, FedAgentResultResponse]
+
+// FedAgent_ServiceDesc is the grpc.ServiceDesc for FedAgent service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var FedAgent_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "gradsync.v1.FedAgent",
+	HandlerType: (*FedAgentServer)(nil),
+	Methods:     []grpc.MethodDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Join",
+			Handler:       _FedAgent_Join_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Next",
+			Handler:       _FedAgent_Next_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Result",
+			Handler:       _FedAgent_Result_Handler,
+			ClientStreams: true,
+		},
+	},
+	Metadata: "gradsync/v1/agent.proto",
+}

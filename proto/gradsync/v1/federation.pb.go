@@ -34,8 +34,17 @@ type FederationJoin struct {
 	// count per class; they sum to num_examples).
 	NumExamples    int64   `protobuf:"varint,6,opt,name=num_examples,json=numExamples,proto3" json:"num_examples,omitempty"`
 	LabelHistogram []int64 `protobuf:"varint,7,rep,packed,name=label_histogram,json=labelHistogram,proto3" json:"label_histogram,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The parameters' layout of an entrypoint job's client (float32
+	// tensors, in order; their sizes sum to num_params); empty for
+	// gradsync's own engine, whose layout is the spec's model. With a
+	// layout the client's initial parameters follow the join. The global
+	// model starts as the initial parameters of the lowest-index client that
+	// joined before the first round opened (as Flower takes one client's);
+	// every join's layout must equal the first one's (InvalidArgument names
+	// the first tensor that differs).
+	Layout        []*TensorInfo `protobuf:"bytes,8,rep,name=layout,proto3" json:"layout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FederationJoin) Reset() {
@@ -117,6 +126,13 @@ func (x *FederationJoin) GetLabelHistogram() []int64 {
 	return nil
 }
 
+func (x *FederationJoin) GetLayout() []*TensorInfo {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
 // ClientUpdate heads a client's answer for a round; its delta (local
 // parameters after training minus the global ones) follows as frames.
 type ClientUpdate struct {
@@ -125,7 +141,10 @@ type ClientUpdate struct {
 	NumExamples    int64                  `protobuf:"varint,2,opt,name=num_examples,json=numExamples,proto3" json:"num_examples,omitempty"`
 	LabelHistogram []int64                `protobuf:"varint,3,rep,packed,name=label_histogram,json=labelHistogram,proto3" json:"label_histogram,omitempty"`
 	// Mean training loss over the last local epoch.
-	TrainLoss     float64 `protobuf:"fixed64,4,opt,name=train_loss,json=trainLoss,proto3" json:"train_loss,omitempty"`
+	TrainLoss float64 `protobuf:"fixed64,4,opt,name=train_loss,json=trainLoss,proto3" json:"train_loss,omitempty"`
+	// The client's own metrics of its fit (a script's), recorded in the
+	// run log.
+	Metrics       map[string]float64 `protobuf:"bytes,5,rep,name=metrics,proto3" json:"metrics,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -188,13 +207,22 @@ func (x *ClientUpdate) GetTrainLoss() float64 {
 	return 0
 }
 
+func (x *ClientUpdate) GetMetrics() map[string]float64 {
+	if x != nil {
+		return x.Metrics
+	}
+	return nil
+}
+
 // ClientEval is the evaluator's result for an EvalRequest.
 type ClientEval struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Round         int32                  `protobuf:"varint,1,opt,name=round,proto3" json:"round,omitempty"`
-	TestAccuracy  float64                `protobuf:"fixed64,2,opt,name=test_accuracy,json=testAccuracy,proto3" json:"test_accuracy,omitempty"`
-	TestLoss      float64                `protobuf:"fixed64,3,opt,name=test_loss,json=testLoss,proto3" json:"test_loss,omitempty"`
-	TestExamples  int64                  `protobuf:"varint,4,opt,name=test_examples,json=testExamples,proto3" json:"test_examples,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Round        int32                  `protobuf:"varint,1,opt,name=round,proto3" json:"round,omitempty"`
+	TestAccuracy float64                `protobuf:"fixed64,2,opt,name=test_accuracy,json=testAccuracy,proto3" json:"test_accuracy,omitempty"`
+	TestLoss     float64                `protobuf:"fixed64,3,opt,name=test_loss,json=testLoss,proto3" json:"test_loss,omitempty"`
+	TestExamples int64                  `protobuf:"varint,4,opt,name=test_examples,json=testExamples,proto3" json:"test_examples,omitempty"`
+	// The evaluator's own metrics (a script's), recorded in the run log.
+	Metrics       map[string]float64 `protobuf:"bytes,5,rep,name=metrics,proto3" json:"metrics,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -257,6 +285,62 @@ func (x *ClientEval) GetTestExamples() int64 {
 	return 0
 }
 
+func (x *ClientEval) GetMetrics() map[string]float64 {
+	if x != nil {
+		return x.Metrics
+	}
+	return nil
+}
+
+// ClientLeave: this client can take no further part in the job (its
+// script crashed, or did not answer within the round's deadline); reason
+// says why. The client is lost from now on: missing from the rounds it is
+// sampled for, no longer the evaluator; the job fails only when every
+// client is lost.
+type ClientLeave struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reason        string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClientLeave) Reset() {
+	*x = ClientLeave{}
+	mi := &file_gradsync_v1_federation_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClientLeave) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClientLeave) ProtoMessage() {}
+
+func (x *ClientLeave) ProtoReflect() protoreflect.Message {
+	mi := &file_gradsync_v1_federation_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClientLeave.ProtoReflect.Descriptor instead.
+func (*ClientLeave) Descriptor() ([]byte, []int) {
+	return file_gradsync_v1_federation_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ClientLeave) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type ParticipateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -265,6 +349,7 @@ type ParticipateRequest struct {
 	//	*ParticipateRequest_Update
 	//	*ParticipateRequest_Delta
 	//	*ParticipateRequest_Eval
+	//	*ParticipateRequest_Leave
 	Msg           isParticipateRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -272,7 +357,7 @@ type ParticipateRequest struct {
 
 func (x *ParticipateRequest) Reset() {
 	*x = ParticipateRequest{}
-	mi := &file_gradsync_v1_federation_proto_msgTypes[3]
+	mi := &file_gradsync_v1_federation_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -284,7 +369,7 @@ func (x *ParticipateRequest) String() string {
 func (*ParticipateRequest) ProtoMessage() {}
 
 func (x *ParticipateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_federation_proto_msgTypes[3]
+	mi := &file_gradsync_v1_federation_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -297,7 +382,7 @@ func (x *ParticipateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParticipateRequest.ProtoReflect.Descriptor instead.
 func (*ParticipateRequest) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_federation_proto_rawDescGZIP(), []int{3}
+	return file_gradsync_v1_federation_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ParticipateRequest) GetMsg() isParticipateRequest_Msg {
@@ -343,6 +428,15 @@ func (x *ParticipateRequest) GetEval() *ClientEval {
 	return nil
 }
 
+func (x *ParticipateRequest) GetLeave() *ClientLeave {
+	if x != nil {
+		if x, ok := x.Msg.(*ParticipateRequest_Leave); ok {
+			return x.Leave
+		}
+	}
+	return nil
+}
+
 type isParticipateRequest_Msg interface {
 	isParticipateRequest_Msg()
 }
@@ -363,6 +457,10 @@ type ParticipateRequest_Eval struct {
 	Eval *ClientEval `protobuf:"bytes,4,opt,name=eval,proto3,oneof"`
 }
 
+type ParticipateRequest_Leave struct {
+	Leave *ClientLeave `protobuf:"bytes,5,opt,name=leave,proto3,oneof"`
+}
+
 func (*ParticipateRequest_Join) isParticipateRequest_Msg() {}
 
 func (*ParticipateRequest_Update) isParticipateRequest_Msg() {}
@@ -370,6 +468,8 @@ func (*ParticipateRequest_Update) isParticipateRequest_Msg() {}
 func (*ParticipateRequest_Delta) isParticipateRequest_Msg() {}
 
 func (*ParticipateRequest_Eval) isParticipateRequest_Msg() {}
+
+func (*ParticipateRequest_Leave) isParticipateRequest_Msg() {}
 
 // Joined acknowledges a join.
 type Joined struct {
@@ -381,7 +481,7 @@ type Joined struct {
 
 func (x *Joined) Reset() {
 	*x = Joined{}
-	mi := &file_gradsync_v1_federation_proto_msgTypes[4]
+	mi := &file_gradsync_v1_federation_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -393,7 +493,7 @@ func (x *Joined) String() string {
 func (*Joined) ProtoMessage() {}
 
 func (x *Joined) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_federation_proto_msgTypes[4]
+	mi := &file_gradsync_v1_federation_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -406,7 +506,7 @@ func (x *Joined) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Joined.ProtoReflect.Descriptor instead.
 func (*Joined) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_federation_proto_rawDescGZIP(), []int{4}
+	return file_gradsync_v1_federation_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Joined) GetRounds() int32 {
@@ -440,7 +540,7 @@ type RoundStart struct {
 
 func (x *RoundStart) Reset() {
 	*x = RoundStart{}
-	mi := &file_gradsync_v1_federation_proto_msgTypes[5]
+	mi := &file_gradsync_v1_federation_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -452,7 +552,7 @@ func (x *RoundStart) String() string {
 func (*RoundStart) ProtoMessage() {}
 
 func (x *RoundStart) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_federation_proto_msgTypes[5]
+	mi := &file_gradsync_v1_federation_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -465,7 +565,7 @@ func (x *RoundStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoundStart.ProtoReflect.Descriptor instead.
 func (*RoundStart) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_federation_proto_rawDescGZIP(), []int{5}
+	return file_gradsync_v1_federation_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RoundStart) GetRound() int32 {
@@ -535,7 +635,7 @@ type EvalRequest struct {
 
 func (x *EvalRequest) Reset() {
 	*x = EvalRequest{}
-	mi := &file_gradsync_v1_federation_proto_msgTypes[6]
+	mi := &file_gradsync_v1_federation_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -547,7 +647,7 @@ func (x *EvalRequest) String() string {
 func (*EvalRequest) ProtoMessage() {}
 
 func (x *EvalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_federation_proto_msgTypes[6]
+	mi := &file_gradsync_v1_federation_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -560,7 +660,7 @@ func (x *EvalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvalRequest.ProtoReflect.Descriptor instead.
 func (*EvalRequest) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_federation_proto_rawDescGZIP(), []int{6}
+	return file_gradsync_v1_federation_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *EvalRequest) GetRound() int32 {
@@ -579,7 +679,7 @@ type UpdateAccepted struct {
 
 func (x *UpdateAccepted) Reset() {
 	*x = UpdateAccepted{}
-	mi := &file_gradsync_v1_federation_proto_msgTypes[7]
+	mi := &file_gradsync_v1_federation_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -591,7 +691,7 @@ func (x *UpdateAccepted) String() string {
 func (*UpdateAccepted) ProtoMessage() {}
 
 func (x *UpdateAccepted) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_federation_proto_msgTypes[7]
+	mi := &file_gradsync_v1_federation_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -604,7 +704,7 @@ func (x *UpdateAccepted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateAccepted.ProtoReflect.Descriptor instead.
 func (*UpdateAccepted) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_federation_proto_rawDescGZIP(), []int{7}
+	return file_gradsync_v1_federation_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *UpdateAccepted) GetRound() int32 {
@@ -624,7 +724,7 @@ type FederationDone struct {
 
 func (x *FederationDone) Reset() {
 	*x = FederationDone{}
-	mi := &file_gradsync_v1_federation_proto_msgTypes[8]
+	mi := &file_gradsync_v1_federation_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -636,7 +736,7 @@ func (x *FederationDone) String() string {
 func (*FederationDone) ProtoMessage() {}
 
 func (x *FederationDone) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_federation_proto_msgTypes[8]
+	mi := &file_gradsync_v1_federation_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -649,7 +749,7 @@ func (x *FederationDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationDone.ProtoReflect.Descriptor instead.
 func (*FederationDone) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_federation_proto_rawDescGZIP(), []int{8}
+	return file_gradsync_v1_federation_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *FederationDone) GetMessage() string {
@@ -676,7 +776,7 @@ type ParticipateResponse struct {
 
 func (x *ParticipateResponse) Reset() {
 	*x = ParticipateResponse{}
-	mi := &file_gradsync_v1_federation_proto_msgTypes[9]
+	mi := &file_gradsync_v1_federation_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -688,7 +788,7 @@ func (x *ParticipateResponse) String() string {
 func (*ParticipateResponse) ProtoMessage() {}
 
 func (x *ParticipateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gradsync_v1_federation_proto_msgTypes[9]
+	mi := &file_gradsync_v1_federation_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -701,7 +801,7 @@ func (x *ParticipateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParticipateResponse.ProtoReflect.Descriptor instead.
 func (*ParticipateResponse) Descriptor() ([]byte, []int) {
-	return file_gradsync_v1_federation_proto_rawDescGZIP(), []int{9}
+	return file_gradsync_v1_federation_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ParticipateResponse) GetMsg() isParticipateResponse_Msg {
@@ -809,7 +909,7 @@ var File_gradsync_v1_federation_proto protoreflect.FileDescriptor
 
 const file_gradsync_v1_federation_proto_rawDesc = "" +
 	"\n" +
-	"\x1cgradsync/v1/federation.proto\x12\vgradsync.v1\x1a\x18gradsync/v1/tensor.proto\"\xeb\x01\n" +
+	"\x1cgradsync/v1/federation.proto\x12\vgradsync.v1\x1a\x17gradsync/v1/agent.proto\x1a\x18gradsync/v1/tensor.proto\"\x9c\x02\n" +
 	"\x0eFederationJoin\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1e\n" +
 	"\n" +
@@ -821,24 +921,36 @@ const file_gradsync_v1_federation_proto_rawDesc = "" +
 	"\n" +
 	"num_params\x18\x05 \x01(\x03R\tnumParams\x12!\n" +
 	"\fnum_examples\x18\x06 \x01(\x03R\vnumExamples\x12'\n" +
-	"\x0flabel_histogram\x18\a \x03(\x03R\x0elabelHistogram\"\x8f\x01\n" +
+	"\x0flabel_histogram\x18\a \x03(\x03R\x0elabelHistogram\x12/\n" +
+	"\x06layout\x18\b \x03(\v2\x17.gradsync.v1.TensorInfoR\x06layout\"\x8d\x02\n" +
 	"\fClientUpdate\x12\x14\n" +
 	"\x05round\x18\x01 \x01(\x05R\x05round\x12!\n" +
 	"\fnum_examples\x18\x02 \x01(\x03R\vnumExamples\x12'\n" +
 	"\x0flabel_histogram\x18\x03 \x03(\x03R\x0elabelHistogram\x12\x1d\n" +
 	"\n" +
-	"train_loss\x18\x04 \x01(\x01R\ttrainLoss\"\x89\x01\n" +
+	"train_loss\x18\x04 \x01(\x01R\ttrainLoss\x12@\n" +
+	"\ametrics\x18\x05 \x03(\v2&.gradsync.v1.ClientUpdate.MetricsEntryR\ametrics\x1a:\n" +
+	"\fMetricsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\x85\x02\n" +
 	"\n" +
 	"ClientEval\x12\x14\n" +
 	"\x05round\x18\x01 \x01(\x05R\x05round\x12#\n" +
 	"\rtest_accuracy\x18\x02 \x01(\x01R\ftestAccuracy\x12\x1b\n" +
 	"\ttest_loss\x18\x03 \x01(\x01R\btestLoss\x12#\n" +
-	"\rtest_examples\x18\x04 \x01(\x03R\ftestExamples\"\xe4\x01\n" +
+	"\rtest_examples\x18\x04 \x01(\x03R\ftestExamples\x12>\n" +
+	"\ametrics\x18\x05 \x03(\v2$.gradsync.v1.ClientEval.MetricsEntryR\ametrics\x1a:\n" +
+	"\fMetricsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"%\n" +
+	"\vClientLeave\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\x96\x02\n" +
 	"\x12ParticipateRequest\x121\n" +
 	"\x04join\x18\x01 \x01(\v2\x1b.gradsync.v1.FederationJoinH\x00R\x04join\x123\n" +
 	"\x06update\x18\x02 \x01(\v2\x19.gradsync.v1.ClientUpdateH\x00R\x06update\x120\n" +
 	"\x05delta\x18\x03 \x01(\v2\x18.gradsync.v1.TensorFrameH\x00R\x05delta\x12-\n" +
-	"\x04eval\x18\x04 \x01(\v2\x17.gradsync.v1.ClientEvalH\x00R\x04evalB\x05\n" +
+	"\x04eval\x18\x04 \x01(\v2\x17.gradsync.v1.ClientEvalH\x00R\x04eval\x120\n" +
+	"\x05leave\x18\x05 \x01(\v2\x18.gradsync.v1.ClientLeaveH\x00R\x05leaveB\x05\n" +
 	"\x03msg\" \n" +
 	"\x06Joined\x12\x16\n" +
 	"\x06rounds\x18\x01 \x01(\x05R\x06rounds\"\x86\x02\n" +
@@ -882,38 +994,46 @@ func file_gradsync_v1_federation_proto_rawDescGZIP() []byte {
 	return file_gradsync_v1_federation_proto_rawDescData
 }
 
-var file_gradsync_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_gradsync_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_gradsync_v1_federation_proto_goTypes = []any{
 	(*FederationJoin)(nil),      // 0: gradsync.v1.FederationJoin
 	(*ClientUpdate)(nil),        // 1: gradsync.v1.ClientUpdate
 	(*ClientEval)(nil),          // 2: gradsync.v1.ClientEval
-	(*ParticipateRequest)(nil),  // 3: gradsync.v1.ParticipateRequest
-	(*Joined)(nil),              // 4: gradsync.v1.Joined
-	(*RoundStart)(nil),          // 5: gradsync.v1.RoundStart
-	(*EvalRequest)(nil),         // 6: gradsync.v1.EvalRequest
-	(*UpdateAccepted)(nil),      // 7: gradsync.v1.UpdateAccepted
-	(*FederationDone)(nil),      // 8: gradsync.v1.FederationDone
-	(*ParticipateResponse)(nil), // 9: gradsync.v1.ParticipateResponse
-	(*TensorFrame)(nil),         // 10: gradsync.v1.TensorFrame
+	(*ClientLeave)(nil),         // 3: gradsync.v1.ClientLeave
+	(*ParticipateRequest)(nil),  // 4: gradsync.v1.ParticipateRequest
+	(*Joined)(nil),              // 5: gradsync.v1.Joined
+	(*RoundStart)(nil),          // 6: gradsync.v1.RoundStart
+	(*EvalRequest)(nil),         // 7: gradsync.v1.EvalRequest
+	(*UpdateAccepted)(nil),      // 8: gradsync.v1.UpdateAccepted
+	(*FederationDone)(nil),      // 9: gradsync.v1.FederationDone
+	(*ParticipateResponse)(nil), // 10: gradsync.v1.ParticipateResponse
+	nil,                         // 11: gradsync.v1.ClientUpdate.MetricsEntry
+	nil,                         // 12: gradsync.v1.ClientEval.MetricsEntry
+	(*TensorInfo)(nil),          // 13: gradsync.v1.TensorInfo
+	(*TensorFrame)(nil),         // 14: gradsync.v1.TensorFrame
 }
 var file_gradsync_v1_federation_proto_depIdxs = []int32{
-	0,  // 0: gradsync.v1.ParticipateRequest.join:type_name -> gradsync.v1.FederationJoin
-	1,  // 1: gradsync.v1.ParticipateRequest.update:type_name -> gradsync.v1.ClientUpdate
-	10, // 2: gradsync.v1.ParticipateRequest.delta:type_name -> gradsync.v1.TensorFrame
-	2,  // 3: gradsync.v1.ParticipateRequest.eval:type_name -> gradsync.v1.ClientEval
-	4,  // 4: gradsync.v1.ParticipateResponse.joined:type_name -> gradsync.v1.Joined
-	5,  // 5: gradsync.v1.ParticipateResponse.round:type_name -> gradsync.v1.RoundStart
-	10, // 6: gradsync.v1.ParticipateResponse.model:type_name -> gradsync.v1.TensorFrame
-	6,  // 7: gradsync.v1.ParticipateResponse.eval:type_name -> gradsync.v1.EvalRequest
-	7,  // 8: gradsync.v1.ParticipateResponse.accepted:type_name -> gradsync.v1.UpdateAccepted
-	8,  // 9: gradsync.v1.ParticipateResponse.done:type_name -> gradsync.v1.FederationDone
-	3,  // 10: gradsync.v1.Federation.Participate:input_type -> gradsync.v1.ParticipateRequest
-	9,  // 11: gradsync.v1.Federation.Participate:output_type -> gradsync.v1.ParticipateResponse
-	11, // [11:12] is the sub-list for method output_type
-	10, // [10:11] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	13, // 0: gradsync.v1.FederationJoin.layout:type_name -> gradsync.v1.TensorInfo
+	11, // 1: gradsync.v1.ClientUpdate.metrics:type_name -> gradsync.v1.ClientUpdate.MetricsEntry
+	12, // 2: gradsync.v1.ClientEval.metrics:type_name -> gradsync.v1.ClientEval.MetricsEntry
+	0,  // 3: gradsync.v1.ParticipateRequest.join:type_name -> gradsync.v1.FederationJoin
+	1,  // 4: gradsync.v1.ParticipateRequest.update:type_name -> gradsync.v1.ClientUpdate
+	14, // 5: gradsync.v1.ParticipateRequest.delta:type_name -> gradsync.v1.TensorFrame
+	2,  // 6: gradsync.v1.ParticipateRequest.eval:type_name -> gradsync.v1.ClientEval
+	3,  // 7: gradsync.v1.ParticipateRequest.leave:type_name -> gradsync.v1.ClientLeave
+	5,  // 8: gradsync.v1.ParticipateResponse.joined:type_name -> gradsync.v1.Joined
+	6,  // 9: gradsync.v1.ParticipateResponse.round:type_name -> gradsync.v1.RoundStart
+	14, // 10: gradsync.v1.ParticipateResponse.model:type_name -> gradsync.v1.TensorFrame
+	7,  // 11: gradsync.v1.ParticipateResponse.eval:type_name -> gradsync.v1.EvalRequest
+	8,  // 12: gradsync.v1.ParticipateResponse.accepted:type_name -> gradsync.v1.UpdateAccepted
+	9,  // 13: gradsync.v1.ParticipateResponse.done:type_name -> gradsync.v1.FederationDone
+	4,  // 14: gradsync.v1.Federation.Participate:input_type -> gradsync.v1.ParticipateRequest
+	10, // 15: gradsync.v1.Federation.Participate:output_type -> gradsync.v1.ParticipateResponse
+	15, // [15:16] is the sub-list for method output_type
+	14, // [14:15] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_gradsync_v1_federation_proto_init() }
@@ -921,14 +1041,16 @@ func file_gradsync_v1_federation_proto_init() {
 	if File_gradsync_v1_federation_proto != nil {
 		return
 	}
+	file_gradsync_v1_agent_proto_init()
 	file_gradsync_v1_tensor_proto_init()
-	file_gradsync_v1_federation_proto_msgTypes[3].OneofWrappers = []any{
+	file_gradsync_v1_federation_proto_msgTypes[4].OneofWrappers = []any{
 		(*ParticipateRequest_Join)(nil),
 		(*ParticipateRequest_Update)(nil),
 		(*ParticipateRequest_Delta)(nil),
 		(*ParticipateRequest_Eval)(nil),
+		(*ParticipateRequest_Leave)(nil),
 	}
-	file_gradsync_v1_federation_proto_msgTypes[9].OneofWrappers = []any{
+	file_gradsync_v1_federation_proto_msgTypes[10].OneofWrappers = []any{
 		(*ParticipateResponse_Joined)(nil),
 		(*ParticipateResponse_Round)(nil),
 		(*ParticipateResponse_Model)(nil),
@@ -942,7 +1064,7 @@ func file_gradsync_v1_federation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gradsync_v1_federation_proto_rawDesc), len(file_gradsync_v1_federation_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

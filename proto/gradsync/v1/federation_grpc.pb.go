@@ -43,6 +43,13 @@ type FederationClient interface {
 	// EvalRequests, each followed by the model to evaluate (phase 1,
 	// step = the closed round), and answers ClientEval. FederationDone ends
 	// the job's rounds; the server then ends the stream.
+	//
+	// An entrypoint job's client (a script: the coordinator has no model of
+	// its own) joins with its parameters' layout, and its initial parameters
+	// follow the join (frames in ParticipateRequest.delta, op OP_BROADCAST,
+	// step 0, phase 2). A client that can no longer take part (its script
+	// crashed or hung) sends ClientLeave: it is lost, as a lost worker's
+	// client is, and keeps the stream open, idle, until the job ends.
 	Participate(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ParticipateRequest, ParticipateResponse], error)
 }
 
@@ -88,6 +95,13 @@ type FederationServer interface {
 	// EvalRequests, each followed by the model to evaluate (phase 1,
 	// step = the closed round), and answers ClientEval. FederationDone ends
 	// the job's rounds; the server then ends the stream.
+	//
+	// An entrypoint job's client (a script: the coordinator has no model of
+	// its own) joins with its parameters' layout, and its initial parameters
+	// follow the join (frames in ParticipateRequest.delta, op OP_BROADCAST,
+	// step 0, phase 2). A client that can no longer take part (its script
+	// crashed or hung) sends ClientLeave: it is lost, as a lost worker's
+	// client is, and keeps the stream open, idle, until the job ends.
 	Participate(grpc.BidiStreamingServer[ParticipateRequest, ParticipateResponse]) error
 	mustEmbedUnimplementedFederationServer()
 }

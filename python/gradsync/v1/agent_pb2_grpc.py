@@ -294,3 +294,186 @@ class Agent(object):
             gradsync_dot_v1_dot_agent__pb2.ReportResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+
+class FedAgentStub(object):
+    """FedAgent is the local service a worker serves to the script of a fedavg
+    entrypoint job: the script is one federated client (client index = the
+    worker's rank), written with gradsync.fl (fit and evaluate over numpy
+    arrays, as Flower's NumPyClient). It is served on the socket in
+    GRADSYNC_AGENT, as Agent is for ring jobs.
+
+    The script pulls its work. It joins once with its parameters' layout and
+    initial values (get_parameters()), then asks for tasks one at a time —
+    fit the global model of a round, evaluate a global model, or done — and
+    answers each fit and evaluate with Result. Parameters travel as chunks
+    of little-endian float32 values, at most max_elements (4 MiB) a
+    message, in order; never a whole model in one message.
+
+    A task not answered within its deadline (the round's, sent in its
+    config) is abandoned: the worker stops the script and its client leaves
+    the job, as does a script that exits before the job's rounds are over.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Join = channel.stream_unary(
+                '/gradsync.v1.FedAgent/Join',
+                request_serializer=gradsync_dot_v1_dot_agent__pb2.FedAgentJoinRequest.SerializeToString,
+                response_deserializer=gradsync_dot_v1_dot_agent__pb2.FedAgentJoinResponse.FromString,
+                )
+        self.Next = channel.unary_stream(
+                '/gradsync.v1.FedAgent/Next',
+                request_serializer=gradsync_dot_v1_dot_agent__pb2.FedAgentNextRequest.SerializeToString,
+                response_deserializer=gradsync_dot_v1_dot_agent__pb2.FedAgentNextResponse.FromString,
+                )
+        self.Result = channel.stream_unary(
+                '/gradsync.v1.FedAgent/Result',
+                request_serializer=gradsync_dot_v1_dot_agent__pb2.FedAgentResultRequest.SerializeToString,
+                response_deserializer=gradsync_dot_v1_dot_agent__pb2.FedAgentResultResponse.FromString,
+                )
+
+
+class FedAgentServicer(object):
+    """FedAgent is the local service a worker serves to the script of a fedavg
+    entrypoint job: the script is one federated client (client index = the
+    worker's rank), written with gradsync.fl (fit and evaluate over numpy
+    arrays, as Flower's NumPyClient). It is served on the socket in
+    GRADSYNC_AGENT, as Agent is for ring jobs.
+
+    The script pulls its work. It joins once with its parameters' layout and
+    initial values (get_parameters()), then asks for tasks one at a time —
+    fit the global model of a round, evaluate a global model, or done — and
+    answers each fit and evaluate with Result. Parameters travel as chunks
+    of little-endian float32 values, at most max_elements (4 MiB) a
+    message, in order; never a whole model in one message.
+
+    A task not answered within its deadline (the round's, sent in its
+    config) is abandoned: the worker stops the script and its client leaves
+    the job, as does a script that exits before the job's rounds are over.
+    """
+
+    def Join(self, request_iterator, context):
+        """Join: the first message holds the layout; the initial parameters
+        follow in the data of later messages (the first may carry some too).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Next(self, request, context):
+        """Next waits up to wait_seconds for the next task. Its stream's first
+        message says what it is (NONE: no task yet, ask again); a fit's or
+        evaluation's parameters follow in the data of later messages.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Result(self, request_iterator, context):
+        """Result answers the task in hand: the first message is the header; a
+        fit's new parameters follow in the data of later messages (the first
+        may carry some too).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_FedAgentServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Join': grpc.stream_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=gradsync_dot_v1_dot_agent__pb2.FedAgentJoinRequest.FromString,
+                    response_serializer=gradsync_dot_v1_dot_agent__pb2.FedAgentJoinResponse.SerializeToString,
+            ),
+            'Next': grpc.unary_stream_rpc_method_handler(
+                    servicer.Next,
+                    request_deserializer=gradsync_dot_v1_dot_agent__pb2.FedAgentNextRequest.FromString,
+                    response_serializer=gradsync_dot_v1_dot_agent__pb2.FedAgentNextResponse.SerializeToString,
+            ),
+            'Result': grpc.stream_unary_rpc_method_handler(
+                    servicer.Result,
+                    request_deserializer=gradsync_dot_v1_dot_agent__pb2.FedAgentResultRequest.FromString,
+                    response_serializer=gradsync_dot_v1_dot_agent__pb2.FedAgentResultResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'gradsync.v1.FedAgent', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+
+
+ # This class is part of an EXPERIMENTAL API.
+class FedAgent(object):
+    """FedAgent is the local service a worker serves to the script of a fedavg
+    entrypoint job: the script is one federated client (client index = the
+    worker's rank), written with gradsync.fl (fit and evaluate over numpy
+    arrays, as Flower's NumPyClient). It is served on the socket in
+    GRADSYNC_AGENT, as Agent is for ring jobs.
+
+    The script pulls its work. It joins once with its parameters' layout and
+    initial values (get_parameters()), then asks for tasks one at a time —
+    fit the global model of a round, evaluate a global model, or done — and
+    answers each fit and evaluate with Result. Parameters travel as chunks
+    of little-endian float32 values, at most max_elements (4 MiB) a
+    message, in order; never a whole model in one message.
+
+    A task not answered within its deadline (the round's, sent in its
+    config) is abandoned: the worker stops the script and its client leaves
+    the job, as does a script that exits before the job's rounds are over.
+    """
+
+    @staticmethod
+    def Join(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(request_iterator, target, '/gradsync.v1.FedAgent/Join',
+            gradsync_dot_v1_dot_agent__pb2.FedAgentJoinRequest.SerializeToString,
+            gradsync_dot_v1_dot_agent__pb2.FedAgentJoinResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Next(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/gradsync.v1.FedAgent/Next',
+            gradsync_dot_v1_dot_agent__pb2.FedAgentNextRequest.SerializeToString,
+            gradsync_dot_v1_dot_agent__pb2.FedAgentNextResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Result(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(request_iterator, target, '/gradsync.v1.FedAgent/Result',
+            gradsync_dot_v1_dot_agent__pb2.FedAgentResultRequest.SerializeToString,
+            gradsync_dot_v1_dot_agent__pb2.FedAgentResultResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
