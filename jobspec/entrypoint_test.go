@@ -20,6 +20,14 @@ func TestEntrypoint(t *testing.T) {
 	if s.Mode != "ring" || !IsEntrypoint(s) {
 		t.Fatalf("mode %q: entrypoint jobs default to ring", s.Mode)
 	}
+	if got := s.GetCollective().GetTransport(); got != "auto" {
+		t.Fatalf("transport %q: a script's ring defaults to auto (shared memory on one host)", got)
+	}
+	g := ok()
+	g.Collective = &pb.CollectiveSpec{Transport: "grpc"}
+	if s, err := Normalize(g, nil); err != nil || s.GetCollective().GetTransport() != "grpc" {
+		t.Fatalf("transport grpc asked for: %v %v", s.GetCollective(), err)
+	}
 	// Every compression type applies to a script's gradient buckets.
 	for _, typ := range []string{"powersgd", "topk", "int8", "fp16", "bf16"} {
 		s := ok()

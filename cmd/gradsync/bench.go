@@ -184,3 +184,22 @@ func parseInput(s string) (c, h, w int, err error) {
 	}
 	return 0, 0, 0, fmt.Errorf("--input %q: want CxHxW with positive sides, e.g. 3x32x32", s)
 }
+
+const cpuProfileHelp = "write this process's CPU profile (the coordinator's and workers' Go code, not an entrypoint's script) to this `file` (go tool pprof)"
+
+// startCPUProfile starts writing the process's CPU profile to path (""
+// writes none); stop ends it and closes the file.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}

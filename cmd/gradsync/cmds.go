@@ -31,7 +31,7 @@ func newLocalCmd(g *globals) *cobra.Command {
 	var stateDir, runsDir, metricsAddr, linkRate, memLimit string
 	var heartbeatTimeout time.Duration
 	var threads int
-	var tracePath string
+	var tracePath, cpuProfile string
 	c := &cobra.Command{
 		Use:   "local",
 		Short: "Train with a coordinator and N workers in this process, over real gRPC on loopback",
@@ -47,6 +47,11 @@ func newLocalCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			stopProfile, err := startCPUProfile(cpuProfile)
+			if err != nil {
+				return err
+			}
+			defer stopProfile()
 			n := int(spec.GetWorkers())
 			if n == 0 {
 				n = defaultWorkers(spec)
@@ -141,6 +146,7 @@ func newLocalCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&memLimit, "memory-limit", "", memoryLimitHelp)
 	c.Flags().IntVar(&threads, "threads", 1, threadsHelp)
 	c.Flags().StringVar(&tracePath, "trace", "", traceHelp)
+	c.Flags().StringVar(&cpuProfile, "cpuprofile", "", cpuProfileHelp)
 	c.Flags().DurationVar(&heartbeatTimeout, "heartbeat-timeout", 5*time.Second,
 		"silence after which a worker is lost (raise it when the machine is starved, e.g. a long run under nice -n 19)")
 	return c
