@@ -96,7 +96,7 @@ func normalizeEntrypoint(s *pb.JobSpec) error {
 		return errf("mode", "entrypoint jobs in mode %s %s; use mode ring or ps (a data-parallel script) or fedavg (a federated client, gradsync.fl)", s.Mode, notImplementedSuffix)
 	}
 	if CheckpointsOn(s) {
-		return errf("checkpoint", "checkpoints of entrypoint jobs %s (the script saves its own)", notImplementedSuffix)
+		return errf("checkpoint", "gradsync-scheduled checkpoints of entrypoint jobs %s: the script saves its own state into the job's checkpoint folder when it chooses (gradsync.torch.save_checkpoint(state, step=N)), and submit --resume starts from the newest", notImplementedSuffix)
 	}
 	return nil
 }

@@ -541,6 +541,19 @@ func (s *Server) resumeSpec(ctx context.Context, req *pb.SubmitJobRequest) (*pb.
 	if !coordinator.Final(old.State) {
 		return nil, "", status.Errorf(codes.FailedPrecondition, "job %s is %s; only an ended job can be resumed", old.Id, runlog.StateName(old.State))
 	}
+	if scriptCheckpoints(old.Spec) {
+		// The script's own state: the newest file it saved into the
+		// job's folder. Its format is the script's (torch.save).
+		path, err := checkpoint.LatestScript(checkpointDir(old.RunDir))
+		if err != nil {
+			return nil, "", status.Errorf(codes.FailedPrecondition, "job %s: its script saved no checkpoint into the job's folder (gradsync.torch.save_checkpoint(state, step=...)): %v", old.Id, err)
+		}
+		spec := proto.Clone(old.Spec).(*pb.JobSpec)
+		if sp := req.GetSpec(); sp != nil && sp.Workers != nil {
+			spec.Workers, spec.MinWorkers, spec.MaxWorkers = sp.Workers, 0, 0
+		}
+		return spec, path, nil
+	}
 	if !jobspec.CheckpointsOn(old.Spec) {
 		return nil, "", status.Errorf(codes.FailedPrecondition, "job %s wrote no checkpoints (its spec has no checkpoint settings)", old.Id)
 	}

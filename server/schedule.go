@@ -149,10 +149,19 @@ func (s *Server) dropPreparedLocked(e *jobEntry, ended bool) {
 // jobCheckpointDir is where a job's checkpoints go, or "" when it writes
 // none.
 func jobCheckpointDir(j *pb.Job) string {
-	if jobspec.CheckpointsOn(j.Spec) {
+	if jobspec.CheckpointsOn(j.Spec) || scriptCheckpoints(j.Spec) {
 		return checkpointDir(j.RunDir)
 	}
 	return ""
+}
+
+// scriptCheckpoints reports whether a job's script saves its state into
+// the job's checkpoint folder (gradsync.torch.save_checkpoint; the
+// worker names the folder in GRADSYNC_CHECKPOINT_DIR): an entrypoint job
+// in mode ring or ps. A fedavg job's scripts are clients: the rounds'
+// state is the coordinator's.
+func scriptCheckpoints(s *pb.JobSpec) bool {
+	return jobspec.IsEntrypoint(s) && s.GetMode() != "fedavg"
 }
 
 // startGenerationLocked carries out the core's StartGeneration: the

@@ -118,19 +118,33 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 
 	logPath := filepath.Join(env.runsDir, a.JobId, fmt.Sprintf("rank-%d.log", a.Rank))
 	localRank, localWorld := localRanks(a.Peers, int(a.Rank))
+	vars := map[string]string{
+		"RANK": strconv.Itoa(int(a.Rank)), "WORLD_SIZE": strconv.Itoa(int(a.WorldSize)),
+		"LOCAL_RANK": strconv.Itoa(localRank), "LOCAL_WORLD_SIZE": strconv.Itoa(localWorld),
+		"GRADSYNC_AGENT": sock.Path, "GRADSYNC_JOB_ID": a.JobId,
+		// The generation (1 at the start, one more for each elastic
+		// restart) and, for scripts written for torchrun, its restart
+		// count: a restarted script loads the state it saved.
+		"GRADSYNC_GENERATION":        strconv.FormatUint(a.Generation, 10),
+		"TORCHELASTIC_RESTART_COUNT": strconv.FormatUint(max(a.Generation, 1)-1, 10),
+	}
+	// The job's checkpoint folder, where gradsync.torch.save_checkpoint
+	// puts the script's state, and for a resumed job (submit --resume)
+	// the file the job before it saved last.
+	// Absolute: the command may run in another folder (working_dir).
+	for k, p := range map[string]string{"GRADSYNC_CHECKPOINT_DIR": a.CheckpointDir, "GRADSYNC_RESUME_FROM": a.ResumeFrom} {
+		if p == "" {
+			continue
+		}
+		if abs, err := filepath.Abs(p); err == nil {
+			p = abs
+		}
+		vars[k] = p
+	}
 	p := entryProcess{
 		command: spec.GetEntrypoint().GetCommand(),
 		dir:     spec.GetEntrypoint().GetWorkingDir(),
-		env: entryEnv(os.Environ(), spec.GetEntrypoint().GetEnv(), map[string]string{
-			"RANK": strconv.Itoa(int(a.Rank)), "WORLD_SIZE": strconv.Itoa(int(a.WorldSize)),
-			"LOCAL_RANK": strconv.Itoa(localRank), "LOCAL_WORLD_SIZE": strconv.Itoa(localWorld),
-			"GRADSYNC_AGENT": sock.Path, "GRADSYNC_JOB_ID": a.JobId,
-			// The generation (1 at the start, one more for each elastic
-			// restart) and, for scripts written for torchrun, its restart
-			// count: a restarted script loads the state it saved.
-			"GRADSYNC_GENERATION":        strconv.FormatUint(a.Generation, 10),
-			"TORCHELASTIC_RESTART_COUNT": strconv.FormatUint(max(a.Generation, 1)-1, 10),
-		}),
+		env:     entryEnv(os.Environ(), spec.GetEntrypoint().GetEnv(), vars),
 		logPath: logPath,
 		grace:   entryTermGrace,
 	}

@@ -169,12 +169,54 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
         opt.load_state_dict(sd)
 
 
-def save_checkpoint(state, path, root_rank=0):
-    """Saves state (any object torch.save takes: model and optimiser state_dicts, the step, ...)
-    to path on root_rank, atomically: written beside it and renamed, so a crash mid-save leaves
-    the previous one whole. The other ranks do nothing. With load_checkpoint, torchrun's contract
-    for elastic jobs: a script that gradsync restarts (GRADSYNC_GENERATION above 1, and
-    TORCHELASTIC_RESTART_COUNT above 0) goes on from the state it saved."""
+ENV_CHECKPOINT_DIR = "GRADSYNC_CHECKPOINT_DIR"
+ENV_RESUME_FROM = "GRADSYNC_RESUME_FROM"
+_SCRIPT_PREFIX, _SCRIPT_SUFFIX = "script-step-", ".pt"  # checkpoint.ScriptPrefix, ScriptSuffix
+
+
+def checkpoint_dir():
+    """The job's checkpoint folder ($GRADSYNC_CHECKPOINT_DIR, under the job's run directory), where
+    save_checkpoint(state, step=...) writes; None outside a gradsync ring or ps job."""
+    return os.environ.get(ENV_CHECKPOINT_DIR) or None
+
+
+def _script_checkpoints(d):
+    """[(step, path)] of the script checkpoints in folder d, by step."""
+    out = []
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return out
+    for n in names:
+        if not (n.startswith(_SCRIPT_PREFIX) and n.endswith(_SCRIPT_SUFFIX)):
+            continue
+        mid = n[len(_SCRIPT_PREFIX):-len(_SCRIPT_SUFFIX)]
+        if mid.isdigit() and str(int(mid)) == mid and os.path.isfile(os.path.join(d, n)):
+            out.append((int(mid), os.path.join(d, n)))
+    return sorted(out)
+
+
+def save_checkpoint(state, path=None, root_rank=0, step=None, keep=3):
+    """Saves state (any object torch.save takes: model and optimiser state_dicts, the step, ...) on
+    root_rank, atomically: written beside and renamed, so a crash mid-save leaves the previous one
+    whole. The other ranks do nothing.
+
+    With step (and no path) it goes into the job's checkpoint store: the job's checkpoint folder
+    (checkpoint_dir()) as script-step-<step>.pt, keeping the newest keep there; load_checkpoint()
+    finds it after an elastic restart, and in a job resumed with `gradsync submit --resume`.
+    With path it goes there. With load_checkpoint, torchrun's contract for elastic jobs: a script
+    that gradsync restarts (GRADSYNC_GENERATION above 1, TORCHELASTIC_RESTART_COUNT above 0) goes
+    on from the state it saved."""
+    store = path is None
+    if store:
+        if step is None or int(step) < 0:
+            raise ValueError("gradsync: save_checkpoint: give step=N (a step ≥ 0) to save into the job's "
+                             "checkpoint store, or a path")
+        d = checkpoint_dir()
+        if d is None:
+            raise RuntimeError(f"gradsync: save_checkpoint: ${ENV_CHECKPOINT_DIR} is not set (this job has no "
+                               "checkpoint store: a gradsync worker sets it for ring and ps entrypoint jobs); give a path")
+        path = os.path.join(d, f"{_SCRIPT_PREFIX}{int(step)}{_SCRIPT_SUFFIX}")
     if _a().rank != root_rank:
         return
     d = os.path.dirname(os.path.abspath(path))
@@ -185,17 +227,42 @@ def save_checkpoint(state, path, root_rank=0):
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    if store and keep > 0:
+        for _, old in _script_checkpoints(d)[:-keep]:
+            try:
+                os.remove(old)
+            except FileNotFoundError:
+                pass
 
 
-def load_checkpoint(path, root_rank=0):
-    """The state save_checkpoint saved at path, or None where there is none, on every rank: root_rank
-    reads the file and broadcasts it, so all ranks go on from the same state even where path is
-    not on a filesystem they share. Every rank must call it."""
+def latest_checkpoint():
+    """The path load_checkpoint() loads on this rank: the newest script-step-<N>.pt in the job's
+    checkpoint folder (saved before an elastic restart), else the file the job before a resumed one
+    saved last ($GRADSYNC_RESUME_FROM), else None."""
+    d = checkpoint_dir()
+    if d is not None:
+        found = _script_checkpoints(d)
+        if found:
+            return found[-1][1]
+    r = os.environ.get(ENV_RESUME_FROM)
+    if r and os.path.isfile(r):
+        return r
+    return None
+
+
+def load_checkpoint(path=None, root_rank=0):
+    """The state save_checkpoint saved, or None where there is none, on every rank: root_rank reads
+    the file and broadcasts it, so all ranks go on from the same state even where the file is not
+    on a filesystem they share. Without path, the job's checkpoint store (latest_checkpoint(), as
+    root_rank sees it). Every rank must call it."""
     a = _a()
     payload = b""
-    if a.rank == root_rank and os.path.exists(path):
-        with open(path, "rb") as f:
-            payload = f.read()
+    if a.rank == root_rank:
+        if path is None:
+            path = latest_checkpoint()
+        if path is not None and os.path.exists(path):
+            with open(path, "rb") as f:
+                payload = f.read()
     data = _broadcast_bytes(a, payload, root_rank)
     if not data:
         return None

@@ -1,6 +1,7 @@
 """Run as an elastic entrypoint job's command (3 workers, at least 2; see test_gradsync.py):
 torchrun's contract — a restarted script loads the state it saved. Rank 0 saves the model,
-optimiser and step after every step (gradsync.torch.save_checkpoint, in $ELASTIC_DIR); in the
+optimiser and step after every step into the job's checkpoint store
+(gradsync.torch.save_checkpoint(state, step=N): $GRADSYNC_CHECKPOINT_DIR, the newest 3 kept); in the
 first generation rank 1 kills itself with SIGKILL at step 8. gradsync evicts its worker and
 restarts every rank's script on the other two (GRADSYNC_GENERATION 2), which load the saved
 state and train to step 30. Prints ELASTIC OK with the generation, world size and start step,
@@ -33,8 +34,7 @@ def main():
     torch.set_num_threads(1)
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 4))
     sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    path = os.path.join(os.environ["ELASTIC_DIR"], "state.pt")
-    state = gs.load_checkpoint(path)
+    state = gs.load_checkpoint()
     start = 0
     if state is not None:
         model.load_state_dict(state["model"])
@@ -57,9 +57,15 @@ def main():
         loss = loss_fn(model(xs[s, rank * per:(rank + 1) * per]), ys[s, rank * per:(rank + 1) * per])
         loss.backward()
         opt.step()
-        gs.save_checkpoint({"model": model.state_dict(), "optim": sgd.state_dict(), "step": s + 1}, path)
+        gs.save_checkpoint({"model": model.state_dict(), "optim": sgd.state_dict(), "step": s + 1}, step=s + 1)
         gs.report(step=s + 1, total_steps=TOTAL, loss=float(loss))
     exit_unless_ranks_agree(model, rank)
+    if rank == 0:
+        kept = sorted(os.listdir(gs.checkpoint_dir()))
+        want = [f"script-step-{n}.pt" for n in (TOTAL - 2, TOTAL - 1, TOTAL)]
+        if sorted(kept) != sorted(want):
+            print(f"rank 0: the checkpoint store holds {kept}, want {want}", file=sys.stderr)
+            sys.exit(1)
     print(f"rank {rank}: ELASTIC OK generation={gen} size={size} start={start}", flush=True)
     gs.report(final=True, step=TOTAL, test_accuracy=0.0)
 

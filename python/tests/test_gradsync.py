@@ -117,7 +117,7 @@ class TestThroughWorkers(unittest.TestCase):
             job = os.path.join(d, "job.yaml")
             with open(job, "w") as f:
                 f.write("workers: 3\nmin_workers: 2\n")
-            p, logs = run_local("elastic_entry.py", workers=3, extra_env={"ELASTIC_DIR": d}, args=("-f", job))
+            p, logs = run_local("elastic_entry.py", workers=3, args=("-f", job))
         out = p.stdout + p.stderr
         self.assertEqual(p.returncode, 0, out + str(logs))
         self.assertIn("SUCCEEDED", out)
