@@ -66,12 +66,14 @@ fi
 # Each process gets the same threads (the script sets torch's threads too).
 export OMP_NUM_THREADS=$threads
 
-# result LOGFILE: the "torch_mnist result:" line's accuracy and images/s, or "FAILED".
+# result LOGFILE: the "torch_mnist result:" line's accuracy, images/s and rank 0's
+# training CPU seconds (its process's, threads included; the Go worker's are not in a
+# gradsync run's), or "FAILED".
 result() {
   local line
   line=$(grep -h '^torch_mnist result:' "$@" 2>/dev/null | tail -1 || true)
   if [ -z "$line" ]; then echo "FAILED"; return; fi
-  echo "$line" | tr ' ' '\n' | awk -F= '$1=="test_accuracy"{a=$2} $1=="images_per_second"{i=$2} END{print a, i}'
+  echo "$line" | tr ' ' '\n' | awk -F= '$1=="test_accuracy"{a=$2} $1=="images_per_second"{i=$2} $1=="train_cpu_seconds"{c=$2} END{print a, i, c}'
 }
 
 # run_ddp starts the processes as torch.distributed.run would on one node
@@ -102,7 +104,7 @@ run_gradsync() {
 }
 
 echo "ddp_vs_gradsync: $workers processes, global batch $batch, epochs $epochs, max steps $max_steps, threads $threads, seed $seed, gradsync transport $transport$( [ "$psgd_rank" -gt 0 ] && echo ", PowerSGD rank $psgd_rank from step $psgd_start")"
-printf '%-6s %-9s %-10s %s\n' round mode accuracy 'images/s'
+printf '%-6s %-9s %-10s %-10s %s\n' round mode accuracy 'images/s' 'rank-0 train CPU s'
 : >"$tmp/table"
 for i in $(seq 1 "$rounds"); do
   for mode in ddp gradsync; do
@@ -118,8 +120,8 @@ for i in $(seq 1 "$rounds"); do
       if [ "$mode" = ddp ]; then tail -n 20 "$tmp/ddp-$i"-rank-*.log >&2; else tail -n 20 "$tmp/gs-$i.log" >&2; fi
       exit 1
     fi
-    read -r acc ips <<<"$r"
-    printf '%-6s %-9s %-10s %s\n' "$i" "$mode" "$acc" "$ips"
+    read -r acc ips cpu <<<"$r"
+    printf '%-6s %-9s %-10s %-10s %s\n' "$i" "$mode" "$acc" "$ips" "$cpu"
     echo "$mode $acc $ips" >>"$tmp/table"
   done
 done
