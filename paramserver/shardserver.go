@@ -173,26 +173,11 @@ func (a *ShardServer) Sync(stream pb.ParameterServer_SyncServer) error {
 
 // acquire finds or builds the shard a join names and counts the stream.
 func (a *ShardServer) acquire(join *pb.SyncJoin) (*hostedShard, error) {
-	if join.Spec == nil {
-		return nil, status.Error(codes.InvalidArgument, "a join of a `gradsync aggregator` shard must carry the job's spec")
-	}
-	spec, err := jobspec.Normalize(join.Spec, models.Names())
+	spec, err := joinSpec(join.Spec, join.JobId, join.Shard, join.NumShards, join.WorldSize, false)
 	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "the job's spec: %v", err)
+		return nil, err
 	}
 	ps := spec.GetParameterServer()
-	switch {
-	case spec.Mode != "ps":
-		return nil, status.Errorf(codes.InvalidArgument, "job %s is in mode %s; aggregators serve mode ps", join.JobId, spec.Mode)
-	case len(ps.GetAddresses()) == 0:
-		return nil, status.Errorf(codes.InvalidArgument, "job %s names no aggregator addresses; its shards are in the server", join.JobId)
-	case join.NumShards != ps.Shards || join.Shard < 0 || join.Shard >= ps.Shards:
-		return nil, status.Errorf(codes.InvalidArgument, "joined shard %d of %d; the job has %d shards", join.Shard, join.NumShards, ps.Shards)
-	case join.WorldSize != spec.GetWorkers():
-		// ps jobs are not elastic: the world is the spec's workers (and
-		// a join cannot make the shard allocate for a larger one).
-		return nil, status.Errorf(codes.InvalidArgument, "world size %d, the job's spec has %d workers", join.WorldSize, spec.GetWorkers())
-	}
 	key := shardKey{job: join.JobId, gen: join.Generation, shard: join.Shard}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -267,24 +252,11 @@ func (a *ShardServer) Reduce(stream pb.ParameterServer_ReduceServer) error {
 // acquireSums finds or builds the summation shard a join names and counts
 // the stream.
 func (a *ShardServer) acquireSums(join *pb.ReduceJoin) (*hostedSums, error) {
-	if join.Spec == nil {
-		return nil, status.Error(codes.InvalidArgument, "a join of a `gradsync aggregator` shard must carry the job's spec")
-	}
-	spec, err := jobspec.Normalize(join.Spec, models.Names())
+	spec, err := joinSpec(join.Spec, join.JobId, join.Shard, join.NumShards, join.WorldSize, true)
 	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "the job's spec: %v", err)
+		return nil, err
 	}
 	ps := spec.GetParameterServer()
-	switch {
-	case spec.Mode != "ps" || !jobspec.IsEntrypoint(spec):
-		return nil, status.Errorf(codes.InvalidArgument, "job %s is not an entrypoint job in mode ps (mode %s); its shards serve Sync", join.JobId, spec.Mode)
-	case len(ps.GetAddresses()) == 0:
-		return nil, status.Errorf(codes.InvalidArgument, "job %s names no aggregator addresses; its shards are in the server", join.JobId)
-	case join.NumShards != ps.Shards || join.Shard < 0 || join.Shard >= ps.Shards:
-		return nil, status.Errorf(codes.InvalidArgument, "joined shard %d of %d; the job has %d shards", join.Shard, join.NumShards, ps.Shards)
-	case join.WorldSize != spec.GetWorkers():
-		return nil, status.Errorf(codes.InvalidArgument, "world size %d, the job's spec has %d workers", join.WorldSize, spec.GetWorkers())
-	}
 	key := shardKey{job: join.JobId, gen: join.Generation, shard: join.Shard}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -322,4 +294,34 @@ func (a *ShardServer) releaseSums(join *pb.ReduceJoin, j *hostedSums) {
 	j.p.abort(errors.New("every stream to the shard has closed"))
 	a.ended[key] = true
 	a.cfg.Logger.Info("summation shard ended", "job", join.JobId, "generation", join.Generation, "shard", join.Shard)
+}
+
+// joinSpec checks the spec a rank's join carries for a shard of this
+// process: a job in mode ps (an entrypoint job's summation shards when
+// script, else a Go job's) whose shards are aggregators, with the join's
+// shard and world; it returns the spec normalized.
+func joinSpec(raw *pb.JobSpec, jobID string, shard, numShards, world int32, script bool) (*pb.JobSpec, error) {
+	if raw == nil {
+		return nil, status.Error(codes.InvalidArgument, "a join of a `gradsync aggregator` shard must carry the job's spec")
+	}
+	spec, err := jobspec.Normalize(raw, models.Names())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "the job's spec: %v", err)
+	}
+	ps := spec.GetParameterServer()
+	switch {
+	case script && (spec.Mode != "ps" || !jobspec.IsEntrypoint(spec)):
+		return nil, status.Errorf(codes.InvalidArgument, "job %s is not an entrypoint job in mode ps (mode %s); its shards serve Sync", jobID, spec.Mode)
+	case !script && spec.Mode != "ps":
+		return nil, status.Errorf(codes.InvalidArgument, "job %s is in mode %s; aggregators serve mode ps", jobID, spec.Mode)
+	case len(ps.GetAddresses()) == 0:
+		return nil, status.Errorf(codes.InvalidArgument, "job %s names no aggregator addresses; its shards are in the server", jobID)
+	case numShards != ps.Shards || shard < 0 || shard >= ps.Shards:
+		return nil, status.Errorf(codes.InvalidArgument, "joined shard %d of %d; the job has %d shards", shard, numShards, ps.Shards)
+	case world != spec.GetWorkers():
+		// ps jobs are not elastic: the world is the spec's workers (and
+		// a join cannot make the shard allocate for a larger one).
+		return nil, status.Errorf(codes.InvalidArgument, "world size %d, the job's spec has %d workers", world, spec.GetWorkers())
+	}
+	return spec, nil
 }

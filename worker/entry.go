@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"os"
@@ -97,19 +98,11 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 		env.metrics.ObserveCompression(a.JobId, metrics.CompressionTotals{RawBytes: st.RawBytes, SentBytes: st.SentBytes, Seconds: st.CompressSeconds})
 		return st
 	}
-	sock, err := agent.Listen("")
+	sock, stopAgent, err := startAgent(ctx, log, func(ctx context.Context, k *agent.Socket) error { return k.Serve(ctx, srv, log) })
 	if err != nil {
 		return nil, err
 	}
-	actx, stopAgent := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { // owned by runEntrypoint: the agent, stopped once the command has ended
-		defer wg.Done()
-		if err := sock.Serve(actx, srv, log); err != nil {
-			log.Warn("agent socket", "err", err)
-		}
-	}()
 	defer func() {
 		stopAgent()
 		wg.Wait()
@@ -117,17 +110,7 @@ func runEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (res *pb
 	}()
 
 	logPath := filepath.Join(env.runsDir, a.JobId, fmt.Sprintf("rank-%d.log", a.Rank))
-	localRank, localWorld := localRanks(a.Peers, int(a.Rank))
-	vars := map[string]string{
-		"RANK": strconv.Itoa(int(a.Rank)), "WORLD_SIZE": strconv.Itoa(int(a.WorldSize)),
-		"LOCAL_RANK": strconv.Itoa(localRank), "LOCAL_WORLD_SIZE": strconv.Itoa(localWorld),
-		"GRADSYNC_AGENT": sock.Path, "GRADSYNC_JOB_ID": a.JobId,
-		// The generation (1 at the start, one more for each elastic
-		// restart) and, for scripts written for torchrun, its restart
-		// count: a restarted script loads the state it saved.
-		"GRADSYNC_GENERATION":        strconv.FormatUint(a.Generation, 10),
-		"TORCHELASTIC_RESTART_COUNT": strconv.FormatUint(max(a.Generation, 1)-1, 10),
-	}
+	vars := scriptVars(a, sock.Path)
 	// The job's checkpoint folder, where gradsync.torch.save_checkpoint
 	// puts the script's state, and for a resumed job (submit --resume)
 	// the file the job before it saved last.
@@ -391,4 +374,38 @@ func (e *entryReports) result() *pb.JobResult {
 		res.CompressSeconds = c.CompressSeconds
 	}
 	return res
+}
+
+// startAgent makes an agent socket and serves it with serve in a
+// goroutine until stop, which waits for it.
+func startAgent(ctx context.Context, log *slog.Logger, serve func(context.Context, *agent.Socket) error) (sock *agent.Socket, stop func(), err error) {
+	sock, err = agent.Listen("")
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { // owned by startAgent's caller through stop: the agent, stopped once the command has ended
+		defer close(done)
+		if err := serve(ctx, sock); err != nil {
+			log.Warn("agent socket", "err", err)
+		}
+	}()
+	return sock, func() { cancel(); <-done }, nil
+}
+
+// scriptVars are the variables a worker sets for its rank's command:
+// torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), the agent's
+// socket, the job, the generation (1 at the start, one more for each
+// elastic restart) and, for scripts written for torchrun, its restart
+// count: a restarted script loads the state it saved.
+func scriptVars(a *pb.Assignment, agentPath string) map[string]string {
+	localRank, localWorld := localRanks(a.Peers, int(a.Rank))
+	return map[string]string{
+		"RANK": strconv.Itoa(int(a.Rank)), "WORLD_SIZE": strconv.Itoa(int(a.WorldSize)),
+		"LOCAL_RANK": strconv.Itoa(localRank), "LOCAL_WORLD_SIZE": strconv.Itoa(localWorld),
+		"GRADSYNC_AGENT": agentPath, "GRADSYNC_JOB_ID": a.JobId,
+		"GRADSYNC_GENERATION":        strconv.FormatUint(a.Generation, 10),
+		"TORCHELASTIC_RESTART_COUNT": strconv.FormatUint(max(a.Generation, 1)-1, 10),
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -42,35 +41,20 @@ func runFedEntrypoint(ctx context.Context, a *pb.Assignment, env *taskEnv) (*pb.
 	log := env.log.With("job", a.JobId, "client", a.Rank)
 	deadline := time.Duration(f.GetRoundDeadlineSeconds() * float64(time.Second))
 	fs := agent.NewFed(agent.FedConfig{JobID: a.JobId, Client: int(a.Rank), NumClients: int(a.WorldSize), Rounds: int(f.GetRounds())})
-	sock, err := agent.Listen("")
+	sock, stopAgent, err := startAgent(ctx, log, func(ctx context.Context, k *agent.Socket) error { return k.ServeFed(ctx, fs, log) })
 	if err != nil {
 		return nil, err
 	}
-	actx, stopAgent := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { // owned by runFedEntrypoint: the agent, stopped once the script has ended
-		defer wg.Done()
-		if err := sock.ServeFed(actx, fs, log); err != nil {
-			log.Warn("agent socket", "err", err)
-		}
-	}()
 	defer func() {
 		stopAgent()
 		wg.Wait()
 	}()
 
-	localRank, localWorld := localRanks(a.Peers, int(a.Rank))
 	p := entryProcess{
 		command: spec.GetEntrypoint().GetCommand(),
 		dir:     spec.GetEntrypoint().GetWorkingDir(),
-		env: entryEnv(os.Environ(), spec.GetEntrypoint().GetEnv(), map[string]string{
-			"RANK": strconv.Itoa(int(a.Rank)), "WORLD_SIZE": strconv.Itoa(int(a.WorldSize)),
-			"LOCAL_RANK": strconv.Itoa(localRank), "LOCAL_WORLD_SIZE": strconv.Itoa(localWorld),
-			"GRADSYNC_AGENT": sock.Path, "GRADSYNC_JOB_ID": a.JobId,
-			"GRADSYNC_GENERATION":        strconv.FormatUint(a.Generation, 10),
-			"TORCHELASTIC_RESTART_COUNT": "0",
-		}),
+		env:     entryEnv(os.Environ(), spec.GetEntrypoint().GetEnv(), scriptVars(a, sock.Path)),
 		logPath: filepath.Join(env.runsDir, a.JobId, fmt.Sprintf("rank-%d.log", a.Rank)),
 		grace:   entryTermGrace,
 	}
