@@ -156,7 +156,9 @@ func (s *FedServer) Join(stream pb.FedAgent_JoinServer) error {
 	if already {
 		return status.Error(codes.AlreadyExists, "this client has joined already: join once")
 	}
-	initial := make([]float32, 0, n)
+	// Grown as the values come, not made for the layout's claim: a
+	// layout of 2^32 values must not take 16 GiB before any arrives.
+	initial := make([]float32, 0, min(n, MaxElements))
 	m := first
 	for {
 		if int64(len(initial))+int64(len(m.GetData()))/4 > n {
