@@ -140,6 +140,10 @@ def main():
     ap.add_argument("--device", default="auto", help="auto (cuda when there is one), cpu or cuda")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--checkpoint-every", type=int, default=0,
+                    help="gradsync: save the model, optimiser and step into the job's checkpoint store every N "
+                         "steps; a script restarted (elastic jobs) or resumed (submit --resume) goes on from the "
+                         "newest (0: never)")
     ap.add_argument("--ddp", action="store_true",
                     help="run under torch.distributed (DDP, gloo) instead of gradsync: start it with "
                          "python3 -m torch.distributed.run --nproc_per_node N")
@@ -193,14 +197,31 @@ def main():
     if rank == 0:
         print(f"torch_mnist: {'DDP/gloo' if args.ddp else 'gradsync'}, {size} rank(s), device {device}, "
               f"global batch {args.batch_size}, {total} steps, data {d}", flush=True)
+    start = 0
+    if not args.ddp and args.checkpoint_every > 0:
+        # Every rank gets rank 0's copy of the newest state in the job's store (None at first).
+        state = gs.load_checkpoint()
+        if state is not None:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optim"])
+            start = state["step"]
+            if rank == 0:
+                print(f"torch_mnist: generation {os.environ.get('GRADSYNC_GENERATION')}: going on from step "
+                      f"{start} on {size} rank(s)", flush=True)
     step, seen, train_s, train_cpu = 0, 0, 0.0, 0.0
     for epoch in range(args.epochs):
+        if (epoch + 1) * steps_per_epoch <= start:
+            step = (epoch + 1) * steps_per_epoch  # trained before the restart
+            continue
         # The same permutation on every rank (seed + epoch); rank r takes its slice of each batch.
         perm = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(args.seed + epoch))
         t0, c0 = time.time(), time.process_time()
         for b in range(steps_per_epoch):
             if step >= total:
                 break
+            if step < start:
+                step += 1
+                continue
             idx = perm[b * args.batch_size + rank * per: b * args.batch_size + (rank + 1) * per]
             xb, yb = xtr[idx].to(device), ytr[idx].to(device)
             opt.zero_grad()
@@ -209,6 +230,8 @@ def main():
             opt.step()
             step += 1
             seen += per
+            if not args.ddp and args.checkpoint_every > 0 and step % args.checkpoint_every == 0:
+                gs.save_checkpoint({"model": model.state_dict(), "optim": opt.state_dict(), "step": step}, step=step)
             if step % args.log_every == 0:
                 ips = seen / (train_s + time.time() - t0)
                 report(epoch=epoch + 1, step=step, total_steps=total, loss=float(loss), images_per_second=ips,
