@@ -203,10 +203,9 @@ func save(p *gplot.Plot, base string) error {
 }
 
 // fastPNG encodes a canvas as PNG at zlib's fastest level: charts are
-// redrawn after every epoch, and at the default level the encoding cost
-// more than drawing them (under -race, most of the tests' plotting time),
-// for files only somewhat smaller (mostly white, they compress well
-// either way).
+// redrawn after every evaluation, and at the default level zlib cost more
+// than drawing them (under -race, most of the server tests' plotting
+// time). The image is the same; only the file's compression differs.
 type fastPNG struct{ c *vgimg.Canvas }
 
 func (f fastPNG) WriteTo(w io.Writer) (int64, error) {
