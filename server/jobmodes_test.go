@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -140,9 +141,15 @@ func TestCheckpointOnCancel(t *testing.T) {
 }
 
 // TestElasticShrinkAndGrow: an elastic ring job loses a worker and goes on
-// with two; when a new worker connects it grows back to three; it ends
-// SUCCEEDED (the parameter checksum every 50 steps would catch ranks that
-// resumed from different states).
+// with two; when a new worker connects it grows back to three. The job
+// is sized to last (40 epochs) so that both happen before it ends; the
+// test then cancels it once the grown generation has passed a parameter
+// checksum (ranks compare one every 50 steps: ranks that resumed from
+// different states fail there, before rank 0 reports a later step), on
+// three workers and without another generation. The steps after that
+// checked nothing new and took most of the test's time. A job that ends
+// first must end SUCCEEDED on three workers (its last step is checksummed
+// too).
 func TestElasticShrinkAndGrow(t *testing.T) {
 	ctx := testCtx(t, 240*time.Second) // 40 epochs of 3-rank ring steps under -race on a loaded 2-core machine took over 90 s
 	c := newCluster(t, server.Config{}, 0)
@@ -156,6 +163,8 @@ func TestElasticShrinkAndGrow(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopped, added := false, false
+	var grownGen uint64 // the generation first seen on three workers after the growth
+	var checkedAt int64 // the first checksum step of that generation
 	var logs []string
 	for {
 		ev, err := stream.Recv()
@@ -166,13 +175,35 @@ func TestElasticShrinkAndGrow(t *testing.T) {
 		if ev.Kind == pb.EventKind_EVENT_KIND_LOG {
 			logs = append(logs, ev.Message)
 		}
+		progress := ev.Kind == pb.EventKind_EVENT_KIND_PROGRESS
 		switch {
-		case !stopped && ev.Kind == pb.EventKind_EVENT_KIND_PROGRESS && j.GetProgress().GetStep() > 20:
+		case !stopped && progress && j.GetProgress().GetStep() > 20:
 			victim.stop(t) // its stream ends: the job shrinks to two workers
 			stopped = true
-		case stopped && !added && len(j.GetWorkerIds()) == 2 && ev.Kind == pb.EventKind_EVENT_KIND_PROGRESS:
+		case stopped && !added && len(j.GetWorkerIds()) == 2 && progress:
 			c.addTCPWorker("eg-3") // an idle worker: the job grows back to three
 			added = true
+		case added && grownGen == 0 && len(j.GetWorkerIds()) == 3 && progress:
+			grownGen = j.GetGeneration()
+			checkedAt = (j.GetProgress().GetStep()/50 + 1) * 50
+		case grownGen != 0 && progress && j.GetProgress().GetStep() > checkedAt:
+			// Rank 0 reports a step past the grown generation's first
+			// checksum: its ranks agreed there.
+			if j.GetGeneration() != grownGen || len(j.GetWorkerIds()) != 3 {
+				t.Fatalf("at step %d: generation %d on %v, want generation %d on three workers; logs %q",
+					j.GetProgress().GetStep(), j.GetGeneration(), j.GetWorkerIds(), grownGen, logs)
+			}
+			if !slices.ContainsFunc(logs, func(l string) bool { return strings.HasPrefix(l, "growing from 2 to 3 worker(s)") }) {
+				t.Errorf("no growth event; logs %q", logs)
+			}
+			resp, err := c.jobs.CancelJob(ctx, &pb.CancelJobRequest{JobId: job.Id, Reason: "the test's checks held"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := resp.GetJob().GetState(); s != pb.JobState_JOB_STATE_CANCELLED {
+				t.Fatalf("cancelled after step %d: %v %q", checkedAt, s, resp.GetJob().GetMessage())
+			}
+			return
 		}
 		if j.GetState() == pb.JobState_JOB_STATE_SUCCEEDED || j.GetState() == pb.JobState_JOB_STATE_FAILED {
 			if j.GetState() != pb.JobState_JOB_STATE_SUCCEEDED {

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"image/color"
+	"image/png"
 	"io"
 	"math"
 	"os"
@@ -198,7 +199,32 @@ func save(p *gplot.Plot, base string) error {
 	}
 	img := vgimg.NewWith(vgimg.UseWH(width, height), vgimg.UseDPI(dpi), vgimg.UseBackgroundColor(color.White))
 	p.Draw(draw.New(img))
-	return writeAtomic(base+".png", vgimg.PngCanvas{Canvas: img})
+	return writeAtomic(base+".png", fastPNG{img})
+}
+
+// fastPNG encodes a canvas as PNG at zlib's fastest level: charts are
+// redrawn after every evaluation, and at the default level zlib cost more
+// than drawing them (under -race, most of the server tests' plotting
+// time). The image is the same; only the file's compression differs.
+type fastPNG struct{ c *vgimg.Canvas }
+
+func (f fastPNG) WriteTo(w io.Writer) (int64, error) {
+	cw := &countWriter{w: w}
+	enc := png.Encoder{CompressionLevel: png.BestSpeed}
+	err := enc.Encode(cw, f.c.Image())
+	return cw.n, err
+}
+
+// countWriter counts the bytes written through it (for io.WriterTo).
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // writeAtomic writes through a temporary file and a rename, so a viewer
